@@ -1,0 +1,1 @@
+"""Data: the synthetic generator, safe materialization, validation, and the training dataset."""

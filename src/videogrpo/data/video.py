@@ -1,0 +1,73 @@
+"""Video files: H.264 MP4 writing and decoding with PyAV (its own bundled FFmpeg)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from videogrpo import atomic
+from videogrpo.errors import DataError
+
+
+def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 18) -> None:
+    """Write uint8 frames [F, H, W, 3] as H.264 (yuv420p) MP4, atomically."""
+    import av
+
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")
+    _, height, width, _ = frames.shape
+    if height % 2 or width % 2:
+        raise ValueError(f"H.264 yuv420p needs even sides, got {height}x{width}")
+    with atomic.atomic_path(path) as tmp:
+        with av.open(str(tmp), mode="w", format="mp4") as container:
+            stream = container.add_stream("libx264", rate=fps)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            # Single-threaded, no B-frame lookahead randomness: the same frames give the same bytes.
+            stream.options = {"crf": str(crf), "preset": "veryfast", "threads": "1"}
+            for frame in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+
+
+def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.ndarray:
+    """Decode a video to uint8 RGB frames [F, H, W, 3]."""
+    import av
+
+    path = Path(path)
+    frames = []
+    try:
+        with av.open(str(path)) as container:
+            for frame in container.decode(video=0):
+                frames.append(frame.to_ndarray(format="rgb24"))
+                if max_frames is not None and len(frames) >= max_frames:
+                    break
+    except (av.error.FFmpegError, OSError) as err:
+        raise DataError(f"{path}: cannot decode video ({err})") from None
+    if not frames:
+        raise DataError(f"{path}: video has no decodable frames")
+    return np.stack(frames)
+
+
+def subsample_indices(available: int, wanted: int) -> np.ndarray:
+    """Indices of `wanted` frames spread uniformly over `available` (repeats when there are fewer)."""
+    return np.round(np.linspace(0, available - 1, wanted)).astype(int)
+
+
+def fit_square(frames: np.ndarray, side: int) -> np.ndarray:
+    """Resize keeping aspect ratio and pad with black to side x side (the scorer's input contract)."""
+    from PIL import Image
+
+    _, height, width, _ = frames.shape
+    scale = side / max(height, width)
+    new_h, new_w = max(2, round(height * scale)), max(2, round(width * scale))
+    top, left = (side - new_h) // 2, (side - new_w) // 2
+    out = np.zeros((len(frames), side, side, 3), dtype=np.uint8)
+    for i, frame in enumerate(frames):
+        resized = Image.fromarray(frame).resize((new_w, new_h), Image.BILINEAR)
+        out[i, top:top + new_h, left:left + new_w] = np.asarray(resized)
+    return out

@@ -1,0 +1,1 @@
+"""Provenance: file and tree digests, stage manifests, the run report."""

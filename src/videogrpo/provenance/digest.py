@@ -1,0 +1,136 @@
+"""File, tree and EvalKit source digests (SHA-256, lower-case hex).
+
+Tree digest of a directory: one SHA-256 over its regular files in path-component order, per file the
+4-byte big-endian length of the POSIX relative path, the path bytes, the 8-byte big-endian size and
+the 32-byte SHA-256 of the content. Hashing per file first lets a manifest list every file and still
+give one digest for the whole directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+
+from videogrpo.errors import VideoGRPOError
+
+_CHUNK = 4 * 1024 * 1024
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _component_key(rel: str) -> tuple[str, ...]:
+    # pathlib compares by components: "a/b.py" sorts before "a-b/c.py" although "-" < "/".
+    return PurePosixPath(rel).parts
+
+
+def _is_partial(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def list_files(root: str | os.PathLike, skip_partial: bool = True) -> list[str]:
+    """Every regular file under `root` as a POSIX relative path, in path-component order.
+
+    With `skip_partial`, temporary files of an interrupted atomic write (hidden, ending in .tmp) are
+    not part of the tree.
+    """
+    root = Path(root)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if skip_partial:
+            dirnames[:] = [d for d in dirnames if not _is_partial(d)]
+        for name in filenames:
+            if skip_partial and _is_partial(name):
+                continue
+            full = Path(dirpath) / name
+            if full.is_file():
+                found.append(full.relative_to(root).as_posix())
+    return sorted(found, key=_component_key)
+
+
+def tree_entries(root: str | os.PathLike) -> dict[str, tuple[str, int]]:
+    """Map each file's relative path to (sha256, size), in path-component order."""
+    root = Path(root)
+    return {rel: (sha256_file(root / rel), (root / rel).stat().st_size) for rel in list_files(root)}
+
+
+def tree_digest_of_entries(entries: dict[str, tuple[str, int]]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(entries, key=_component_key):
+        sha, size = entries[rel]
+        path_bytes = rel.encode("utf-8")
+        h.update(struct.pack(">I", len(path_bytes)))
+        h.update(path_bytes)
+        h.update(struct.pack(">Q", size))
+        h.update(bytes.fromhex(sha))
+    return h.hexdigest()
+
+
+def tree_digest(root: str | os.PathLike) -> str:
+    return tree_digest_of_entries(tree_entries(root))
+
+
+def evalkit_files(root: str | os.PathLike) -> list[str]:
+    """The files the VBVR EvalKit source digest covers, in digest order (REFERENCE section 3)."""
+    root = Path(root)
+    files = ["run_evaluation.py"]
+    bench = root / "vbvr_bench"
+    if bench.is_dir():
+        files += [f"vbvr_bench/{rel}" for rel in list_files(bench, skip_partial=False) if rel.endswith(".py")]
+    annotations = root / "annotations"
+    if annotations.is_dir():
+        files += [f"annotations/{rel}" for rel in list_files(annotations, skip_partial=False)]
+    if (root / "requirements.txt").is_file():
+        files.append("requirements.txt")
+    return files
+
+
+def digest_length_prefixed(root: Path, files: Iterable[str]) -> str:
+    """SHA-256 over, per file, 4-byte path length, path, 8-byte content length, content."""
+    h = hashlib.sha256()
+    for rel in files:
+        full = root / rel
+        if not full.is_file():
+            raise VideoGRPOError(f"{full}: listed for the EvalKit source digest but missing")
+        path_bytes = rel.encode("utf-8")
+        h.update(struct.pack(">I", len(path_bytes)))
+        h.update(path_bytes)
+        h.update(struct.pack(">Q", full.stat().st_size))
+        with open(full, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def evalkit_source_digest(root: str | os.PathLike) -> str:
+    return digest_length_prefixed(Path(root), evalkit_files(root))
+
+
+def package_digest(package_dir: str | os.PathLike, parts: Iterable[str] = ("",)) -> str:
+    """Digest of the Python sources (and shipped data) under the given parts of the package."""
+    package_dir = Path(package_dir)
+    entries: dict[str, tuple[str, int]] = {}
+    for part in parts:
+        target = package_dir / part
+        if target.is_file():
+            entries[part] = (sha256_file(target), target.stat().st_size)
+            continue
+        for rel in list_files(target):
+            if "__pycache__" in rel or rel.endswith(".pyc"):
+                continue
+            full = target / rel
+            key = (Path(part) / rel).as_posix() if part else rel
+            entries[key] = (sha256_file(full), full.stat().st_size)
+    return tree_digest_of_entries(entries)

@@ -1,0 +1,141 @@
+"""Stage manifests: what a stage made, from what, with which digests, where and when.
+
+A manifest is written last and atomically, so its presence means the stage finished; downstream rules
+take manifests as inputs, so a changed upstream digest reruns what depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from videogrpo import atomic
+from videogrpo.errors import VideoGRPOError
+from videogrpo.provenance import digest
+
+MANIFEST_VERSION = 1
+SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+TRACKED_PACKAGES = (
+    "videogrpo", "torch", "diffusers", "transformers", "huggingface_hub", "safetensors", "av",
+    "numpy", "pillow", "pandas", "snakemake", "snakemake-executor-plugin-slurm", "wandb",
+)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def describe(path: str | os.PathLike, list_files: bool) -> dict[str, Any]:
+    """Digest record of a file or directory; directories get a tree digest and, optionally, every file."""
+    path = Path(path)
+    if path.is_dir():
+        entries = digest.tree_entries(path)
+        record: dict[str, Any] = {
+            "path": str(path),
+            "kind": "directory",
+            "tree_sha256": digest.tree_digest_of_entries(entries),
+            "files": len(entries),
+            "size": sum(size for _, size in entries.values()),
+        }
+        if list_files:
+            record["entries"] = {rel: [sha, size] for rel, (sha, size) in entries.items()}
+        return record
+    if path.is_file():
+        return {"path": str(path), "kind": "file", "sha256": digest.sha256_file(path), "size": path.stat().st_size}
+    raise VideoGRPOError(f"{path}: expected a file or directory for the manifest, found nothing")
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    return record.get("sha256") or record["tree_sha256"]
+
+
+def assert_no_secrets(text: str, where: str) -> None:
+    for var in SECRET_ENV_VARS:
+        value = os.environ.get(var, "")
+        if len(value) >= 8 and value in text:
+            raise VideoGRPOError(f"{where}: refusing to write the value of ${var}; secrets travel only in the environment")
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+    assert_no_secrets(text, str(path))
+    atomic.write_text(path, text)
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise VideoGRPOError(f"{path}: manifest missing; rerun the stage that makes it") from None
+    except json.JSONDecodeError as err:
+        raise VideoGRPOError(f"{path}: manifest is not valid JSON ({err}); delete it and rerun its stage") from None
+    if manifest.get("manifest_version") != MANIFEST_VERSION:
+        raise VideoGRPOError(
+            f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION}; rerun its stage"
+        )
+    return manifest
+
+
+class StageRun:
+    """One stage's provenance: inputs digested on entry, outputs on success, manifest written last.
+
+    On failure nothing is written, so a failed stage never leaves a manifest that looks complete.
+    """
+
+    def __init__(self, stage: str, manifest_path: str | os.PathLike, inputs: dict[str, str | os.PathLike],
+                 params: dict[str, Any] | None = None):
+        self.stage = stage
+        self.manifest_path = Path(manifest_path)
+        self.inputs = {name: Path(p) for name, p in inputs.items() if p}
+        self.params = params or {}
+        self.outputs: dict[str, Path] = {}
+        self.summary: dict[str, Any] = {}
+
+    def __enter__(self) -> "StageRun":
+        self.started_at = now_iso()
+        self._t0 = time.monotonic()
+        self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
+        return self
+
+    def output(self, name: str, path: str | os.PathLike) -> Path:
+        self.outputs[name] = Path(path)
+        return self.outputs[name]
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            return
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "stage": self.stage,
+            "command": sys.argv,
+            "started_at": self.started_at,
+            "ended_at": now_iso(),
+            "duration_s": round(time.monotonic() - self._t0, 3),
+            "host": socket.gethostname(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "inputs": self.input_records,
+            "outputs": {name: describe(p, list_files=True) for name, p in self.outputs.items()},
+            "params": self.params,
+            "versions": package_versions(),
+            "summary": self.summary,
+        }
+        write_manifest(self.manifest_path, manifest)
