@@ -11,10 +11,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temporary_sibling(path: Path, suffix: str = "") -> Path:
     # Same directory as the target, so the final rename never crosses a filesystem.
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the final file gets the usual permissions
     return Path(name)
 
 
@@ -58,6 +65,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         if path.exists():

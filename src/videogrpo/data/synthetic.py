@@ -23,6 +23,8 @@ import numpy as np
 from videogrpo import atomic
 from videogrpo.data.video import write_mp4
 
+FPS = 16
+"""Frame rate of the ground-truth videos (that of VBVR-Pro-RL)."""
 BACKGROUND = (255, 255, 255)
 GRID_LINE = (200, 200, 200)
 RED = (220, 30, 30)

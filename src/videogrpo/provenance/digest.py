@@ -36,15 +36,19 @@ def _component_key(rel: str) -> tuple[str, ...]:
     return PurePosixPath(rel).parts
 
 
+# Snakemake's marker inside directory outputs: bookkeeping, not content.
+SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"
+
+
 def _is_partial(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
+    return (name.startswith(".") and name.endswith(".tmp")) or name == SNAKEMAKE_TIMESTAMP
 
 
 def list_files(root: str | os.PathLike, skip_partial: bool = True) -> list[str]:
     """Every regular file under `root` as a POSIX relative path, in path-component order.
 
-    With `skip_partial`, temporary files of an interrupted atomic write (hidden, ending in .tmp) are
-    not part of the tree.
+    With `skip_partial`, temporary files of an interrupted atomic write (hidden, ending in .tmp) and
+    Snakemake's timestamp marker are not part of the tree.
     """
     root = Path(root)
     found = []

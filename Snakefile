@@ -1,0 +1,25 @@
+# videogrpo: a video diffusion model from pinned downloads through GRPO to an evaluated checkpoint,
+# with a manifest of digests for every artifact. Stages live in workflow/rules/, logic in src/videogrpo.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/evalkit.smk"
+include: "workflow/rules/preflight.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        REPORT_HTML,
+    localrule: True

@@ -1,0 +1,111 @@
+"""Training checkpoints with torch.distributed.checkpoint: complete only when the marker exists.
+
+Layout: <root>/step-00000012/{dcp/, rng/rank-00000.pt, state.json, COMPLETE}. The marker is written
+last and atomically by rank 0 after every rank has finished, so a crash at any point leaves either a
+complete checkpoint or one that resume ignores. Checkpoints live outside Snakemake's declared
+outputs, which Snakemake deletes before a rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from videogrpo import atomic, distributed
+from videogrpo.errors import VideoGRPOError
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_complete(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _all_finite(model: torch.nn.Module) -> bool:
+    finite = all(torch.isfinite(p.detach()).all().item() for p in model.parameters())
+    return all(distributed.all_gather_objects(finite))
+
+
+def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         state: dict[str, Any], rank: int, keep: int) -> Path:
+    """Save model, optimizer, per-rank RNG and the JSON `state`; refuse if any weight is not finite."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if not _all_finite(model):
+        raise VideoGRPOError(f"step {step}: the model has non-finite weights; refusing to write a checkpoint "
+                             f"under {root} (lower train.lr or check the rewards)")
+    target = step_dir(root, step)
+    if rank == 0:
+        if target.exists():  # an incomplete attempt at this step
+            shutil.rmtree(target)
+        (target / "rng").mkdir(parents=True)
+    distributed.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(target / "dcp"))
+    with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
+        torch.save(rng_state(), tmp)
+    distributed.barrier()
+    if rank == 0:
+        atomic.write_json(target / "state.json", state)
+        atomic.write_text(target / MARKER, f"step {step}\n")
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
+    return target
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, rank: int,
+         restore_rng: bool = True) -> dict[str, Any]:
+    """Restore a complete checkpoint into model (and optimizer); returns its JSON state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not (path / MARKER).is_file():
+        raise VideoGRPOError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
+    model_sd, optim_sd = get_state_dict(model, optimizer) if optimizer is not None else (get_state_dict(model, []))
+    loaded = {"model": model_sd, "optim": optim_sd} if optimizer is not None else {"model": model_sd}
+    dcp.load(loaded, checkpoint_id=str(path / "dcp"))
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    else:
+        model.load_state_dict(loaded["model"])
+    rng_file = path / "rng" / f"rank-{rank:05d}.pt"
+    if restore_rng and rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((path / "state.json").read_text())

@@ -1,0 +1,85 @@
+"""`videogrpo`: one sub-command per workflow rule, plus config and schema helpers.
+
+Exit codes: 0 success, 1 unexpected error (a bug: traceback printed), 2 a user-facing failure,
+3 invalid configuration, 4 digest mismatch, 5 bad data, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from videogrpo import __version__
+from videogrpo.errors import VideoGRPOError
+from videogrpo.stages import STAGES
+
+
+def _stage_help(name: str) -> str:
+    module = importlib.import_module(f"videogrpo.stages.{name}")
+    return (module.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1]
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    import yaml
+
+    from videogrpo import config
+
+    overrides = {}
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        node = overrides
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    cfg = config.load(args.configfile, overrides)
+    print(f"# run identity: {config.run_identity(cfg)}  (world size {cfg.world_size})")
+    print(yaml.safe_dump(config.to_dict(cfg), sort_keys=False), end="")
+    return 0
+
+
+def _schema_command(args: argparse.Namespace) -> int:
+    from videogrpo.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="videogrpo", description="GRPO for Wan2.2 video models, one sub-command "
+                                     "per workflow rule (see the Snakefile).",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--version", action="version", version=f"videogrpo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in STAGES:
+        stage = sub.add_parser(name.replace("_", "-"), help=_stage_help(name))
+        importlib.import_module(f"videogrpo.stages.{name}").add_arguments(stage)
+        stage.set_defaults(handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args))
+    show = sub.add_parser("config", help="print the resolved config and its run identity, or the first error")
+    show.add_argument("--configfile", nargs="+", default=["config/config.yaml"], type=Path,
+                      help="YAML layers, later ones win (default: config/config.yaml)")
+    show.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5")
+    show.set_defaults(handler=_config_command)
+    schema = sub.add_parser("schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)")
+    schema.set_defaults(handler=_schema_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except VideoGRPOError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

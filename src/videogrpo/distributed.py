@@ -1,0 +1,86 @@
+"""torch.distributed set-up from torchrun's environment, and the few collectives the trainer uses."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(device_kind: str, backend: str, timeout_s: int = 1800) -> Context:
+    """Join the process group torchrun prepared (or a world of one without torchrun)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device_kind == "cuda" else None)
+    return Context(rank, world, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def average_gradients(params: list[torch.nn.Parameter]) -> None:
+    """All-reduce and average gradients of replicated parameters (one flat buffer, one collective)."""
+    if not active():
+        return
+    for p in params:
+        if p.grad is None:  # every rank must contribute the same buffer layout
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

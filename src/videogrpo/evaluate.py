@@ -1,0 +1,119 @@
+"""Evaluation: sample the held-out split with the trained transformer (and the base one), score, tabulate.
+
+Both variants see the same samples and the same noise (seeded by sample, not by order), so the
+per-task difference measures training, not sampling luck.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from videogrpo.config import Config
+from videogrpo.data.dataset import SampleRef, load_split
+from videogrpo.errors import ConfigError
+from videogrpo.grpo.rollout import rollout, seeded_normal
+from videogrpo.grpo.samplers import sigma_schedule
+from videogrpo.models.wan import WanTI2V, load_first_frames, set_attention_backend
+from videogrpo.progress import Progress
+from videogrpo.rewards.rule import RuleScorer, ScoreRequest
+
+BATCH = 4
+SEED_TAG = 0xE7A1
+
+
+def heldout_samples(dataset: Path, max_per_task: int | None) -> list[SampleRef]:
+    samples = load_split(dataset, "heldout")
+    if not samples:
+        raise ConfigError(f"{dataset}: no held-out samples; set data.heldout_per_task > 0")
+    if max_per_task is None:
+        return samples
+    kept, seen = [], {}
+    for s in samples:
+        seen[s.task] = seen.get(s.task, 0) + 1
+        if seen[s.task] <= max_per_task:
+            kept.append(s)
+    return kept
+
+
+def load_trained(model: WanTI2V, final_dir: Path, attention_backend: str) -> torch.nn.Module:
+    from diffusers import WanTransformer3DModel
+
+    trained = WanTransformer3DModel.from_pretrained(final_dir / "transformer", torch_dtype=model.dtype)
+    trained = trained.to(model.device)
+    set_attention_backend(trained, attention_backend)
+    return trained.eval()
+
+
+@torch.no_grad()
+def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samples: list[SampleRef]):
+    """Yield (sample, uint8 video) for every sample, in batches, with per-sample seeded noise."""
+    e = cfg.evaluate
+    steps = e.sampling_steps or cfg.grpo.sampling_steps
+    sigmas = sigma_schedule(steps, cfg.grpo.shift)
+    shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
+    dev = model.device
+    for first in range(0, len(samples), BATCH):
+        batch = samples[first:first + BATCH]
+        keys = [first + i for i in range(len(batch))]
+        embeds = model.encode_prompts([s.prompt for s in batch])
+        condition = model.encode_first_frames(
+            load_first_frames([s.first_frame for s in batch], cfg.video.height, cfg.video.width))
+        init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
+
+        def step_noise(i: int) -> torch.Tensor:
+            return torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k, i + 1) for k in keys])
+
+        etas = torch.full((len(batch),), e.eta, device=dev)
+        trajectory = rollout(model, transformer, embeds, condition, init, sigmas, e.sampler, etas, step_noise)
+        yield from zip(batch, model.decode(trajectory.latents[:, -1]))
+
+
+def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalkit: Path, videos_dir: Path,
+             device: torch.device) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Score the held-out samples, keeping each scored video under videos_dir; returns (scores, per-task table)."""
+    samples = heldout_samples(dataset, cfg.evaluate.max_samples_per_task)
+    backend = cfg.parallel.attention_backend
+    model = WanTI2V(model_dir, device, cfg.parallel.param_dtype, backend, cfg.model.max_text_tokens, cfg.model.kind)
+    variants = {"trained": load_trained(model, final_dir, backend)}
+    if cfg.evaluate.compare_base:
+        variants = {"base": model.transformer.eval(), **variants}
+    rows = []
+    with RuleScorer(evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker) as scorer:
+        for variant, transformer in variants.items():
+            progress = Progress(f"evaluate {variant}", total=len(samples), unit="videos")
+            futures = []
+            for sample, video in sample_videos(cfg, model, transformer, samples):
+                keep = videos_dir / variant / sample.task / f"{sample.sample_id}.mp4"
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                request = ScoreRequest(video, sample.task, str(sample.directory), cfg.video.fps,
+                                       cfg.evalkit.video_size, cfg.evalkit.max_seconds, cfg.evalkit.crf,
+                                       cfg.evalkit.unsupported_score, keep_video=str(keep))
+                futures.append((sample, scorer.submit(request)))
+                progress.update()
+            for (sample, _), result in zip(futures, scorer.collect([f for _, f in futures])):
+                rows.append({"variant": variant, "task": sample.task, "sample_id": sample.sample_id,
+                             "score": result["score"], **{f"dim_{k}": v for k, v in result["dimensions"].items()}})
+            progress.finish()
+    scores = pd.DataFrame(rows)
+    return scores, per_task_table(scores)
+
+
+def per_task_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Mean score per task and variant, the trained - base difference, and an ALL row over every sample."""
+    def summarise(frame: pd.DataFrame) -> dict:
+        means = frame.groupby("variant").score.mean()
+        row = {"samples": int((frame.variant == "trained").sum())}
+        row.update({f"{variant}_score": float(means[variant]) for variant in means.index})
+        if "base" in means.index:
+            row["delta"] = float(means["trained"] - means["base"])
+        return row
+
+    rows = [{"task": task, **summarise(frame)} for task, frame in scores.groupby("task", sort=True)]
+    rows.append({"task": "ALL", **summarise(scores)})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False), file=sys.stderr)
+    return table

@@ -1,0 +1,1 @@
+"""GRPO on flow-matching samplers: transitions, advantages, loss, prompt assignment, replay, trainer."""

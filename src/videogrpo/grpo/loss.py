@@ -1,0 +1,33 @@
+"""The PPO-clipped GRPO objective per replayed timestep, and its diagnostics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PPOStats:
+    ratio_mean: float
+    ratio_abs_max: float
+    clip_fraction: float
+    approx_kl: float
+
+
+def ppo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+             clip_range: float) -> tuple[torch.Tensor, PPOStats]:
+    """mean(max(-A rho, -A clip(rho, 1 - c, 1 + c))) with rho = exp(logp_new - logp_old)."""
+    log_ratio = logp_new - logp_old.detach()
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped).mean()
+    with torch.no_grad():
+        stats = PPOStats(
+            ratio_mean=ratio.mean().item(),
+            ratio_abs_max=(ratio - 1).abs().max().item(),
+            clip_fraction=((ratio - 1).abs() > clip_range).float().mean().item(),
+            approx_kl=(ratio - 1 - log_ratio).mean().item(),
+        )
+    return loss, stats

@@ -1,0 +1,89 @@
+"""Rollouts: run a sampler over the transformer's velocity and record every transition for replay.
+
+All randomness is derived from counters (seed, step, prompt, group member, denoising step), not from
+a stateful generator, so a rollout does not depend on how samples are spread over ranks, and a
+resumed run draws exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from videogrpo.grpo import samplers
+
+
+def counter_seed(*key: int) -> int:
+    """A 63-bit seed from integer counters (NumPy's SeedSequence hashing)."""
+    return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def seeded_normal(shape: tuple[int, ...], device: torch.device, *key: int) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(counter_seed(*key))
+    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+def seeded_uniform(lo: float, hi: float, *key: int) -> float:
+    return float(np.random.default_rng(counter_seed(*key)).uniform(lo, hi))
+
+
+def frame_mask(latent_frames: int, device: torch.device) -> torch.Tensor:
+    """1 for generated latent frames, 0 for frame 0 (the clean image condition of TI2V)."""
+    mask = torch.ones(latent_frames, device=device)
+    mask[0] = 0
+    return mask
+
+
+@dataclass
+class Trajectory:
+    latents: torch.Tensor
+    """x_0 (noise) .. x_T (clean), float32 [N, T + 1, C, F, h, w]."""
+    log_probs: torch.Tensor
+    """log p of each recorded transition, float32 [N, T]."""
+    etas: torch.Tensor
+    """Sampler noise level of each sample, [N]."""
+
+
+@torch.no_grad()
+def rollout(model, transformer: torch.nn.Module, embeds: torch.Tensor, condition: torch.Tensor,
+            init_noise: torch.Tensor, sigmas: torch.Tensor, sampler: str, etas: torch.Tensor,
+            step_noise, guidance_scale: float = 1.0, negative_embeds: torch.Tensor | None = None) -> Trajectory:
+    """Denoise init_noise [N, C, F, h, w] conditioned on latent frame 0 = condition [N, C, 1, h, w].
+
+    `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i.
+    """
+    mask = frame_mask(init_noise.shape[2], init_noise.device)
+    x = init_noise.float().clone()
+    x[:, :, :1] = condition
+    states, log_probs = [x], []
+    for i in range(len(sigmas) - 1):
+        sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+        v = model.velocity(transformer, x, sigma, embeds, negative_embeds, guidance_scale)
+        x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask)
+        x[:, :, :1] = condition
+        states.append(x)
+        log_probs.append(logp)
+    return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas)
+
+
+def replay_log_prob(model, transformer: torch.nn.Module, trajectory: Trajectory, index: int, sigmas: torch.Tensor,
+                    sampler: str, embeds: torch.Tensor, guidance_scale: float = 1.0,
+                    negative_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recompute (with gradients) log p of the recorded transition `index`; also return the mean."""
+    x = trajectory.latents[:, index]
+    x_next = trajectory.latents[:, index + 1]
+    sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
+    mask = frame_mask(x.shape[2], x.device)
+    v = model.velocity(transformer, x, sigma, embeds, negative_embeds, guidance_scale)
+    mean, std = samplers.transition(sampler, x, v, sigma, sigma_next, trajectory.etas)
+    return samplers.log_prob(sampler, x_next, mean, std, mask), mean
+
+
+def trained_timesteps(steps: int, fraction: float, seed: int, update: int) -> list[int]:
+    """floor((T - 1) x fraction) of the first T - 1 steps by a seeded permutation per update, sorted."""
+    keep = math.floor((steps - 1) * fraction + 1e-9)  # guard 0.29 x 100 = 28.999...96
+    order = np.random.default_rng(counter_seed(seed, 0x7117, update)).permutation(steps - 1)
+    return sorted(int(i) for i in order[:keep])

@@ -1,0 +1,85 @@
+"""Rollout transitions over the model's velocity (REFERENCE section 4).
+
+Each sampler maps (x, v, sigma, sigma') to a Gaussian transition: a mean mu, a noise std, and a
+log-probability of the next latent. Notation: x0_hat = x - sigma v, x1_hat = x + (1 - sigma) v.
+Transitions run in float32; what replay uses is the stored next latent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SAMPLERS = ("flowcps", "dancegrpo", "flowgrpo")
+
+
+def sigma_schedule(steps: int, shift: float) -> torch.Tensor:
+    """sigma = shift t / (1 + (shift - 1) t) over t = linspace(1, 0, steps + 1), float64."""
+    t = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def _per_sample(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A scalar or per-sample [B] value shaped to broadcast over [B, ...]."""
+    value = torch.as_tensor(value, dtype=torch.float32, device=like.device)
+    if value.ndim == 0:
+        return value
+    return value.view(-1, *([1] * (like.ndim - 1)))
+
+
+def transition(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float,
+               eta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and noise std of x' given x (std broadcastable to x; eta may be per sample)."""
+    x, v = x.float(), v.float()
+    eta = _per_sample(eta, x)
+    d = sigma_next - sigma
+    if sampler == "flowcps":
+        std = sigma_next * torch.sin(eta * math.pi / 2)
+        x0_hat = x - sigma * v
+        x1_hat = x + (1 - sigma) * v
+        mean = (1 - sigma_next) * x0_hat + torch.sqrt((sigma_next ** 2 - std ** 2).clamp_min(0)) * x1_hat
+        return mean, std
+    if sampler == "dancegrpo":
+        std = eta * math.sqrt(sigma - sigma_next)
+        mean = x + d * (v + eta ** 2 * (x + (1 - sigma) * v) / (2 * sigma))
+        return mean, std
+    if sampler == "flowgrpo":
+        # Wan ports of Flow-GRPO: s_t = sigma_min + (sigma_max - sigma_min) sigma with 0 and 1, i.e. sigma.
+        s_t = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
+        if sigma == 0:
+            return x + d * v, torch.zeros((), device=x.device)
+        mean = x * (1 + s_t ** 2 * d / (2 * sigma)) + v * (1 + s_t ** 2 * (1 - sigma) / (2 * sigma)) * d
+        return mean, s_t * math.sqrt(-d)
+    raise ValueError(f"unknown sampler {sampler!r}; known: {SAMPLERS}")
+
+
+def masked_mean(values: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over all but the batch dim; with a [F] frame mask, only over latent frames where it is 1."""
+    if frame_mask is None:
+        return values.flatten(1).mean(dim=1)
+    values = values[:, :, frame_mask.bool()]
+    return values.flatten(1).mean(dim=1)
+
+
+def log_prob(sampler: str, x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+             frame_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample log-probability of x_next [B, C, F, h, w] (frames outside frame_mask left out)."""
+    x_next, mean = x_next.float(), mean.float()
+    if sampler == "flowcps":
+        # Flow-CPS drops the variance and constants: log p = -mean((x' - mu)^2).
+        return -masked_mean((x_next - mean) ** 2, frame_mask)
+    std = torch.as_tensor(std, dtype=torch.float32, device=x_next.device)
+    if std.ndim > 0:
+        std = std.view(-1, *([1] * (x_next.ndim - 1)))
+    terms = -((x_next - mean) ** 2) / (2 * std ** 2) - torch.log(std) - math.log(math.sqrt(2 * math.pi))
+    return masked_mean(terms.expand_as(x_next), frame_mask)
+
+
+def step(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float,
+         eta: float | torch.Tensor, noise: torch.Tensor,
+         frame_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample x' = mu + std eps; returns (x', mu, log p(x'))."""
+    mean, std = transition(sampler, x, v, sigma, sigma_next, eta)
+    x_next = mean + std * noise.float()
+    return x_next, mean, log_prob(sampler, x_next, mean, std, frame_mask)

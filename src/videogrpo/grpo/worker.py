@@ -1,0 +1,40 @@
+"""The per-process entry point torchrun starts: `python -m videogrpo.grpo.worker ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from videogrpo import config as config_mod, distributed
+from videogrpo.errors import VideoGRPOError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="videogrpo.grpo.worker")
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--run-id", required=True)
+    for name in ("model", "dataset", "evalkit", "checkpoints", "final", "metrics", "run-dir"):
+        parser.add_argument(f"--{name}", type=Path, required=name != "evalkit")
+    args = parser.parse_args(argv)
+    from videogrpo.grpo.trainer import Trainer, TrainPaths
+
+    cfg = config_mod.from_dict(json.loads(args.config_json), partial=True)
+    ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend)
+    print(f"[rank {ctx.rank}/{ctx.world_size}] host {__import__('socket').gethostname()} device {ctx.device}",
+          file=sys.stderr, flush=True)
+    try:
+        paths = TrainPaths(args.model, args.dataset, args.evalkit, args.checkpoints, args.final, args.metrics,
+                           args.run_dir)
+        Trainer(cfg, paths, ctx, args.run_id).run()
+    except VideoGRPOError as err:
+        print(f"[rank {ctx.rank}] error: {err}", file=sys.stderr)
+        return err.exit_code
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

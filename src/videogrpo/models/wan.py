@@ -1,0 +1,139 @@
+"""Loading a Wan2.2 TI2V Diffusers pipeline directory and the operations GRPO needs from it.
+
+Rollouts and training call the transformer directly (not the pipeline's __call__), since every
+denoising transition must be recorded and replayed. Conventions follow diffusers' Wan pipelines
+with `expand_timesteps=True`: latents are normalised with the VAE's latents_mean/std, latent frame 0
+holds the VAE-encoded first frame at timestep 0, and the timestep is sigma x 1000 per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from videogrpo.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+def set_attention_backend(model: torch.nn.Module, name: str) -> None:
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    known = {b.value for b in AttentionBackendName}
+    if name not in known:
+        raise ConfigError(f"parallel.attention_backend = {name!r}: unknown to diffusers; known: {sorted(known)}")
+    model.set_attention_backend(name)
+
+
+@dataclass
+class LatentGeometry:
+    channels: int
+    frames: int
+    height: int
+    width: int
+    patch: tuple[int, int, int]
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.channels, self.frames, self.height, self.width)
+
+
+class WanTI2V:
+    """The frozen parts (tokenizer, text encoder, VAE) and the trainable transformer of a TI2V pipeline."""
+
+    def __init__(self, model_dir: str | Path, device: torch.device, param_dtype: str = "float32",
+                 attention_backend: str = "native", max_text_tokens: int = 512, kind: str = "ti2v"):
+        if kind != "ti2v":
+            raise ConfigError(f"model.kind = {kind!r}: only 'ti2v' (Wan2.2 TI2V-5B layout) is implemented so far")
+        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        model_dir = Path(model_dir)
+        self.device = device
+        self.dtype = DTYPES[param_dtype]
+        self.max_text_tokens = max_text_tokens
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
+        self.text_encoder = UMT5EncoderModel.from_pretrained(model_dir / "text_encoder").to(device).eval()
+        self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae").to(device).eval()
+        # torch_dtype at load keeps the modules diffusers wants in float32 (norms, time embedding) there.
+        self.transformer = WanTransformer3DModel.from_pretrained(model_dir / "transformer",
+                                                                 torch_dtype=self.dtype).to(device)
+        set_attention_backend(self.transformer, attention_backend)
+        for frozen in (self.text_encoder, self.vae):
+            frozen.requires_grad_(False)
+        vae_cfg = self.vae.config
+        shape = (1, vae_cfg.z_dim, 1, 1, 1)
+        self.latents_mean = torch.tensor(vae_cfg.latents_mean, dtype=torch.float32, device=device).view(shape)
+        self.latents_std = torch.tensor(vae_cfg.latents_std, dtype=torch.float32, device=device).view(shape)
+        self.spatial = vae_cfg.scale_factor_spatial
+        self.temporal = vae_cfg.scale_factor_temporal
+        self._prompt_cache: dict[str, torch.Tensor] = {}
+
+    def geometry(self, num_frames: int, height: int, width: int) -> LatentGeometry:
+        return LatentGeometry(self.vae.config.z_dim, (num_frames - 1) // self.temporal + 1,
+                              height // self.spatial, width // self.spatial,
+                              tuple(self.transformer.config.patch_size))
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+        """UMT5 embeddings [B, L, D], zero beyond each prompt's tokens (as diffusers' Wan pipelines do)."""
+        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        if missing:
+            tokens = self.tokenizer(missing, padding="max_length", max_length=self.max_text_tokens,
+                                    truncation=True, add_special_tokens=True, return_tensors="pt")
+            ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+            hidden = self.text_encoder(ids, mask).last_hidden_state.float()
+            hidden = hidden * mask.unsqueeze(-1)
+            for prompt, embeds in zip(missing, hidden):
+                self._prompt_cache[prompt] = embeds
+        return torch.stack([self._prompt_cache[p] for p in prompts]).to(self.dtype)
+
+    @torch.no_grad()
+    def encode_first_frames(self, images: np.ndarray) -> torch.Tensor:
+        """Normalised latent of each first frame, [B, C, 1, h, w] float32 (uint8 images [B, H, W, 3] in)."""
+        pixels = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, torch.float32)
+        pixels = pixels.permute(0, 3, 1, 2).unsqueeze(2) / 127.5 - 1.0
+        latents = self.vae.encode(pixels).latent_dist.mode()
+        return (latents.float() - self.latents_mean) / self.latents_std
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Decode normalised latents [B, C, F, h, w] to uint8 video [B, F, H, W, 3]."""
+        latents = latents.float() * self.latents_std + self.latents_mean
+        video = self.vae.decode(latents).sample
+        video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return video.permute(0, 2, 3, 4, 1).cpu().numpy()
+
+    def velocity(self, transformer: torch.nn.Module, x: torch.Tensor, sigma: float, embeds: torch.Tensor,
+                 negative_embeds: torch.Tensor | None = None, guidance_scale: float = 1.0) -> torch.Tensor:
+        """Flow velocity at noise level sigma; latent frame 0 gets timestep 0 (it is the clean condition)."""
+        batch, _, frames, height, width = x.shape
+        _, ph, pw = self.transformer.config.patch_size
+        per_frame = (height // ph) * (width // pw)
+        timestep = torch.full((batch, frames, per_frame), sigma * NUM_TRAIN_TIMESTEPS, device=x.device)
+        timestep[:, 0] = 0.0
+        timestep = timestep.flatten(1)
+        out = transformer(hidden_states=x.to(self.dtype), timestep=timestep, encoder_hidden_states=embeds,
+                          return_dict=False)[0].float()
+        if guidance_scale != 1.0:
+            if negative_embeds is None:
+                raise ValueError("guidance_scale != 1 needs negative prompt embeddings")
+            uncond = transformer(hidden_states=x.to(self.dtype), timestep=timestep,
+                                 encoder_hidden_states=negative_embeds, return_dict=False)[0].float()
+            out = uncond + guidance_scale * (out - uncond)
+        return out
+
+
+def load_first_frames(paths: list[Path], height: int, width: int) -> np.ndarray:
+    """Read first-frame PNGs resized to the generation size, uint8 [B, H, W, 3]."""
+    from PIL import Image
+
+    frames = []
+    for path in paths:
+        with Image.open(path) as image:
+            frames.append(np.asarray(image.convert("RGB").resize((width, height), Image.BICUBIC)))
+    return np.stack(frames)

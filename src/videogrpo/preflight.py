@@ -1,0 +1,156 @@
+"""Preflight: everything that can be checked before a model is loaded or a GPU hour is spent.
+
+Each check returns a `Check` naming what was checked, whether it passed, and on failure the field or
+file at fault and the fix. `node_checks` are the per-machine part the launcher also runs on every
+node of a multi-node job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from videogrpo.config import Config, problems
+from videogrpo.provenance import digest
+
+# diffusers attention backends that need an extra package (the rest ship with torch).
+BACKEND_PACKAGES = {
+    "flash": "flash_attn", "flash_varlen": "flash_attn", "_flash_3": "flash_attn_interface",
+    "_flash_3_hub": "kernels", "flash_hub": "kernels", "_flash_3_varlen_hub": "kernels",
+    "sage": "sageattention", "sage_varlen": "sageattention", "xformers": "xformers",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def check_config(cfg: Config) -> Check:
+    found = problems(cfg)
+    return Check("config", not found, "all fields and cross-field rules hold" if not found else "; ".join(found))
+
+
+def check_trainer_support(cfg: Config) -> Check:
+    unsupported = []
+    if cfg.parallel.data_parallel != "replicate" or cfg.parallel.tensor_parallel != 1:
+        unsupported.append(f"parallel.data_parallel = {cfg.parallel.data_parallel!r} / tensor_parallel = "
+                           f"{cfg.parallel.tensor_parallel} (implemented: 'replicate', 1)")
+    if cfg.grpo.delayed_replay:
+        unsupported.append("grpo.delayed_replay = true (implemented: false)")
+    if cfg.reward.kind != "vbvr_rule":
+        unsupported.append(f"reward.kind = {cfg.reward.kind!r} (implemented: 'vbvr_rule')")
+    if cfg.model.kind != "ti2v":
+        unsupported.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
+    return Check("trainer_support", not unsupported,
+                 "the trainer implements every selected feature" if not unsupported
+                 else "not implemented yet: " + "; ".join(unsupported))
+
+
+def check_model_dir(model_dir: Path, manifest: Path) -> Check:
+    needed = ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json"]
+    missing = [n for n in needed if not (model_dir / n).is_file()]
+    if missing:
+        return Check("model_dir", False, f"{model_dir}: missing {missing}; rerun fetch_model")
+    recorded = json.loads(manifest.read_text())["outputs"]["model"]["tree_sha256"]
+    found = digest.tree_digest(model_dir)
+    if found != recorded:
+        return Check("model_dir", False, f"{model_dir}: tree digest {found} differs from {recorded} recorded by "
+                                         f"fetch_model; the directory was modified: rerun fetch_model")
+    return Check("model_dir", True, f"{model_dir}: complete, tree digest {found} as recorded")
+
+
+def check_evalkit(cfg: Config, fingerprint_file: Path) -> Check:
+    record = json.loads(fingerprint_file.read_text())
+    found = digest.evalkit_source_digest(cfg.evalkit.path)
+    ok = found == record["source_sha256"] == cfg.evalkit.digest
+    detail = (f"{cfg.evalkit.path}: source digest {found} = evalkit.digest" if ok else
+              f"{cfg.evalkit.path}: source digest {found}, fingerprinted {record['source_sha256']}, "
+              f"pinned evalkit.digest {cfg.evalkit.digest}; restore the checkout or pin the new digest")
+    return Check("evalkit_digest", ok, detail)
+
+
+def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: int) -> Check:
+    report = json.loads(validation_file.read_text())
+    splits = json.loads((dataset_dir / "splits.json").read_text())
+    train = sum(len(entry["rl"]) for entry in splits)
+    if train < prompts_per_step:
+        return Check("dataset", False, f"{dataset_dir}: {train} training samples, fewer than grpo.prompts_per_step "
+                                       f"= {prompts_per_step}; lower it or add data")
+    return Check("dataset", True, f"{report['samples']} samples validated, {train} for training, "
+                                  f"{sum(len(e['heldout']) for e in splits)} held out")
+
+
+def check_video_io() -> Check:
+    import numpy as np
+
+    from videogrpo.data.video import read_video, write_mp4
+
+    frames = np.random.default_rng(0).integers(0, 255, (5, 32, 32, 3), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.mp4"
+        try:
+            write_mp4(path, frames, fps=16)
+            back = read_video(path)
+        except Exception as err:  # any codec failure is the finding
+            return Check("video_io", False, f"H.264 encode/decode with PyAV failed: {err}; reinstall av")
+    ok = back.shape == frames.shape
+    return Check("video_io", ok, f"H.264 round trip gave {back.shape}, expected {frames.shape}")
+
+
+def check_attention_backend(name: str) -> Check:
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    known = {b.value for b in AttentionBackendName}
+    if name not in known:
+        return Check("attention_backend", False, f"parallel.attention_backend = {name!r}: unknown to diffusers; "
+                                                 f"known: {sorted(known)}")
+    package = BACKEND_PACKAGES.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        return Check("attention_backend", False, f"parallel.attention_backend = {name!r} needs the {package!r} "
+                                                 f"package, which is not installed here; install it or use 'native'")
+    return Check("attention_backend", True, f"{name} available")
+
+
+def check_devices(cfg: Config) -> Check:
+    import torch
+    import torch.distributed as dist
+
+    backend_ok = dist.is_gloo_available() if cfg.parallel.backend == "gloo" else dist.is_nccl_available()
+    if not backend_ok:
+        return Check("devices", False, f"parallel.backend = {cfg.parallel.backend!r} is not available in this torch")
+    if cfg.parallel.device == "cuda":
+        visible = torch.cuda.device_count()
+        if visible < cfg.parallel.procs_per_node:
+            return Check("devices", False, f"parallel.procs_per_node = {cfg.parallel.procs_per_node} but {visible} "
+                                           f"CUDA devices are visible on {socket.gethostname()}")
+        return Check("devices", True, f"{visible} CUDA devices visible, backend {cfg.parallel.backend}")
+    return Check("devices", True, f"CPU, backend {cfg.parallel.backend}")
+
+
+def check_port_free(port: int, host: str = "") -> Check:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            return Check("rendezvous_port", False, f"port {port} on {socket.gethostname()} is in use ({err}); "
+                                                   f"set parallel.master_port to a free port")
+    return Check("rendezvous_port", True, f"port {port} free on {socket.gethostname()}")
+
+
+def node_checks(cfg: Config, port: int | None = None) -> list[Check]:
+    """The checks that must hold on every machine of the job."""
+    checks = [check_devices(cfg), check_attention_backend(cfg.parallel.attention_backend)]
+    if port is not None:
+        checks.append(check_port_free(port))
+    return checks
+
+
+def as_report(checks: list[Check]) -> dict:
+    return {"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]}

@@ -1,0 +1,1 @@
+"""Reference VBVR-style benchmark: task evaluators for the synthetic tasks."""

@@ -1,0 +1,44 @@
+"""Evaluators of the synthetic tasks: a rule read from the final frame, and fidelity to the ground truth."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Colour distance (RGB, 0-255) at which similarity falls to exp(-1/2).
+COLOR_SCALE = 60.0
+
+
+def color_similarity(pixels: np.ndarray, color) -> np.ndarray:
+    """Per-pixel similarity in [0, 1] to an RGB colour (1 = exact)."""
+    diff = pixels.astype(np.float64) - np.asarray(color, dtype=np.float64)
+    return np.exp(-(diff ** 2).sum(axis=-1) / (2 * COLOR_SCALE ** 2))
+
+
+def fidelity(final: np.ndarray, gt_final: np.ndarray) -> float:
+    return float(1.0 - np.abs(final.astype(np.float64) - gt_final.astype(np.float64)).mean() / 255.0)
+
+
+def _dimensions(rule: float, final: np.ndarray, gt_final: np.ndarray) -> dict:
+    return {"rule": float(np.clip(rule, 0.0, 1.0)), "fidelity": fidelity(final, gt_final)}
+
+
+def move_red_square(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:
+    ch, cw = meta["cell_size"]
+    r, c = meta["target_cell"]
+    inner = final[r * ch + ch // 4: (r + 1) * ch - ch // 4, c * cw + cw // 4: (c + 1) * cw - cw // 4]
+    return _dimensions(color_similarity(inner, meta["square_color"]).mean(), final, gt_final)
+
+
+def fill_circle_blue(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:
+    cy, cx = meta["center"]
+    yy, xx = np.mgrid[:final.shape[0], :final.shape[1]]
+    inside = (yy - cy) ** 2 + (xx - cx) ** 2 <= (meta["radius"] - 2) ** 2
+    return _dimensions(color_similarity(final[inside], meta["fill_color"]).mean(), final, gt_final)
+
+
+def grow_bar_to_line(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:
+    x0, x1 = meta["bar_x"]
+    top = meta["target_top"]
+    filled = color_similarity(final[top + 1:, x0:x1], meta["bar_color"]).mean()
+    above = color_similarity(final[:max(top - 2, 1), x0:x1], meta["bar_color"]).mean()
+    return _dimensions(filled * (1.0 - above), final, gt_final)

@@ -1,0 +1,26 @@
+"""One module per workflow rule: `rule fetch_model` runs `videogrpo fetch-model`, defined in `stages/fetch_model.py`.
+
+Each module has `add_arguments(parser)` and `run(args) -> int`; the logic lives in the concern modules.
+"""
+
+STAGES = (
+    "fetch_model", "fetch_dataset", "materialize_dataset", "validate_dataset", "fingerprint_evalkit",
+    "check_scorer_runtime", "preflight", "train", "evaluate", "report",
+)
+
+# Package code each stage runs, beyond the shared plumbing (config, manifests, digests, atomic writes).
+# Its digest is a param of the stage's rule: Snakemake sees a rule's own text, not imported modules.
+CODE_PARTS = {
+    "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
+    "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),
+    "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py"),
+    "validate_dataset": ("stages/validate_dataset.py", "data/validate.py", "data/video.py"),
+    "fingerprint_evalkit": ("stages/fingerprint_evalkit.py", "rewards/evalkit.py"),
+    "check_scorer_runtime": ("stages/check_scorer_runtime.py", "rewards/evalkit.py"),
+    "preflight": ("stages/preflight.py", "preflight.py", "data/video.py"),
+    "train": ("stages/train.py", "launch.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py",
+              "distributed.py", "checkpoint.py"),
+    "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py",
+                 "data/video.py"),
+    "report": ("stages/report.py", "provenance/report.py"),
+}

@@ -1,0 +1,28 @@
+"""What every stage command shares: its config sections from --config-json, and its manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from videogrpo import config as config_mod
+from videogrpo.config import Config
+from videogrpo.errors import ConfigError
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config-json", required=True,
+                        help="the config sections this stage reads, as JSON (the Snakemake rule passes them)")
+    parser.add_argument("--manifest", required=True, type=Path, help="where to write the stage manifest")
+
+
+def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
+    """The stage's Config (other sections at their defaults, unvalidated) and the sections as given."""
+    try:
+        sections = json.loads(args.config_json)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--config-json: not valid JSON ({err})") from None
+    if not isinstance(sections, dict):
+        raise ConfigError("--config-json: expected a JSON object of config sections")
+    return config_mod.from_dict(sections, partial=True), sections

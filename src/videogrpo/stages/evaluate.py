@@ -1,0 +1,43 @@
+"""evaluate: held-out samples rolled out with the trained (and base) transformer, scored, tabulated."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from videogrpo import atomic
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--model", required=True, type=Path, help="base model directory")
+    parser.add_argument("--final", required=True, type=Path, help="train's final checkpoint directory")
+    parser.add_argument("--dataset", required=True, type=Path, help="materialized dataset directory")
+    parser.add_argument("--evalkit", required=True, type=Path, help="EvalKit checkout")
+    parser.add_argument("--scores", required=True, type=Path, help="per-sample scores (CSV) to create")
+    parser.add_argument("--table", required=True, type=Path, help="per-task table (CSV) to create")
+    parser.add_argument("--videos", required=True, type=Path, help="directory for the scored videos")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from videogrpo.evaluate import evaluate
+
+    cfg, sections = load_config(args)
+    device = torch.device("cuda", 0) if cfg.parallel.device == "cuda" else torch.device("cpu")
+    inputs = {"model": args.model, "final": args.final, "splits": args.dataset / "splits.json",
+              "evalkit": args.evalkit}
+    with StageRun("evaluate", args.manifest, inputs=inputs, params=sections) as stage:
+        with atomic.atomic_directory(args.videos) as videos_tmp:
+            scores, table = evaluate(cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device)
+        with atomic.atomic_path(args.scores) as tmp:
+            scores.to_csv(tmp, index=False)
+        with atomic.atomic_path(args.table) as tmp:
+            table.to_csv(tmp, index=False)
+        for name, path in (("scores", args.scores), ("table", args.table), ("videos", args.videos)):
+            stage.output(name, path)
+        stage.summary = {"overall": table[table.task == "ALL"].iloc[0].to_dict()}
+    return 0

@@ -1,0 +1,47 @@
+"""preflight: the resolved config and the runtime, checked before training; a report, or a loud failure."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from videogrpo import atomic, preflight
+from videogrpo.errors import VideoGRPOError
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--model", required=True, type=Path, help="model directory")
+    parser.add_argument("--model-manifest", required=True, type=Path, help="fetch_model's manifest")
+    parser.add_argument("--dataset", required=True, type=Path, help="materialized dataset directory")
+    parser.add_argument("--validation", required=True, type=Path, help="validate_dataset's report")
+    parser.add_argument("--evalkit-fingerprint", type=Path, help="fingerprint_evalkit's record (rule reward)")
+    parser.add_argument("--scorer-runtime", type=Path, help="check_scorer_runtime's record (rule reward)")
+    parser.add_argument("--out", required=True, type=Path, help="preflight report (JSON)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, sections = load_config(args)
+    inputs = {"model_manifest": args.model_manifest, "validation": args.validation,
+              "evalkit_fingerprint": args.evalkit_fingerprint, "scorer_runtime": args.scorer_runtime}
+    with StageRun("preflight", args.manifest, inputs=inputs, params=sections) as stage:
+        checks = [preflight.check_config(cfg), preflight.check_trainer_support(cfg),
+                  preflight.check_model_dir(args.model, args.model_manifest),
+                  preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
+                  preflight.check_video_io()]
+        if cfg.reward.kind == "vbvr_rule":
+            checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
+        checks += preflight.node_checks(cfg)
+        report = preflight.as_report(checks)
+        for check in checks:
+            print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr)
+        if not report["ok"]:
+            failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+            raise VideoGRPOError("preflight failed:\n  " + "\n  ".join(failed))
+        atomic.write_json(args.out, report)
+        stage.output("preflight", args.out)
+        stage.summary = {"checks": len(checks)}
+    return 0

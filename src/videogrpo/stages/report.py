@@ -1,0 +1,43 @@
+"""report: every manifest merged into provenance.json, and an HTML page with the reward curve and table."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from videogrpo import atomic
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.provenance.report import build_provenance, render_html
+from videogrpo.stages.common import add_config_argument, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--stage-manifest", action="append", default=[], metavar="STAGE=PATH",
+                        help="a stage's manifest (repeat for every stage)")
+    parser.add_argument("--metrics", required=True, type=Path, help="training metrics (JSON lines)")
+    parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
+    parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
+    parser.add_argument("--html", required=True, type=Path, help="report.html to create")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="workflow checkout (for the git state)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _, sections = load_config(args)
+    manifests = dict(item.split("=", 1) for item in args.stage_manifest)
+    manifests = {name: Path(path) for name, path in manifests.items()}
+    with StageRun("report", args.manifest, inputs=dict(manifests, metrics=args.metrics, table=args.table),
+                  params=sections) as stage:
+        provenance = build_provenance(manifests, args.repo, args.run_id)
+        metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
+        with open(args.table, newline="") as f:
+            table = list(csv.DictReader(f))
+        atomic.write_json(args.provenance, provenance)
+        atomic.write_text(args.html, render_html(provenance, metrics, table))
+        stage.output("provenance", args.provenance)
+        stage.output("html", args.html)
+    print(f"report: {args.html.resolve()}")
+    return 0

@@ -1,0 +1,56 @@
+# Config resolution and every path of the workflow. Imports only the light config and digest modules
+# of the package: a dry run must not pay for torch or diffusers.
+import json
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from videogrpo import config as vg
+from videogrpo.provenance.digest import evalkit_files, package_digest
+from videogrpo.stages import CODE_PARTS
+import videogrpo
+
+# Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
+CFG = vg.from_dict(config)
+config.clear()
+config.update(vg.to_dict(CFG))
+validate(config, "../schemas/config.schema.json")
+
+TASK_LIST_TEXT = Path(CFG.data.task_list).read_text()
+RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
+RESULTS = CFG.results
+RUN = f"{RESULTS}/runs/{RUN_ID}"
+MODEL = f"{RESULTS}/models/{vg.model_key(CFG)}"
+DATA = f"{RESULTS}/data/{vg.data_key(CFG, TASK_LIST_TEXT)}"
+EVALKIT = f"{RESULTS}/evalkit/{CFG.evalkit.digest[:12] or 'none'}"
+RULE_REWARD = CFG.reward.kind == "vbvr_rule"
+
+MODEL_DIR = f"{MODEL}/pipeline"
+ARCHIVES = f"{DATA}/archives"
+DATASET = f"{DATA}/materialized"
+REPORT_HTML = f"{RUN}/report/report.html"
+
+_PACKAGE = Path(videogrpo.__file__).parent
+
+
+def stage_config(stage):
+    """The config sections a stage reads, as JSON: its params, so that changing them reruns it."""
+    return vg.canonical_json(vg.stage_view(CFG, stage))
+
+
+def code(stage):
+    """Digest of the package code the stage runs: a param, since Snakemake does not see imported code."""
+    return package_digest(_PACKAGE, CODE_PARTS[stage])
+
+
+def evalkit_sources():
+    """The EvalKit files its source digest covers: inputs, so that an edit reruns the fingerprint."""
+    root = Path(CFG.evalkit.path)
+    if not RULE_REWARD or not (root / "run_evaluation.py").is_file():
+        return []
+    return [str(root / rel) for rel in evalkit_files(root)]
+
+
+def rule_reward_inputs(**named):
+    """Inputs that exist only when the reward is the EvalKit's rule reward."""
+    return named if RULE_REWARD else {}

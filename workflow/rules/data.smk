@@ -1,0 +1,56 @@
+rule fetch_dataset:
+    input:
+        task_list=CFG.data.task_list,
+    output:
+        archives=directory(ARCHIVES),
+        manifest=f"{DATA}/fetch_dataset.manifest.json",
+    params:
+        config=stage_config("fetch_dataset"),
+        code=code("fetch_dataset"),
+    log:
+        f"{DATA}/fetch_dataset.log",
+    localrule: True
+    shell:
+        "videogrpo fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+# raw/ beside these outputs is not declared: Snakemake would delete it before a rerun, and an
+# interrupted unpack must resume. The manifest records it file by file.
+rule materialize_dataset:
+    input:
+        archives=ARCHIVES,
+        upstream=f"{DATA}/fetch_dataset.manifest.json",
+    output:
+        index=f"{DATASET}/dataset.json",
+        splits=f"{DATASET}/splits.json",
+        materialization=f"{DATASET}/materialization.json",
+        manifest=f"{DATA}/materialize_dataset.manifest.json",
+    params:
+        config=stage_config("materialize_dataset"),
+        code=code("materialize_dataset"),
+        out=DATASET,
+    log:
+        f"{DATA}/materialize_dataset.log",
+    shell:
+        "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
+        " --out {params.out:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule validate_dataset:
+    input:
+        upstream=f"{DATA}/materialize_dataset.manifest.json",
+        index=f"{DATASET}/dataset.json",
+    output:
+        validation=f"{DATA}/validation.json",
+        manifest=f"{DATA}/validate_dataset.manifest.json",
+    params:
+        config=stage_config("validate_dataset"),
+        code=code("validate_dataset"),
+        dataset=DATASET,
+    threads: 2
+    log:
+        f"{DATA}/validate_dataset.log",
+    shell:
+        "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
+        " --workers {threads} --out {output.validation:q} --manifest {output.manifest:q} > {log:q} 2>&1"

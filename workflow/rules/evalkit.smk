@@ -1,0 +1,31 @@
+rule fingerprint_evalkit:
+    input:
+        sources=evalkit_sources(),
+    output:
+        fingerprint=f"{EVALKIT}/fingerprint.json",
+        manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
+    params:
+        config=stage_config("fingerprint_evalkit"),
+        code=code("fingerprint_evalkit"),
+    log:
+        f"{EVALKIT}/fingerprint_evalkit.log",
+    localrule: True
+    shell:
+        "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule check_scorer_runtime:
+    input:
+        fingerprint=f"{EVALKIT}/fingerprint.json",
+    output:
+        runtime=f"{EVALKIT}/scorer_runtime.json",
+        manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+    params:
+        config=stage_config("check_scorer_runtime"),
+        code=code("check_scorer_runtime"),
+    log:
+        f"{EVALKIT}/check_scorer_runtime.log",
+    shell:
+        "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
+        " --out {output.runtime:q} --manifest {output.manifest:q} > {log:q} 2>&1"

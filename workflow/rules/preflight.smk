@@ -1,0 +1,29 @@
+rule preflight:
+    input:
+        model=MODEL_DIR,
+        model_manifest=f"{MODEL}/fetch_model.manifest.json",
+        validation=f"{DATA}/validation.json",
+        validation_manifest=f"{DATA}/validate_dataset.manifest.json",
+        **rule_reward_inputs(
+            evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
+            scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
+        ),
+    output:
+        report=f"{RUN}/preflight.json",
+        manifest=f"{RUN}/preflight.manifest.json",
+    params:
+        config=stage_config("preflight"),
+        code=code("preflight"),
+        dataset=DATASET,
+        reward_args=lambda wildcards, input: (
+            f"--evalkit-fingerprint {input.evalkit_fingerprint} --scorer-runtime {input.scorer_runtime}"
+            if RULE_REWARD
+            else ""
+        ),
+    log:
+        f"{RUN}/logs/preflight.log",
+    shell:
+        "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
+        " --model-manifest {input.model_manifest:q} --dataset {params.dataset:q}"
+        " --validation {input.validation:q} {params.reward_args} --out {output.report:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"

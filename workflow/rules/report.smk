@@ -1,0 +1,44 @@
+STAGE_MANIFESTS = {
+    "fetch_model": f"{MODEL}/fetch_model.manifest.json",
+    "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
+    "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
+    "validate_dataset": f"{DATA}/validate_dataset.manifest.json",
+    **rule_reward_inputs(
+        fingerprint_evalkit=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
+        check_scorer_runtime=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+    ),
+    "preflight": f"{RUN}/preflight.manifest.json",
+    "train": f"{RUN}/train.manifest.json",
+    "evaluate": f"{RUN}/evaluate.manifest.json",
+}
+
+
+rule report:
+    input:
+        metrics=f"{RUN}/train/metrics.jsonl",
+        table=f"{RUN}/evaluate/per_task.csv",
+        **STAGE_MANIFESTS,
+    output:
+        provenance=report(
+            f"{RUN}/report/provenance.json",
+            caption="../report/provenance.rst",
+            category="Provenance",
+        ),
+        html=report(
+            REPORT_HTML,
+            caption="../report/report.rst",
+            category="Report",
+        ),
+        manifest=f"{RUN}/report.manifest.json",
+    params:
+        config=stage_config("report"),
+        code=code("report"),
+        run_id=RUN_ID,
+        manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
+    log:
+        f"{RUN}/logs/report.log",
+    localrule: True
+    shell:
+        "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
+        " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
+        " --html {output.html:q} --manifest {output.manifest:q} > {log:q} 2>&1"
