@@ -36,6 +36,9 @@ def _config_command(args: argparse.Namespace) -> int:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
     cfg = config.load(args.configfile, overrides)
+    if args.run_id:
+        print(config.run_identity(cfg))
+        return 0
     print(f"# run identity: {config.run_identity(cfg)}  (world size {cfg.world_size})")
     print(yaml.safe_dump(config.to_dict(cfg), sort_keys=False), end="")
     return 0
@@ -63,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--configfile", nargs="+", default=["config/config.yaml"], type=Path,
                       help="YAML layers, later ones win (default: config/config.yaml)")
     show.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5")
+    show.add_argument("--run-id", action="store_true", help="print only the run identity (the run directory's name)")
     show.set_defaults(handler=_config_command)
     schema = sub.add_parser("schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)")
     schema.set_defaults(handler=_schema_command)
@@ -79,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `videogrpo config | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

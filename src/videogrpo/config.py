@@ -58,7 +58,7 @@ class DataConfig:
     """File listing the expected tasks, one per line."""
     samples_per_task: int = 1000
     """Samples each task must have after unpacking."""
-    heldout_per_task: int = 0
+    heldout_per_task: int = 4
     """Samples per task held out of training for evaluation (chosen with shuffle_seed)."""
     gt_frames: int | None = None
     """Frame count every ground_truth.mp4 must decode to (null: any)."""
@@ -102,12 +102,13 @@ class EvalKitConfig:
     """Longest stretch of generated video handed to the scorer."""
     crf: int = 12
     """x264 quality of the video handed to the scorer."""
-    runtime: dict[str, str] = field(default_factory=lambda: {
-        "easyocr": "1.7.2", "imageio": "2.37.3", "imageio-ffmpeg": "0.6.0", "norfair": "2.3.0",
-        "numpy": "2.4.4", "opencv-python": "4.13.0.92", "opencv-python-headless": "4.13.0.92",
-        "pillow": "12.2.0", "scikit-image": "0.26.0", "scipy": "1.17.1", "tifffile": "2026.3.3",
-    })
-    """Scorer runtime contract: distribution name -> exact version the scorer processes must see."""
+    runtime: list[str] = field(default_factory=lambda: [
+        "easyocr==1.7.2", "imageio==2.37.3", "imageio-ffmpeg==0.6.0", "norfair==2.3.0", "numpy==2.4.4",
+        "opencv-python==4.13.0.92", "opencv-python-headless==4.13.0.92", "pillow==12.2.0",
+        "scikit-image==0.26.0", "scipy==1.17.1", "tifffile==2026.3.3",
+    ])
+    """Scorer runtime contract: `name==version` of every package the scorer processes must see (a list, so a
+    recipe replaces it rather than merging into it)."""
 
 
 @dataclass
@@ -374,6 +375,8 @@ def _data_problems(cfg: Config) -> list[str]:
     found = []
     if cfg.data.source == "hub" and not HEX40.match(cfg.data.revision):
         found.append(f"data.revision = {cfg.data.revision!r}: must be a 40-hex commit id (branch names are refused)")
+    if cfg.data.heldout_per_task == 0:
+        found.append("data.heldout_per_task = 0: the evaluate stage needs held-out samples; set it to 1 or more")
     if cfg.data.heldout_per_task >= cfg.data.samples_per_task:
         found.append(
             f"data.heldout_per_task = {cfg.data.heldout_per_task}: must be < data.samples_per_task "
@@ -383,9 +386,18 @@ def _data_problems(cfg: Config) -> list[str]:
 
 
 def _evalkit_problems(cfg: Config) -> list[str]:
+    found = []
     if cfg.evalkit.path and not HEX64.match(cfg.evalkit.digest):
-        return [f"evalkit.digest = {cfg.evalkit.digest!r}: must be the 64-hex source digest of {cfg.evalkit.path}"]
-    return []
+        found.append(f"evalkit.digest = {cfg.evalkit.digest!r}: must be the 64-hex source digest of {cfg.evalkit.path}")
+    for i, pin in enumerate(cfg.evalkit.runtime):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+", pin):
+            found.append(f"evalkit.runtime[{i}] = {pin!r}: must be 'name==version'")
+    return found
+
+
+def runtime_contract(cfg: Config) -> dict[str, str]:
+    """evalkit.runtime as {distribution name: version}."""
+    return dict(pin.split("==", 1) for pin in cfg.evalkit.runtime)
 
 
 def _reward_problems(cfg: Config) -> list[str]:

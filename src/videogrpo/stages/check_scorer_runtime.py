@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.config import runtime_contract
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.rewards.evalkit import check_runtime
 from videogrpo.stages.common import add_config_argument, load_config
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     with StageRun("check_scorer_runtime", args.manifest, inputs={"fingerprint": args.fingerprint},
                   params=sections) as stage:
-        record = check_runtime(cfg.evalkit.runtime)
+        record = check_runtime(runtime_contract(cfg))
         atomic.write_json(args.out, record)
         stage.output("runtime", args.out)
         stage.summary = {"fingerprint": record["fingerprint"]}

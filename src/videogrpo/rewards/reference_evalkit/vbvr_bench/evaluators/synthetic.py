@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Colour distance (RGB, 0-255) at which similarity falls to exp(-1/2).
-COLOR_SCALE = 60.0
+# Colour distance (RGB, 0-255) at which similarity falls to exp(-1/2); wide enough for H.264's
+# chroma subsampling of saturated colours.
+COLOR_SCALE = 80.0
 
 
 def color_similarity(pixels: np.ndarray, color) -> np.ndarray:
@@ -25,7 +26,9 @@ def _dimensions(rule: float, final: np.ndarray, gt_final: np.ndarray) -> dict:
 def move_red_square(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:
     ch, cw = meta["cell_size"]
     r, c = meta["target_cell"]
-    inner = final[r * ch + ch // 4: (r + 1) * ch - ch // 4, c * cw + cw // 4: (c + 1) * cw - cw // 4]
+    # The central half of where the square belongs: edges blur under compression and resizing.
+    my, mx = ch // 4 + ch // 8, cw // 4 + cw // 8
+    inner = final[r * ch + my: (r + 1) * ch - my, c * cw + mx: (c + 1) * cw - mx]
     return _dimensions(color_similarity(inner, meta["square_color"]).mean(), final, gt_final)
 
 
@@ -39,6 +42,6 @@ def fill_circle_blue(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dic
 def grow_bar_to_line(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:
     x0, x1 = meta["bar_x"]
     top = meta["target_top"]
-    filled = color_similarity(final[top + 1:, x0:x1], meta["bar_color"]).mean()
+    filled = color_similarity(final[top + 2:, x0 + 1:x1 - 1], meta["bar_color"]).mean()
     above = color_similarity(final[:max(top - 2, 1), x0:x1], meta["bar_color"]).mean()
     return _dimensions(filled * (1.0 - above), final, gt_final)

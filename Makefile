@@ -1,0 +1,38 @@
+# `make demo` and `make test` set everything up on a fresh clone: a venv with the pinned CPU
+# environment (envs/cpu.txt, constrained by the full lock envs/cpu.lock.txt) and this package.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: env demo test test-unit test-e2e clean
+
+$(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@echo "installing the pinned CPU environment into $(VENV) (about 2 minutes the first time)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -r envs/cpu.txt -c envs/cpu.lock.txt 2>&1 \
+		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 \
+		| { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	touch $@
+
+env: $(STAMP)
+
+demo: env
+	snakemake --cores 2
+	@echo "report: $(CURDIR)/results/runs/$$(videogrpo config --run-id)/report/report.html"
+
+test: env
+	pytest
+
+test-unit: env
+	pytest -m "not e2e and not cluster"
+
+test-e2e: env
+	pytest -m e2e
+
+clean:
+	rm -rf results .snakemake

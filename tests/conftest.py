@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny model, synthetic archives and a materialized dataset, built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = ["S-1_move_red_square_data-generator", "S-2_fill_circle_blue_data-generator",
+         "S-3_grow_bar_to_line_data-generator"]
+SAMPLES = 3
+FRAMES, SIDE = 17, 64
+
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from videogrpo.models.tiny import save_tiny_pipeline
+
+    out = tmp_path_factory.mktemp("model") / "pipeline"
+    save_tiny_pipeline(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def archives(tmp_path_factory) -> Path:
+    from videogrpo.data import synthetic
+
+    out = tmp_path_factory.mktemp("archives")
+    synthetic.generate(out, TASKS, SAMPLES, seed=0, frames=FRAMES, height=SIDE, width=SIDE, fps=16)
+    return out
+
+
+@pytest.fixture(scope="session")
+def dataset(archives, tmp_path_factory) -> Path:
+    from videogrpo.data.materialize import materialize
+
+    out = tmp_path_factory.mktemp("dataset")
+    materialize(sorted((archives / "VBVR-Pro-RL-Video").glob("*.tar.gz")), out, TASKS, SAMPLES, 1, 42, "synthetic_3",
+                {"repo": "synthetic"}, log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def evalkit(repo) -> Path:
+    return repo / "src/videogrpo/rewards/reference_evalkit"

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+import torch
+
+from videogrpo import checkpoint
+from videogrpo.errors import VideoGRPOError
+
+
+def model_and_optimizer(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_round_trip_restores_weights_optimizer_rng_and_state(tmp_path):
+    model, optimizer = model_and_optimizer(0)
+    torch.manual_seed(123)
+    path = checkpoint.save(tmp_path, 3, model, optimizer, {"step": 3}, rank=0, keep=2)
+    expected_draw = torch.rand(3)
+    other, other_opt = model_and_optimizer(1)
+    state = checkpoint.load(path, other, other_opt, rank=0)
+    assert state == {"step": 3}
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], other_opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(3), expected_draw)
+
+
+def test_only_complete_checkpoints_count_and_old_ones_are_pruned(tmp_path):
+    model, optimizer = model_and_optimizer(0)
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, step, model, optimizer, {"step": step}, rank=0, keep=2)
+    assert [p.name for p in checkpoint.complete_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    (tmp_path / "step-00000009").mkdir()  # a crash before the marker
+    assert checkpoint.latest_complete(tmp_path).name == "step-00000003"
+    with pytest.raises(VideoGRPOError, match="not a complete checkpoint"):
+        checkpoint.load(tmp_path / "step-00000009", model, optimizer, rank=0)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    model, optimizer = model_and_optimizer(0)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(VideoGRPOError, match="non-finite weights; refusing"):
+        checkpoint.save(tmp_path, 1, model, optimizer, {"step": 1}, rank=0, keep=2)
+    assert checkpoint.latest_complete(tmp_path) is None
+
+
+def test_weights_only_load(tmp_path):
+    model, optimizer = model_and_optimizer(0)
+    path = checkpoint.save(tmp_path, 1, model, optimizer, {"step": 1}, rank=0, keep=1)
+    other, _ = model_and_optimizer(1)
+    checkpoint.load(path, other, None, rank=0, restore_rng=False)
+    assert torch.equal(model.weight, other.weight)
+    assert json.loads((path / "state.json").read_text())["step"] == 1

@@ -1,0 +1,167 @@
+import copy
+import json
+
+import pytest
+import yaml
+
+from videogrpo import config
+from videogrpo.errors import ConfigError
+
+RECIPES = ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule"]
+
+
+def load_yaml(repo, rel):
+    return yaml.safe_load((repo / rel).read_text())
+
+
+def test_default_config_is_valid_and_names_its_run(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    cfg = config.load(["config/config.yaml"])
+    assert cfg.recipe == "tiny" and cfg.world_size == 2
+    assert config.run_identity(cfg).startswith("tiny-")
+    assert len(config.run_identity(cfg).split("-")[1]) == 12
+
+
+def test_snakemake_config_strings_are_coerced():
+    cfg = config.from_dict({"recipe": "x", "model": {"source": "tiny"}, "data": {"source": "synthetic"},
+                            "evalkit": {"path": "kit", "digest": "a" * 64},
+                            "train": {"lr": "1e-5", "max_steps": "7", "auto_resume": "False"},
+                            "grpo": {"eta_range": ["0", "1"]}})
+    assert cfg.train.lr == 1e-5 and cfg.train.max_steps == 7 and cfg.train.auto_resume is False
+    assert cfg.grpo.eta_range == [0.0, 1.0]
+
+
+def test_unknown_field_is_named_with_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"train\.learning_rate: unknown field; valid fields of train: .*lr"):
+        config.from_dict({"train": {"learning_rate": 1}}, partial=True)
+
+
+def test_wrong_type_names_the_field():
+    with pytest.raises(ConfigError, match=r"grpo\.group_size: expected an integer, found 'many'"):
+        config.from_dict({"grpo": {"group_size": "many"}}, partial=True)
+
+
+@pytest.mark.parametrize("section,field,value,rule", [
+    ("model", "revision", "main", "40-hex commit"),
+    ("data", "revision", "v1.0", "40-hex commit"),
+    ("evalkit", "digest", "abc", "64-hex"),
+    ("grpo", "sampler", "ddim", "must be one of flowcps, dancegrpo, flowgrpo"),
+    ("video", "num_frames", 80, "4k \\+ 1"),
+    ("video", "height", 500, "multiple of 32"),
+    ("train", "lr", 0, "must be > 0"),
+])
+def test_field_rules_name_field_value_and_rule(section, field, value, rule):
+    data = {"model": {"revision": "a" * 40}, "evalkit": {"path": "k", "digest": "b" * 64}}
+    data.setdefault(section, {})[field] = value
+    with pytest.raises(ConfigError, match=rf"{section}\.{field} = .*{value}.*{rule}"):
+        config.from_dict(data)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_released_recipes_are_valid_at_their_reference_topology(repo, monkeypatch, recipe):
+    monkeypatch.chdir(repo)
+    cfg = config.load(["config/config.yaml", f"config/recipes/{recipe}.yaml"])
+    assert config.problems(cfg) == []
+    assert config.HEX40.match(cfg.model.revision) and config.HEX40.match(cfg.data.revision)
+    assert cfg.world_size == (8 if recipe == "rl_a14b_rule" else 128)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipes_set_every_field_the_default_sets(repo, recipe):
+    """Snakemake layers --configfile on config/config.yaml: nothing of the tiny default may leak in."""
+    base = load_yaml(repo, "config/config.yaml")
+    layer = load_yaml(repo, f"config/recipes/{recipe}.yaml")
+    assert config.deep_merge(base, layer) == config.deep_merge({}, layer)
+
+
+def test_5b_cps_at_100_ranks_is_rejected_with_the_numbers(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    with pytest.raises(ConfigError) as err:
+        config.load(["config/config.yaml", "config/recipes/rl_5b_cps.yaml"],
+                    {"parallel": {"nodes": 25, "procs_per_node": 4}})
+    assert "world size 100 (= nodes 25 x procs_per_node 4) must be a multiple of the prompts per wave 32" in str(err.value)
+
+
+def test_group_size_must_split_over_the_ranks_of_a_prompt(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    with pytest.raises(ConfigError, match=r"grpo.group_size = 30: must be a multiple of the 4 ranks sharing each prompt"):
+        config.load(["config/recipes/rl_5b_cps.yaml"], {"grpo": {"group_size": 30}})
+
+
+def test_vlm_recipe_runs_at_4_8_and_16_nodes(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    for nodes in (4, 8, 16):
+        cfg = config.load(["config/recipes/rl_5b_vlm.yaml"], {"parallel": {"nodes": nodes}})
+        assert cfg.world_size == nodes * 8
+
+
+def test_a14b_batch_must_match_data_replicas(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    with pytest.raises(ConfigError, match=r"must equal train.batch_size 4 x 4 data replicas"):
+        config.load(["config/recipes/rl_a14b_rule.yaml"], {"grpo": {"prompts_per_step": 32}})
+
+
+def test_run_identity_follows_the_training_contract_only(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    base = load_yaml(repo, "config/config.yaml")
+    tasks = (repo / "config/tasks/synthetic.txt").read_text()
+    ident = config.run_identity(config.from_dict(base), tasks)
+
+    def changed(section, field, value):
+        data = copy.deepcopy(base)
+        data[section][field] = value
+        return config.run_identity(config.from_dict(data), tasks)
+
+    for section, field, value in [("train", "lr", 2e-4), ("grpo", "sampler", "dancegrpo"), ("model", "tiny_seed", 1),
+                                  ("data", "synthetic_seed", 3), ("parallel", "procs_per_node", 1),
+                                  ("evalkit", "digest", "c" * 64), ("reward", "judge_port", 1)]:
+        if section == "parallel":
+            data = copy.deepcopy(base)
+            data["parallel"]["procs_per_node"] = 1
+            data["grpo"]["prompts_per_step"] = 1
+            assert config.run_identity(config.from_dict(data), tasks) != ident
+        else:
+            assert changed(section, field, value) != ident, (section, field)
+    for section, field, value in [("evaluate", "seed", 7), ("logging", "wandb_mode", "disabled"),
+                                  ("evalkit", "workers", 1), ("train", "keep_checkpoints", 5)]:
+        assert changed(section, field, value) == ident, (section, field)
+    assert config.run_identity(config.from_dict(base), tasks + "S-9_extra\n") != ident
+
+
+def test_schema_file_is_generated_from_the_dataclasses(repo):
+    on_disk = json.loads((repo / "workflow/schemas/config.schema.json").read_text())
+    assert on_disk == json.loads(json.dumps(config.json_schema())), "run: videogrpo schema > workflow/schemas/config.schema.json"
+
+
+def test_schema_accepts_the_resolved_default_and_rejects_unknown_fields(repo):
+    import jsonschema
+
+    schema = config.json_schema()
+    resolved = config.to_dict(config.from_dict(load_yaml(repo, "config/config.yaml")))
+    jsonschema.validate(resolved, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(dict(resolved, train=dict(resolved["train"], learning_rate=1)), schema)
+
+
+def test_every_field_has_a_docstring():
+    import dataclasses
+    import typing
+
+    from videogrpo.config_types import field_docs
+
+    sections = [config.Config] + [tp for tp in typing.get_type_hints(config.Config).values()
+                                  if dataclasses.is_dataclass(tp)]
+    for section in sections:
+        hints = typing.get_type_hints(section)
+        missing = [f.name for f in dataclasses.fields(section)
+                   if f.name not in field_docs(section) and not dataclasses.is_dataclass(hints[f.name])]
+        assert not missing, f"{section.__name__}: {missing}"
+
+
+def test_stage_views_hold_only_their_sections(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    cfg = config.load(["config/config.yaml"])
+    assert set(config.stage_view(cfg, "fetch_model")) == {"model"}
+    assert "evaluate" not in config.stage_view(cfg, "train")
+    partial = config.from_dict(config.stage_view(cfg, "fetch_model"), partial=True)
+    assert partial.model == cfg.model

@@ -1,0 +1,168 @@
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import FRAMES, SAMPLES, SIDE, TASKS
+from videogrpo.data import synthetic
+from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
+from videogrpo.data.materialize import FIELDS, materialize
+from videogrpo.data.validate import validate
+from videogrpo.data.video import read_video
+from videogrpo.errors import DataError
+
+TASK = TASKS[0]
+
+
+def write_tar(path: Path, members: dict[str, bytes], kinds: dict[str, bytes] | None = None) -> Path:
+    with gzip.open(path, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, kind in (kinds or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "/etc/passwd"
+            tar.addfile(info)
+    return path
+
+
+def one_sample(index=0) -> dict[str, bytes]:
+    return synthetic.sample_members(TASK, index, 0, FRAMES, SIDE, SIDE, 16)
+
+
+def unpack(tmp_path, archives, tasks=(TASK,), per_task=1, **kw):
+    return materialize(archives, tmp_path / "out", list(tasks), per_task, 0, 42, "s", {"repo": "t"},
+                       log=lambda _: None, **kw)
+
+
+def test_archives_hold_exactly_the_vbvr_member_layout(archives):
+    names = []
+    for path in sorted((archives / "VBVR-Pro-RL-Video").glob("*.tar.gz")):
+        with tarfile.open(path) as tar:
+            names += tar.getnames()
+    fields = {"/".join(n.split("/")[3:]) for n in names}
+    assert fields == set(FIELDS) | {"video/generation_info.json"}
+    assert {n.split("/")[0] for n in names} == set(TASKS)
+    assert len(names) == len(TASKS) * SAMPLES * 6
+
+
+def test_archives_are_byte_reproducible(tmp_path):
+    a = synthetic.generate(tmp_path / "a", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
+    b = synthetic.generate(tmp_path / "b", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_ground_truth_video_ends_on_the_final_frame(dataset):
+    from PIL import Image
+
+    sample = load_split(dataset, "rl")[0]
+    video = read_video(sample.directory / "video/ground_truth.mp4")
+    assert video.shape == (FRAMES, SIDE, SIDE, 3)
+    final = np.asarray(Image.open(sample.directory / "video/final_frame.png").convert("RGB")).astype(int)
+    assert np.abs(video[-1].astype(int) - final).mean() < 4  # H.264 at CRF 10 is near-lossless
+
+
+def test_materialize_writes_index_splits_and_record(dataset):
+    index = json.loads((dataset / "dataset.json").read_text())
+    assert sorted(index["tasks"]) == sorted(TASKS)
+    splits = json.loads((dataset / "splits.json").read_text())
+    for entry in splits:
+        assert set(entry) == {"task", "source", "split", "rl", "heldout"}
+        assert len(entry["heldout"]) == 1 and len(entry["rl"]) == SAMPLES - 1
+        assert not set(entry["rl"]) & set(entry["heldout"])
+    record = json.loads((dataset / "materialization.json").read_text())
+    assert record["counts"]["samples"] == len(TASKS) * SAMPLES
+    assert record["counts"]["members_ignored"] == len(TASKS) * SAMPLES
+    assert all(len(a["sha256"]) == 64 for a in record["archives"])
+
+
+def test_materialize_resumes_and_verifies(tmp_path):
+    archive = write_tar(tmp_path / "a.tar.gz", one_sample())
+    first = unpack(tmp_path, [archive])
+    assert first["counts"]["files_written"] == 5
+    again = unpack(tmp_path, [archive])
+    assert again["counts"] == dict(first["counts"], files_written=0, files_kept=5, bytes_written=0)
+    prompt = next((tmp_path / "out/raw").rglob("prompt.txt"))
+    prompt.write_bytes(b"X" * prompt.stat().st_size)  # same size, wrong bytes
+    assert unpack(tmp_path, [archive])["counts"]["files_kept"] == 5  # size is trusted by default
+    verified = unpack(tmp_path, [archive], verify_existing=True)
+    assert verified["counts"]["files_written"] == 1
+    assert prompt.read_bytes() == one_sample()[next(k for k in one_sample() if k.endswith("prompt.txt"))]
+
+
+@pytest.mark.parametrize("name,message", [
+    ("/abs/x/y/first_frame.png", "absolute path"),
+    (f"{TASK}/d/../../escape/first_frame.png", "'..'"),
+    (f"{TASK}/./s/first_frame.png", "'.'"),
+])
+def test_materialize_refuses_escaping_member_names(tmp_path, name, message):
+    archive = write_tar(tmp_path / "a.tar.gz", {name: b"x"})
+    with pytest.raises(DataError, match=message):
+        unpack(tmp_path, [archive])
+    assert not list((tmp_path / "out/raw").rglob("*.png"))
+
+
+def test_materialize_refuses_links(tmp_path):
+    archive = write_tar(tmp_path / "a.tar.gz", {}, {f"{TASK}/d/s/first_frame.png": tarfile.SYMTYPE})
+    with pytest.raises(DataError, match="link or special file"):
+        unpack(tmp_path, [archive])
+
+
+def test_truncated_archive_is_a_clear_error(tmp_path):
+    archive = write_tar(tmp_path / "a.tar.gz", one_sample())
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"a.tar.gz.*(truncated|short read)"):
+        unpack(tmp_path, [archive])
+
+
+def test_duplicate_missing_unknown_and_miscounted_samples(tmp_path):
+    members = one_sample()
+    a = write_tar(tmp_path / "a.tar.gz", members)
+    b = write_tar(tmp_path / "b.tar.gz", {k: v for k, v in members.items() if k.endswith("prompt.txt")})
+    with pytest.raises(DataError, match="appears twice"):
+        unpack(tmp_path, [a, b])
+    c = write_tar(tmp_path / "c.tar.gz", {k: v for k, v in one_sample(1).items() if not k.endswith(".mp4")})
+    with pytest.raises(DataError, match="lacks video/ground_truth.mp4"):
+        unpack(tmp_path, [c])
+    with pytest.raises(DataError, match="not in data.task_list"):
+        unpack(tmp_path, [a], tasks=(TASKS[1],))
+    with pytest.raises(DataError, match=r"data.samples_per_task = 2: \{.*: 1\}"):
+        unpack(tmp_path, [a], per_task=2)
+
+
+def test_validate_accepts_the_synthetic_dataset(dataset):
+    report = validate(dataset, TASKS, SAMPLES, FRAMES, SIDE, SIDE, workers=2, log=lambda _: None)
+    assert report["samples"] == len(TASKS) * SAMPLES
+    assert report["video_shapes_frames_h_w"] == {f"{FRAMES}x{SIDE}x{SIDE}": len(TASKS) * SAMPLES}
+
+
+def test_validate_names_the_bad_file_and_the_field(tmp_path):
+    archive = write_tar(tmp_path / "a.tar.gz", one_sample())
+    unpack(tmp_path, [archive])
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=rf"ground_truth.mp4: {FRAMES} frames, expected 9 \(data.gt_frames\)"):
+        validate(out, [TASK], 1, 9, None, None, log=lambda _: None)
+    next(out.rglob("ground_truth.mp4")).write_bytes(b"not a video")
+    with pytest.raises(DataError, match="ground_truth.mp4: cannot decode video"):
+        validate(out, [TASK], 1, None, None, None, log=lambda _: None)
+    with pytest.raises(DataError, match="1 samples, expected data.samples_per_task = 2"):
+        validate(out, [TASK], 2, None, None, None, log=lambda _: None)
+
+
+def test_training_order_is_a_fixed_shuffle_and_batches_drop_the_remainder(dataset):
+    samples = load_split(dataset, "rl")
+    assert [s.task for s in samples] == sorted(s.task for s in samples)  # task-grouped on disk
+    order = training_order(samples, 42)
+    assert order == training_order(samples, 42) and order != samples
+    assert sorted(order, key=lambda s: (s.task, s.sample_id)) == sorted(samples, key=lambda s: (s.task, s.sample_id))
+    per_epoch = steps_per_epoch(len(order), 4)
+    assert per_epoch == len(order) // 4
+    epoch, batch = batch_for_step(order, 4, per_epoch)
+    assert epoch == 1 and batch == order[:4]

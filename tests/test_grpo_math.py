@@ -1,0 +1,153 @@
+"""Samplers, advantages, loss, timestep selection and prompt assignment against closed forms."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from videogrpo.grpo import assignment, samplers
+from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.loss import ppo_loss
+from videogrpo.grpo.rollout import counter_seed, trained_timesteps
+
+SHAPE = (3, 4, 5, 2, 2)  # [B, C, F, h, w]
+
+
+def draw(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(SHAPE) for _ in range(3)]
+
+
+def reference(sampler, x, v, eps, s, s_next, eta):
+    """REFERENCE section 4 in float64 NumPy: (x', mu, per-sample log p over frames 1..)."""
+    d = s_next - s
+    if sampler == "flowcps":
+        std = s_next * math.sin(eta * math.pi / 2)
+        x0, x1 = x - s * v, x + (1 - s) * v
+        mu = (1 - s_next) * x0 + math.sqrt(s_next ** 2 - std ** 2) * x1
+    elif sampler == "dancegrpo":
+        std = eta * math.sqrt(s - s_next)
+        mu = x + d * (v + eta ** 2 * (x + (1 - s) * v) / (2 * s))
+    else:
+        st = s
+        mu = x * (1 + st ** 2 * d / (2 * s)) + v * (1 + st ** 2 * (1 - s) / (2 * s)) * d
+        std = st * math.sqrt(-d)
+    xn = mu + std * eps
+    diff = (xn - mu)[:, :, 1:]
+    if sampler == "flowcps":
+        logp = -(diff ** 2).reshape(len(x), -1).mean(1)
+    else:
+        logp = (-(diff ** 2) / (2 * std ** 2) - math.log(std) - math.log(math.sqrt(2 * math.pi))).reshape(len(x), -1).mean(1)
+    return xn, mu, logp
+
+
+@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0)])
+@pytest.mark.parametrize("index", [0, 5, 28])
+def test_transition_matches_the_closed_form(sampler, eta, index):
+    sigmas = samplers.sigma_schedule(30, 5.0)
+    s, s_next = float(sigmas[index]), float(sigmas[index + 1])
+    x, v, eps = draw(index)
+    mask = torch.ones(SHAPE[2])
+    mask[0] = 0
+    t = lambda a: torch.tensor(a, dtype=torch.float32)
+    xn, mu, logp = samplers.step(sampler, t(x), t(v), s, s_next, eta, t(eps), mask)
+    rx, rmu, rlogp = reference(sampler, x, v, eps, s, s_next, eta)
+    np.testing.assert_allclose(mu.numpy(), rmu, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(xn.numpy(), rx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logp.numpy(), rlogp, rtol=1e-4, atol=1e-5)
+
+
+def test_flowcps_at_eta_zero_is_the_euler_step():
+    x, v, eps = (torch.tensor(a, dtype=torch.float32) for a in draw(1))
+    xn, mu, logp = samplers.step("flowcps", x, v, 0.8, 0.6, 0.0, eps)
+    torch.testing.assert_close(xn, x + (0.6 - 0.8) * v, rtol=1e-6, atol=1e-6)
+    assert torch.all(logp == 0)
+
+
+def test_per_sample_eta_broadcasts():
+    x, v, eps = (torch.tensor(a, dtype=torch.float32) for a in draw(2))
+    etas = torch.tensor([0.0, 0.5, 1.0])
+    mean, std = samplers.transition("flowcps", x, v, 0.8, 0.6, etas)
+    for i, eta in enumerate(etas.tolist()):
+        m_i, s_i = samplers.transition("flowcps", x[i:i + 1], v[i:i + 1], 0.8, 0.6, eta)
+        torch.testing.assert_close(mean[i:i + 1], m_i)
+        assert float(std.flatten()[i]) == pytest.approx(float(s_i))
+
+
+def test_schedule_runs_from_one_to_zero_with_shift():
+    sigmas = samplers.sigma_schedule(30, 5.0)
+    assert len(sigmas) == 31 and sigmas[0] == 1 and sigmas[-1] == 0
+    t = 0.5
+    assert float(sigmas[15]) == pytest.approx(5 * t / (1 + 4 * t))
+    assert torch.all(sigmas[1:] < sigmas[:-1])
+
+
+def test_group_advantages_closed_form():
+    rewards = torch.tensor([[0.1, 0.5, 0.9, 0.3], [0.2, 0.2, 0.2, 0.2]])
+    adv = group_advantages(rewards)
+    r = rewards[0].double()
+    expected = (r - r.mean()) / (r.std(unbiased=True) + 1e-4)
+    torch.testing.assert_close(adv[0], expected.float())
+    assert torch.all(adv[1] == 0)
+    assert group_advantages(torch.tensor([[0.0, 0.0, 0.0, 1000.0]])).max() <= 5.0
+
+
+def test_ppo_loss_on_policy_is_minus_mean_advantage():
+    logp = torch.tensor([-1.0, -2.0, -3.0], requires_grad=True)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    loss, stats = ppo_loss(logp, logp.detach().clone(), adv, 1e-4)
+    assert loss.item() == pytest.approx(-adv.mean().item())
+    assert stats.ratio_mean == 1.0 and stats.ratio_abs_max == 0.0 and stats.clip_fraction == 0.0
+    loss.backward()
+    torch.testing.assert_close(logp.grad, -adv / 3)
+
+
+def test_ppo_loss_clips_far_ratios():
+    old = torch.zeros(2)
+    new = torch.log(torch.tensor([1.5, 0.5]))
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = ppo_loss(new, old, adv, 0.2)
+    # max(-A rho, -A clip(rho)) per sample: max(-1.5, -1.2) = -1.2 and max(0.5, 0.8) = 0.8.
+    assert loss.item() == pytest.approx((-1.2 + 0.8) / 2)
+    assert stats.clip_fraction == 1.0
+
+
+def test_trained_timesteps_keep_seventeen_of_twenty_nine_sorted_and_seeded():
+    a = trained_timesteps(30, 0.6, 42, 0)
+    assert len(a) == 17 and a == sorted(a) and max(a) <= 28
+    assert a == trained_timesteps(30, 0.6, 42, 0)
+    assert a != trained_timesteps(30, 0.6, 42, 1)
+    assert len(trained_timesteps(101, 0.29, 0, 0)) == 29
+
+
+def test_counter_seeds_differ_per_counter():
+    assert counter_seed(1, 2, 3) != counter_seed(1, 2, 4) and counter_seed(1, 2, 3) == counter_seed(1, 2, 3)
+
+
+def test_shared_prompt_assignment_of_the_5b_reference_topology():
+    world, prompts, group = 128, 32, 32
+    owned = {}
+    for rank in range(world):
+        work = assignment.shared_prompt_work(rank, world, prompts, group)
+        assert work.prompt_slots == (rank % prompts,)
+        assert len(work.group_indices) == 8
+        assert work.group_indices == tuple(range(rank // prompts, group, 4))
+        for g in work.group_indices:
+            assert (work.prompt_slots[0], g) not in owned
+            owned[(work.prompt_slots[0], g)] = rank
+    assert len(owned) == prompts * group  # every member of every group exactly once
+
+
+@pytest.mark.parametrize("world,prompts,group,message", [
+    (100, 32, 32, "world size 100 is not a multiple of the 32 prompts"),
+    (128, 32, 30, "group size 30 is not a multiple of the 4 ranks per prompt"),
+])
+def test_inconsistent_topologies_are_rejected(world, prompts, group, message):
+    with pytest.raises(ValueError, match=message):
+        assignment.shared_prompt_work(0, world, prompts, group)
+
+
+def test_replica_assignment_gives_whole_groups():
+    work = assignment.replica_work(rank=5, tensor_parallel=2, batch_size=4, group_size=16)
+    assert work.prompt_slots == (8, 9, 10, 11) and work.group_indices == tuple(range(16))
