@@ -1,0 +1,174 @@
+"""End-to-end: the embedded default through real `make demo` / `snakemake`, reruns, dry runs, reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.e2e
+VENV = Path(sys.executable).parent.parent
+RULES = ["fetch_model", "fetch_dataset", "materialize_dataset", "validate_dataset", "fingerprint_evalkit",
+         "check_scorer_runtime", "preflight", "train", "evaluate", "report"]
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The files of the checkout (tracked and not ignored), with their mtimes, as a fresh clone would have."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    return dest
+
+
+def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline")
+    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {out.returncode}\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}")
+    return out
+
+
+def jobs_run(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a snakemake run or dry run."""
+    table = output.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return copy_checkout(tmp_path_factory.mktemp("checkout"))
+
+
+@pytest.fixture(scope="module")
+def demo(workdir):
+    """`snakemake -n` on the fresh checkout, then `make demo`, as the README says."""
+    dry = run(["snakemake", "-n"], workdir)
+    made = run(["make", "demo", f"VENV={VENV}"], workdir)
+    return dry, made
+
+
+def test_dry_run_lists_every_stage(demo):
+    dry, _ = demo
+    assert set(RULES) | {"all"} == set(jobs_run(dry.stdout + dry.stderr))
+
+
+def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workdir):
+    _, made = demo
+    report = Path(re.search(r"^report: (\S+)$", made.stdout, re.M).group(1))
+    assert report.is_file() and "Reward during training" in report.read_text()
+    manifests = sorted(workdir.glob("results/**/*.manifest.json"))
+    assert sorted(json.loads(m.read_text())["stage"] for m in manifests) == sorted(RULES)
+    for path in manifests:
+        manifest = json.loads(path.read_text())
+        for name, record in manifest["outputs"].items():
+            digest = record.get("sha256") or record["tree_sha256"]
+            assert re.fullmatch(r"[0-9a-f]{64}", digest), (path, name)
+            assert Path(workdir, record["path"]).exists(), (path, name)
+            if record["kind"] == "directory":
+                assert record["entries"] and all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values())
+    provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
+    assert set(provenance["stages"]) == set(RULES) - {"report"}
+    assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2
+    assert provenance["git"]["commit"] is None  # the copy is not a git checkout
+
+
+def test_training_ran_two_processes_and_logged_metrics(demo, workdir):
+    log = next(workdir.glob("results/runs/*/logs/train.log")).read_text()
+    assert "[rank 0/2]" in log and "[rank 1/2]" in log
+    metrics = [json.loads(line) for line in next(workdir.glob("results/runs/*/train/metrics.jsonl")).read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        assert 0 <= m["reward_mean"] <= 1 and m["ppo_ratio_mean"] == 1.0
+        assert {"policy_loss", "kl_loss", "reward_std", "advantage_mean", "ppo_clip_fraction", "ppo_approx_kl",
+                "grad_norm", "learning_rate", "delayed_replay_staleness", "time_rollout_s"} <= set(m)
+    assert list(workdir.glob("results/runs/*/wandb/offline-run-*"))
+    assert list(workdir.glob("results/runs/*/checkpoints/*/step-00000004/COMPLETE"))
+
+
+def test_second_run_has_nothing_to_do(demo, workdir):
+    out = run(["snakemake", "--cores", "2"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_forcerun_evaluate_reruns_only_evaluate_and_report(demo, workdir):
+    out = run(["snakemake", "--forcerun", "evaluate"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
+
+
+def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
+    before = {p.name for p in (workdir / "results/runs").iterdir()}
+    out = run(["snakemake", "--cores", "2", "--config", "train={lr: 2.0e-4, max_steps: 2}"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"preflight": 1, "train": 1, "evaluate": 1, "report": 1, "all": 1}
+    (new,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
+    assert len((workdir / "results/runs" / new / "train/metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_commands_of_the_readme(demo, workdir):
+    out = run(["videogrpo", "--help"], workdir)
+    for rule in RULES:
+        assert rule.replace("_", "-") in out.stdout
+    out = run(["videogrpo", "config", "--configfile", "config/config.yaml", "config/recipes/rl_5b_cps.yaml"], workdir)
+    assert out.stdout.startswith("# run identity: rl_5b_cps-") and "world size 128" in out.stdout
+
+
+def test_readme_commands_are_all_exercised_here(repo):
+    """Every command in the README's bash blocks is run by a test in this file (`make test` runs them all)."""
+    import shlex
+
+    readme = (repo / "README.md").read_text()
+    here = Path(__file__).read_text().replace('f"', '"').replace("{recipe}", "rl_5b_cps")
+    commands = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                for line in block.splitlines()]
+    for command in filter(None, commands):
+        if command != "make test":
+            assert json.dumps(shlex.split(command))[1:-1] in here, f"README command not tested: {command}"
+
+
+def test_snakemake_report(demo, workdir):
+    run(["snakemake", "--report", "report.html"], workdir)
+    assert (workdir / "report.html").stat().st_size > 10_000
+
+
+def test_config_error_names_the_field(demo, workdir):
+    out = run(["snakemake", "-n", "--config", "grpo={group_size: 3, prompts_per_step: 1}"], workdir, check=False)
+    assert out.returncode != 0
+    assert "grpo.group_size = 3: must be a multiple of the 2 ranks sharing each prompt" in out.stdout + out.stderr
+    out = run(["snakemake", "-n", "--config", "grpo={sampler: ddim}"], workdir, check=False)
+    assert out.returncode != 0
+    assert "grpo.sampler = 'ddim': must be one of flowcps, dancegrpo, flowgrpo" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule"])
+def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
+    out = run(["snakemake", "-n", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
+    jobs = jobs_run(out.stdout + out.stderr)
+    expected = set(RULES) | {"all"}
+    if recipe == "rl_5b_vlm":
+        expected -= {"fingerprint_evalkit", "check_scorer_runtime"}
+    assert set(jobs) == expected
+    assert f"results/runs/{recipe}-" in out.stdout + out.stderr
+
+
+def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
+    """Last: it leaves the checkout's EvalKit edited."""
+    kit = workdir / "src/videogrpo/rewards/reference_evalkit/vbvr_bench/evaluators/synthetic.py"
+    kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
+    out = run(["snakemake", "--cores", "2"], workdir, check=False)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "Error in rule fingerprint_evalkit" in text
+    pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
+    assert f"expected {pinned} (evalkit.digest)" in text
+    assert re.search(r"found    [0-9a-f]{64}", text)
+    assert not list(workdir.glob("results/evalkit/*/fingerprint.json"))
