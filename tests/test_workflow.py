@@ -54,7 +54,8 @@ def workdir(tmp_path_factory) -> Path:
 def demo(workdir):
     """`snakemake -n` on the fresh checkout, then `make demo`, as the README says."""
     dry = run(["snakemake", "-n"], workdir)
-    made = run(["make", "demo", f"VENV={VENV}"], workdir)
+    # -o: never (re)install into the running environment from this temporary copy.
+    made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir)
     return dry, made
 
 
