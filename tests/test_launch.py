@@ -5,12 +5,13 @@ from videogrpo.errors import ConfigError
 
 
 def cfg(nodes=1, procs=2):
-    return config.from_dict({"parallel": {"nodes": nodes, "procs_per_node": procs}}, partial=True)
+    return config.from_dict({"parallel": {"nodes": nodes, "procs_per_node": procs, "device": "cpu",
+                                          "backend": "gloo"}}, partial=True)
 
 
 def test_local_defaults_when_the_contract_is_absent():
     where = launch.from_environment(cfg(), env={})
-    assert where == launch.Launch(1, 0, "127.0.0.1", 29500, 2)
+    assert where == launch.Launch(1, 0, "127.0.0.1", 29500, 2, "local")
     argv = launch.torchrun_argv(where, "m", ["--x"])
     assert "--standalone" in argv and argv[-3:] == ["-m", "m", "--x"] and "--nproc-per-node=2" in argv
 
@@ -18,7 +19,7 @@ def test_local_defaults_when_the_contract_is_absent():
 def test_manual_multi_machine_contract():
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600", "WORLD_SIZE": "2", "RANK": "1"}
     where = launch.from_environment(cfg(nodes=2, procs=8), env=env)
-    assert where == launch.Launch(2, 1, "10.0.0.1", 29600, 8)
+    assert where == launch.Launch(2, 1, "10.0.0.1", 29600, 8, "manual")
     argv = launch.torchrun_argv(where, "m", [])
     assert "--nnodes=2" in argv and "--node-rank=1" in argv and "--rdzv-endpoint=10.0.0.1:29600" in argv
 
@@ -26,8 +27,27 @@ def test_manual_multi_machine_contract():
 @pytest.mark.parametrize("env,message", [
     ({"MASTER_ADDR": "h"}, "WORLD_SIZE, RANK missing"),
     ({"MASTER_ADDR": "h", "WORLD_SIZE": "2", "RANK": "2"}, r"RANK=2 must be in \[0, WORLD_SIZE=2\)"),
-    ({"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"}, "parallel.nodes = 2 but this launch has 3 machines"),
+    ({"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"}, r"parallel.nodes = 2 but this launch has 3 machines \(manual\)"),
 ])
 def test_contract_errors_name_the_variables(env, message):
     with pytest.raises(ConfigError, match=message):
         launch.from_environment(cfg(nodes=2), env=env)
+
+
+def test_an_srun_task_takes_its_place_from_slurm():
+    env = {"SLURM_JOB_ID": "1234", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.1.1"}
+    where = launch.from_environment(cfg(nodes=2, procs=4), env=env)
+    assert where == launch.Launch(2, 1, "10.1.1.1", 29500 + 234, 4, "slurm")
+    assert launch.from_environment(cfg(nodes=2), env=dict(env, MASTER_PORT="30000")).master_port == 30000
+
+
+def test_srun_fans_out_only_from_the_rule_shell_of_a_multi_node_allocation():
+    assert launch.needs_srun(cfg(nodes=2), env={"SLURM_JOB_ID": "7"})
+    assert not launch.needs_srun(cfg(nodes=1), env={"SLURM_JOB_ID": "7"})
+    assert not launch.needs_srun(cfg(nodes=2), env={"SLURM_JOB_ID": "7", "SLURM_NODEID": "0"})
+    assert not launch.needs_srun(cfg(nodes=2), env={})
+    argv = launch.srun_argv(cfg(nodes=2), ["videogrpo", "train"])
+    assert argv[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"] and "--gres=gpu:2" not in argv
+    gpu = config.from_dict({"parallel": {"nodes": 2, "procs_per_node": 8, "device": "cuda", "backend": "nccl"}},
+                           partial=True)
+    assert "--gres=gpu:8" in launch.srun_argv(gpu, ["x"])

@@ -220,7 +220,9 @@ class ParallelConfig:
     reduce_dtype: str = "float32"
     """Dtype of gradient reduction."""
     master_port: int = 29500
-    """Rendezvous port on the first node."""
+    """Rendezvous port on the first node (under SLURM: plus the job id modulo 1000)."""
+    cpu_threads: int = 4
+    """torch CPU threads per training process; equal values make CPU runs bit-identical across topologies."""
 
 
 @dataclass
@@ -248,6 +250,32 @@ class LoggingConfig:
 
 
 @dataclass
+class SlurmConfig:
+    partition: str = ""
+    """Partition of compute jobs (empty: the cluster's default)."""
+    account: str = ""
+    """Account to charge (empty: none)."""
+    constraint: str = ""
+    """Node feature constraint of GPU jobs, e.g. `h100` (empty: none)."""
+    gpus_per_node: int | None = None
+    """GPUs per node of training and evaluation (null: parallel.procs_per_node on cuda, none on cpu)."""
+    cpus_per_node: int = 64
+    """CPU cores per node of a training job (rollout decoding and the reward pool use them)."""
+    mem_mb_per_node: int = 512000
+    """Memory per node of a training job, in MB."""
+    train_minutes: int = 2880
+    """Wall-time limit of a training job; a job killed at the limit resumes from its last checkpoint."""
+    evaluate_minutes: int = 600
+    """Wall-time limit of the evaluation job."""
+    data_cpus: int = 16
+    """CPU cores of the data and scorer-runtime jobs."""
+    data_mem_mb: int = 32000
+    """Memory of the data and scorer-runtime jobs, in MB."""
+    data_minutes: int = 480
+    """Wall-time limit of the data jobs."""
+
+
+@dataclass
 class Config:
     recipe: str = "custom"
     """Name of the recipe; the first part of the run directory name."""
@@ -261,6 +289,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     results: str = "results"
     """Directory all outputs go under."""
 
@@ -292,11 +321,14 @@ POSITIVE = {
     "grpo.prompts_per_step", "grpo.prompts_per_wave", "grpo.clip_range", "grpo.delayed_clip_range",
     "train.lr", "train.epochs", "train.max_steps", "train.batch_size", "train.save_steps",
     "train.keep_checkpoints", "train.max_grad_norm", "parallel.nodes", "parallel.procs_per_node",
-    "parallel.shard_group_size", "parallel.tensor_parallel", "evaluate.sampling_steps",
+    "slurm.cpus_per_node", "slurm.mem_mb_per_node", "slurm.train_minutes", "slurm.evaluate_minutes",
+    "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes",
+    "parallel.shard_group_size", "parallel.tensor_parallel", "parallel.cpu_threads", "evaluate.sampling_steps",
 }
 NON_NEGATIVE = {
     "data.heldout_per_task", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
     "train.weight_decay", "evaluate.eta", "evaluate.max_samples_per_task", "evalkit.crf", "model.tiny_seed",
+    "slurm.gpus_per_node",
 }
 
 # What defines a training run: changing any of it must give a new run directory (DESIGN: run identity).

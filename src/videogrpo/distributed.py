@@ -23,8 +23,9 @@ class Context:
         return self.rank == 0
 
 
-def init(device_kind: str, backend: str, timeout_s: int = 1800) -> Context:
+def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = 1800) -> Context:
     """Join the process group torchrun prepared (or a world of one without torchrun)."""
+    torch.set_num_threads(cpu_threads)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

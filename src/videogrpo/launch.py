@@ -1,20 +1,27 @@
-"""Starting torchrun on this machine: the launch contract of REFERENCE section 7.
+"""Starting training on every machine: SLURM, the manual launch contract, or this machine alone.
 
-Inputs: MASTER_ADDR (default 127.0.0.1), MASTER_PORT (parallel.master_port), WORLD_SIZE = number of
-machines (default 1), RANK = this machine's rank, and processes per machine from
-parallel.procs_per_node. When MASTER_ADDR, WORLD_SIZE and RANK are all absent the local defaults
-apply; otherwise all three are required. The same launcher runs under SLURM (one per node, started
-by srun) and by hand on every machine of a cluster without SLURM.
+One launcher runs per machine. It finds its place in the job from, in order:
+- an srun task of a SLURM allocation (SLURM_NNODES, SLURM_NODEID, SLURM_LAUNCH_NODE_IPADDR: the first
+  node hosts the rendezvous);
+- the manual contract of REFERENCE section 7: MASTER_ADDR, MASTER_PORT (default parallel.master_port),
+  WORLD_SIZE = number of machines, RANK = this machine's rank; all three of MASTER_ADDR, WORLD_SIZE and
+  RANK, or none of them;
+- nothing: a local run on this machine.
+Processes per machine come from parallel.procs_per_node. The launcher then runs the per-node
+preflight (devices visible, attention backend present, rendezvous port free on the first machine)
+and starts `torchrun` with a c10d rendezvous on the first machine.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 
 from videogrpo.config import Config
-from videogrpo.errors import ConfigError
+from videogrpo.errors import ConfigError, VideoGRPOError
 
 CONTRACT_VARS = ("MASTER_ADDR", "WORLD_SIZE", "RANK")
 
@@ -26,43 +33,103 @@ class Launch:
     master_addr: str
     master_port: int
     nproc: int
+    source: str
+    """Where the placement came from: `slurm`, `manual` or `local`."""
 
     @property
     def is_local(self) -> bool:
-        return self.nnodes == 1
+        return self.source == "local"
+
+
+def slurm_port(cfg: Config, env: dict[str, str]) -> int:
+    """A rendezvous port per job, so jobs sharing a node do not collide (MASTER_PORT overrides it)."""
+    if env.get("MASTER_PORT"):
+        return int(env["MASTER_PORT"])
+    return cfg.parallel.master_port + int(env.get("SLURM_JOB_ID", "0")) % 1000
 
 
 def from_environment(cfg: Config, env: dict[str, str] | None = None) -> Launch:
     env = dict(os.environ if env is None else env)
-    given = [v for v in CONTRACT_VARS if env.get(v)]
-    port = int(env.get("MASTER_PORT") or cfg.parallel.master_port)
-    if not given:
-        launch = Launch(1, 0, "127.0.0.1", port, cfg.parallel.procs_per_node)
-    elif len(given) < len(CONTRACT_VARS):
-        missing = [v for v in CONTRACT_VARS if v not in given]
-        raise ConfigError(f"launch contract: {', '.join(given)} set but {', '.join(missing)} missing; set all of "
-                          f"MASTER_ADDR, WORLD_SIZE (machines) and RANK (this machine), or none for a local run")
+    nproc = cfg.parallel.procs_per_node
+    if env.get("SLURM_NNODES") and env.get("SLURM_NODEID") and env.get("SLURM_LAUNCH_NODE_IPADDR"):
+        launch = Launch(int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_LAUNCH_NODE_IPADDR"],
+                        slurm_port(cfg, env), nproc, "slurm")
     else:
-        try:
-            nnodes, node_rank = int(env["WORLD_SIZE"]), int(env["RANK"])
-        except ValueError:
-            raise ConfigError(f"launch contract: WORLD_SIZE={env['WORLD_SIZE']!r} and RANK={env['RANK']!r} must be "
-                              f"integers") from None
-        if not 0 <= node_rank < nnodes:
-            raise ConfigError(f"launch contract: RANK={node_rank} must be in [0, WORLD_SIZE={nnodes})")
-        launch = Launch(nnodes, node_rank, env["MASTER_ADDR"], port, cfg.parallel.procs_per_node)
+        given = [v for v in CONTRACT_VARS if env.get(v)]
+        port = int(env.get("MASTER_PORT") or cfg.parallel.master_port)
+        if not given:
+            launch = Launch(1, 0, "127.0.0.1", port, nproc, "local")
+        elif len(given) < len(CONTRACT_VARS):
+            missing = [v for v in CONTRACT_VARS if v not in given]
+            raise ConfigError(f"launch contract: {', '.join(given)} set but {', '.join(missing)} missing; set all "
+                              f"of MASTER_ADDR, WORLD_SIZE (machines) and RANK (this machine), or none for a local run")
+        else:
+            try:
+                nnodes, node_rank = int(env["WORLD_SIZE"]), int(env["RANK"])
+            except ValueError:
+                raise ConfigError(f"launch contract: WORLD_SIZE={env['WORLD_SIZE']!r} and RANK={env['RANK']!r} "
+                                  f"must be integers") from None
+            if not 0 <= node_rank < nnodes:
+                raise ConfigError(f"launch contract: RANK={node_rank} must be in [0, WORLD_SIZE={nnodes})")
+            launch = Launch(nnodes, node_rank, env["MASTER_ADDR"], port, nproc, "manual")
     if launch.nnodes != cfg.parallel.nodes:
         raise ConfigError(f"parallel.nodes = {cfg.parallel.nodes} but this launch has {launch.nnodes} machines "
-                          f"(WORLD_SIZE); the run identity includes the topology, so they must agree")
+                          f"({launch.source}); the run identity includes the topology, so they must agree")
     return launch
 
 
 def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
-    if launch.is_local and launch.master_addr in ("127.0.0.1", "localhost"):
+    if launch.is_local:
         # A free rendezvous port chosen by torchrun: local runs never collide with each other.
         argv += ["--standalone"]
     else:
         argv += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}", "--rdzv-id=videogrpo"]
+                 f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}", "--rdzv-id=videogrpo",
+                 "--max-restarts=0"]
     return argv + ["-m", module] + module_args
+
+
+def worker_env(cfg: Config) -> dict[str, str]:
+    """The environment of the torchrun workers: a fixed CPU thread count on every topology.
+
+    torchrun sets OMP_NUM_THREADS=1 only when it starts several processes; results of CPU kernels
+    depend on the thread count, so it is set explicitly from parallel.cpu_threads.
+    """
+    threads = str(cfg.parallel.cpu_threads)
+    return dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+
+
+def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:
+    """In a SLURM allocation, outside any srun task, with more than one node: fan out with srun."""
+    env = dict(os.environ if env is None else env)
+    return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_NODEID") and cfg.parallel.nodes > 1
+
+
+def srun_argv(cfg: Config, command: list[str]) -> list[str]:
+    """One launcher per node of the allocation (the rule's shell runs once, on the first node)."""
+    nodes = cfg.parallel.nodes
+    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            "--cpu-bind=none", "--export=ALL"]
+    gpus = cfg.slurm.gpus_per_node
+    if gpus is None:
+        gpus = cfg.parallel.procs_per_node if cfg.parallel.device == "cuda" else 0
+    if gpus:
+        argv.append(f"--gres=gpu:{gpus}")
+    return argv + command
+
+
+def run_srun(cfg: Config, command: list[str]) -> int:
+    argv = srun_argv(cfg, command)
+    print(f"[launch] {' '.join(argv[:8])} ... in job {os.environ.get('SLURM_JOB_ID')}", file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(argv, check=False).returncode
+    except FileNotFoundError:
+        raise VideoGRPOError("srun not found inside a SLURM allocation; is the SLURM client on the compute "
+                             "nodes' PATH?") from None
+
+
+def describe(launch: Launch) -> str:
+    node = os.environ.get("SLURMD_NODENAME", "")
+    return (f"node {launch.node_rank}/{launch.nnodes} on {socket.gethostname()}{' (' + node + ')' if node else ''}, "
+            f"{launch.nproc} processes, rendezvous {launch.master_addr}:{launch.master_port} ({launch.source})")

@@ -54,3 +54,30 @@ def evalkit_sources():
 def rule_reward_inputs(**named):
     """Inputs that exist only when the reward is the EvalKit's rule reward."""
     return named if RULE_REWARD else {}
+
+
+def cluster_resources(kind):
+    """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded.
+
+    kind: `train` (every node of the run), `gpu` (one node like the training ones: preflight,
+    evaluate) or `cpu` (data and scorer-runtime jobs). Local execution ignores them.
+    """
+    s = CFG.slurm
+    gpus = s.gpus_per_node
+    if gpus is None:
+        gpus = CFG.parallel.procs_per_node if CFG.parallel.device == "cuda" else 0
+    res = {}
+    if s.partition:
+        res["slurm_partition"] = s.partition
+    if s.account:
+        res["slurm_account"] = s.account
+    if kind == "cpu":
+        return dict(res, cpus_per_task=s.data_cpus, mem_mb=s.data_mem_mb, runtime=s.data_minutes)
+    nodes = CFG.parallel.nodes if kind == "train" else 1
+    res.update(nodes=nodes, tasks=nodes, cpus_per_task=s.cpus_per_node, mem_mb=s.mem_mb_per_node,
+               runtime=s.train_minutes if kind == "train" else s.evaluate_minutes)
+    if gpus:
+        res["gres"] = f"gpu:{gpus}"
+    if s.constraint:
+        res["constraint"] = s.constraint
+    return res

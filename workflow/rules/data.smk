@@ -30,6 +30,8 @@ rule materialize_dataset:
         config=stage_config("materialize_dataset"),
         code=code("materialize_dataset"),
         out=DATASET,
+    resources:
+        **cluster_resources("cpu"),
     log:
         f"{DATA}/materialize_dataset.log",
     shell:
@@ -48,7 +50,9 @@ rule validate_dataset:
         config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
         dataset=DATASET,
-    threads: 2
+    threads: CFG.slurm.data_cpus
+    resources:
+        **cluster_resources("cpu"),
     log:
         f"{DATA}/validate_dataset.log",
     shell:

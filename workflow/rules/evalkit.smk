@@ -24,6 +24,8 @@ rule check_scorer_runtime:
     params:
         config=stage_config("check_scorer_runtime"),
         code=code("check_scorer_runtime"),
+    resources:
+        **cluster_resources("cpu"),
     log:
         f"{EVALKIT}/check_scorer_runtime.log",
     shell:

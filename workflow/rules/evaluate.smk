@@ -19,6 +19,8 @@ rule evaluate:
         dataset=DATASET,
         evalkit=CFG.evalkit.path,
     threads: 2
+    resources:
+        **cluster_resources("gpu"),
     log:
         f"{RUN}/logs/evaluate.log",
     shell:

@@ -20,6 +20,8 @@ rule preflight:
             if RULE_REWARD
             else ""
         ),
+    resources:
+        **cluster_resources("gpu"),
     log:
         f"{RUN}/logs/preflight.log",
     shell:

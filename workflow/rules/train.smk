@@ -17,6 +17,8 @@ rule train:
         dataset=DATASET,
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
     threads: CFG.parallel.procs_per_node
+    resources:
+        **cluster_resources("train"),
     log:
         f"{RUN}/logs/train.log",
     shell:

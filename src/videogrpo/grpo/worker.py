@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -21,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
     cfg = config_mod.from_dict(json.loads(args.config_json), partial=True)
-    ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend)
-    print(f"[rank {ctx.rank}/{ctx.world_size}] host {__import__('socket').gethostname()} device {ctx.device}",
+    ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend, cfg.parallel.cpu_threads)
+    node = os.environ.get("SLURMD_NODENAME", "-")
+    print(f"[rank {ctx.rank}/{ctx.world_size}] host {socket.gethostname()} slurm node {node} device {ctx.device}",
           file=sys.stderr, flush=True)
     try:
         paths = TrainPaths(args.model, args.dataset, args.evalkit, args.checkpoints, args.final, args.metrics,

@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from videogrpo.evaluate import evaluate
 
     cfg, sections = load_config(args)
+    torch.set_num_threads(cfg.parallel.cpu_threads)  # CPU results depend on the thread count
     device = torch.device("cuda", 0) if cfg.parallel.device == "cuda" else torch.device("cpu")
     inputs = {"model": args.model, "final": args.final, "splits": args.dataset / "splits.json",
               "evalkit": args.evalkit}

@@ -1,4 +1,9 @@
-"""train: launch GRPO training with torchrun on this machine and record what it made.
+"""train: launch GRPO training on every machine of the job with torchrun, and record what it made.
+
+Run by the rule once, on the first (or only) machine. Inside a multi-node SLURM allocation it starts
+itself once per node with srun (`--node-only`); by hand on a cluster without SLURM, run the same
+command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
+and the manifest, the others only train.
 
 Checkpoints go to <run_dir>/checkpoints/<key>/, outside the declared outputs, keyed by the digests of
 the model, the data, the EvalKit and the trainer code, so that a retried or resubmitted job resumes
@@ -14,11 +19,11 @@ import sys
 from pathlib import Path
 
 import videogrpo
-from videogrpo import launch
-from videogrpo.config import canonical_json
+from videogrpo import launch, preflight
+from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import package_digest, sha256_bytes
-from videogrpo.provenance.manifest import StageRun, record_digest
+from videogrpo.provenance.manifest import StageRun, describe as describe_path, record_digest
 from videogrpo.stages import CODE_PARTS
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -33,42 +38,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
     parser.add_argument("--final", required=True, type=Path, help="final checkpoint directory to create")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics file to create (JSON lines)")
+    parser.add_argument("--node-only", action="store_true",
+                        help="train on this machine only: no outputs, no manifest (what srun starts per node)")
 
 
-def checkpoint_key(stage: StageRun, sections: dict) -> str:
-    """Digest of what training depends on: input contents, config sections and the trainer's code.
+def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
+    return {"model": args.model, "dataset": args.dataset / "raw", "splits": args.dataset / "splits.json",
+            "evalkit": args.evalkit}
+
+
+def checkpoint_dir(args: argparse.Namespace, sections: dict, records: dict | None = None) -> Path:
+    """<run_dir>/checkpoints/<digest of input contents, config sections and trainer code>.
 
     Checkpoints made from other inputs or by other trainer code are never resumed silently; to continue
     from them on purpose, point train.resume_from at one (with reset_dataloader: false).
     """
-    contents = {name: record_digest(rec) for name, rec in stage.input_records.items() if name != "preflight"}
+    if records is None:
+        records = {name: describe_path(p, list_files=False) for name, p in inputs_of(args).items() if p}
+    contents = {name: record_digest(rec) for name, rec in records.items()}
     code = package_digest(Path(videogrpo.__file__).parent, CODE_PARTS["train"])
-    return sha256_bytes(canonical_json({"inputs": contents, "config": sections, "code": code}).encode())[:12]
+    key = sha256_bytes(canonical_json({"inputs": contents, "config": sections, "code": code}).encode())[:12]
+    return args.run_dir / "checkpoints" / key
+
+
+def train_this_node(cfg: Config, args: argparse.Namespace, checkpoints: Path) -> None:
+    """Per-node preflight, then torchrun for this machine's processes."""
+    where = launch.from_environment(cfg)
+    print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
+    checks = preflight.node_checks(cfg, port=where.master_port if where.node_rank == 0 and not where.is_local else None)
+    for check in checks:
+        print(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr, flush=True)
+    failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    if failed:
+        raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
+    worker_args = ["--config-json", args.config_json, "--run-id", args.run_id, "--model", str(args.model),
+                   "--dataset", str(args.dataset), "--checkpoints", str(checkpoints), "--final", str(args.final),
+                   "--metrics", str(args.metrics), "--run-dir", str(args.run_dir)]
+    if args.evalkit:
+        worker_args += ["--evalkit", str(args.evalkit)]
+    code = subprocess.run(launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg),
+                          check=False).returncode
+    if code != 0:
+        raise VideoGRPOError(f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
+                             f"failing rank's error. Complete checkpoints in {checkpoints} are kept: rerun to resume.")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
-    where = launch.from_environment(cfg)
-    inputs = {"model": args.model, "dataset": args.dataset / "raw", "splits": args.dataset / "splits.json",
-              "evalkit": args.evalkit, "preflight": args.preflight}
+    if args.node_only:
+        train_this_node(cfg, args, checkpoint_dir(args, sections))
+        return 0
+    if not launch.needs_srun(cfg) and launch.from_environment(cfg).node_rank != 0:
+        train_this_node(cfg, args, checkpoint_dir(args, sections))  # a manual launch, machine 1 and up
+        return 0
+    inputs = dict(inputs_of(args), preflight=args.preflight)
     with StageRun("train", args.manifest, inputs=inputs, params=sections) as stage:
-        checkpoints = args.run_dir / "checkpoints" / checkpoint_key(stage, sections)
-        worker_args = ["--config-json", args.config_json, "--run-id", args.run_id, "--model", str(args.model),
-                       "--dataset", str(args.dataset), "--checkpoints", str(checkpoints), "--final", str(args.final),
-                       "--metrics", str(args.metrics), "--run-dir", str(args.run_dir)]
-        if args.evalkit:
-            worker_args += ["--evalkit", str(args.evalkit)]
-        argv = launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args)
-        print(f"[train] launching {where.nnodes} x {where.nproc} processes; checkpoints in {checkpoints}",
-              file=sys.stderr, flush=True)
-        code = subprocess.run(argv, check=False).returncode
-        if code != 0:
-            raise VideoGRPOError(f"torchrun exited with code {code}; the log above has the failing rank's error. "
-                                 f"Complete checkpoints in {checkpoints} are kept: rerun to resume.")
+        records = {k: v for k, v in stage.input_records.items() if k != "preflight"}
+        checkpoints = checkpoint_dir(args, sections, records)
+        print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
+        if launch.needs_srun(cfg):
+            code = launch.run_srun(cfg, [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", *sys.argv[2:]])
+            if code != 0:
+                raise VideoGRPOError(f"srun exited with code {code}: a node failed (its log lines above say which). "
+                                     f"Complete checkpoints in {checkpoints} are kept: rerun to resume.")
+        else:
+            train_this_node(cfg, args, checkpoints)
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
-        stage.summary = {"updates": len(lines), "checkpoints": str(checkpoints), "launch": where.__dict__,
-                         "world_size": where.nnodes * where.nproc,
+        stage.summary = {"updates": len(lines), "checkpoints": str(checkpoints),
+                         "launch": {"nnodes": cfg.parallel.nodes, "nproc": cfg.parallel.procs_per_node,
+                                    "slurm": launch.needs_srun(cfg)},
+                         "world_size": cfg.world_size,
                          "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)}}
     return 0
