@@ -31,8 +31,8 @@ def copy_checkout(dest: Path) -> Path:
     return dest
 
 
-def run(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline")
+def run(args: list[str], cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline", **extra_env)
     out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {out.returncode}\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}")
@@ -134,6 +134,36 @@ def test_readme_commands_are_all_exercised_here(repo):
     for command in filter(None, commands):
         if command != "make test":
             assert json.dumps(shlex.split(command))[1:-1] in here, f"README command not tested: {command}"
+
+
+def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
+    """The launch contract by hand: two "machines" (one process each) on this host, as the README says."""
+    import socket
+
+    override = ["--config", "parallel={nodes: 2, procs_per_node: 1}"]
+    printed = run(["snakemake", "-n", "-p", *override, "train"], workdir)
+    (command,) = [line.strip() for line in printed.stdout.splitlines() if line.strip().startswith("videogrpo train")]
+    command = command.split(" > ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    contract = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", RANK="1", **contract)
+    machine1 = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        run(["snakemake", "--cores", "2", *override], workdir, RANK="0", **contract)
+        output, _ = machine1.communicate(timeout=300)
+    finally:
+        machine1.kill()
+    assert machine1.returncode == 0, output
+    assert "[launch] node 1/2" in output and "(manual)" in output
+    runs = sorted(workdir.glob("results/runs/*/train.manifest.json"), key=lambda p: p.stat().st_mtime)
+    manual = json.loads(runs[-1].read_text())
+    assert manual["summary"]["launch"] == {"nnodes": 2, "nproc": 1, "slurm": False}
+    weights = {json.loads(p.read_text())["outputs"]["final"]["tree_sha256"] for p in runs
+               if json.loads(p.read_text())["summary"]["updates"] == 4}
+    assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
 
 
 def test_snakemake_report(demo, workdir):

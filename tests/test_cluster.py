@@ -1,0 +1,135 @@
+"""Cluster tier: a real two-node SLURM cluster on this machine, driven by `snakemake --profile profiles/slurm`.
+
+Needs root and Debian's SLURM packages (installed when missing). Locally the tier is skipped, with the
+reason, when that is impossible; under CI (CI=true) that is a failure, since CI must run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_workflow import copy_checkout, jobs_run, run
+from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive
+
+pytestmark = pytest.mark.cluster
+TEST_PROFILE = ["--profile", "profiles/slurm", "--workflow-profile", "tests/cluster/profile"]
+
+
+def start_or_skip(root: Path) -> LocalSlurm:
+    cluster = LocalSlurm(root)
+    try:
+        cluster.start()
+    except ClusterUnavailable as why:
+        cluster.stop()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the cluster tier, but: {why}")
+        pytest.skip(f"cluster tier not run here: {why}")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def test_harness_starts_two_idle_nodes_and_stops_everything(tmp_path):
+    cluster = start_or_skip(tmp_path / "slurm")
+    pids = list(cluster.pids)
+    try:
+        out = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", "echo $SLURMD_NODENAME"],
+                             capture_output=True, text=True, timeout=60)
+        assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
+    finally:
+        cluster.stop()
+    assert not any(_alive(pid) for pid in pids)
+    assert not (tmp_path / "slurm").exists() and not SYSTEM_CONF.exists()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = start_or_skip(tmp_path_factory.mktemp("cluster") / "slurm")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    return copy_checkout(tmp_path_factory.mktemp("cluster-checkout"))
+
+
+def final_state(run_dir: Path) -> tuple[bytes, list[dict], str]:
+    weights = (run_dir / "train/final/transformer/diffusion_pytorch_model.safetensors").read_bytes()
+    metrics = [json.loads(line) for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    for m in metrics:  # wall-clock timings legitimately differ
+        for key in [k for k in m if k.startswith("time_")]:
+            del m[key]
+    return weights, metrics, (run_dir / "evaluate/per_task.csv").read_text()
+
+
+def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm, checkout):
+    local = run(["snakemake", "--cores", "2"], checkout)
+    (local_run,) = [p for p in (checkout / "results/runs").iterdir()]
+    out = run(["snakemake", *TEST_PROFILE], checkout)
+    jobs = jobs_run(out.stdout + out.stderr)
+    assert {"preflight", "train", "evaluate", "report"} <= set(jobs)  # shared stages were reused
+    (cluster_run,) = [p for p in (checkout / "results/runs").iterdir() if p != local_run]
+    log = (cluster_run / "logs/train.log").read_text()
+    assert re.search(r"\[rank \d/2\] host \S+ slurm node node1", log), log
+    assert re.search(r"\[rank \d/2\] host \S+ slurm node node2", log), log
+    assert "[launch] node 0/2" in log and "[launch] node 1/2" in log and "(slurm)" in log
+    assert list((checkout / "results/slurm-logs/rule_train").glob("*.log"))
+    # Same seeds, same world size (1 node x 2 processes vs 2 nodes x 1 process), same CPU thread count:
+    # every random draw is keyed by counters, and a two-rank all-reduce is a + b on either topology,
+    # so the trained weights, the metrics and the evaluation must be bit-identical.
+    assert final_state(cluster_run) == final_state(local_run)
+    assert local.returncode == 0
+
+
+def squeue_train_job() -> str | None:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %k %T"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        job_id, comment, state = line.split(maxsplit=2)
+        if "rule_train" in comment and state == "RUNNING":
+            return job_id
+    return None
+
+
+def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm, checkout):
+    override = ["--config", "train={max_steps: 10, save_steps: 2, epochs: 2}"]
+    env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    driver_log = checkout / "driver.log"  # a file, not a pipe: nobody reads a pipe while we poll
+    driver = subprocess.Popen(["snakemake", *TEST_PROFILE, *override], cwd=checkout, env=env,
+                              stdout=open(driver_log, "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        cancelled, seen = None, []
+        while time.monotonic() < deadline and driver.poll() is None:
+            marks = list(checkout.glob("results/runs/*/checkpoints/*/step-*/COMPLETE"))
+            job = squeue_train_job()
+            seen.append((len(marks), job))
+            if marks and job:
+                subprocess.run(["scancel", job], check=True)
+                cancelled = job
+                break
+            time.sleep(0.1)
+        driver.wait(timeout=300)
+        output = driver_log.read_text()
+        assert cancelled, f"never saw a running training job with a complete checkpoint: {seen[-20:]}\n{output[-4000:]}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0 and "Error in rule train" in output
+    (run_dir,) = {p.parents[2] for p in checkout.glob("results/runs/*/checkpoints/*/step-*")}
+    assert not (run_dir / "train/final").exists()  # the killed job left no output that looks complete
+    out = run(["snakemake", *TEST_PROFILE, *override], checkout)
+    assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
+    log = (run_dir / "logs/train.log").read_text()
+    resumed = re.search(r"resumed from \S+/step-(\d{8}) \(update (\d+) of 10\)", log)
+    assert resumed and int(resumed.group(2)) >= 2, log
+    steps = [json.loads(line)["step"] for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 11))
