@@ -124,8 +124,9 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode != 0 and "Error in rule train" in output
-    (run_dir,) = {p.parents[2] for p in checkout.glob("results/runs/*/checkpoints/*/step-*")}
-    assert not (run_dir / "train/final").exists()  # the killed job left no output that looks complete
+    # The killed job left no output that looks complete: its run is the one with checkpoints and no final.
+    (run_dir,) = {p.parents[2] for p in checkout.glob("results/runs/*/checkpoints/*/step-*")
+                  if not (p.parents[2] / "train/final").exists()}
     out = run(["snakemake", *TEST_PROFILE, *override], checkout)
     assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
     log = (run_dir / "logs/train.log").read_text()

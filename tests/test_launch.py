@@ -21,7 +21,7 @@ def test_manual_multi_machine_contract():
     where = launch.from_environment(cfg(nodes=2, procs=8), env=env)
     assert where == launch.Launch(2, 1, "10.0.0.1", 29600, 8, "manual")
     argv = launch.torchrun_argv(where, "m", [])
-    assert "--nnodes=2" in argv and "--node-rank=1" in argv and "--rdzv-endpoint=10.0.0.1:29600" in argv
+    assert "--nnodes=2" in argv and "--rdzv-conf=is_host=false" in argv and "--rdzv-endpoint=10.0.0.1:29600" in argv
 
 
 @pytest.mark.parametrize("env,message", [

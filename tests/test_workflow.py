@@ -141,8 +141,9 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     import socket
 
     override = ["--config", "parallel={nodes: 2, procs_per_node: 1}"]
-    printed = run(["snakemake", "-n", "-p", *override, "train"], workdir)
-    (command,) = [line.strip() for line in printed.stdout.splitlines() if line.strip().startswith("videogrpo train")]
+    printed = run(["snakemake", "-n", "-p", "train", *override], workdir)
+    (command,) = [line.removeprefix("Shell command: ").strip() for line in printed.stdout.splitlines()
+                  if line.startswith("Shell command: videogrpo train")]
     command = command.split(" > ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -161,8 +162,8 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     runs = sorted(workdir.glob("results/runs/*/train.manifest.json"), key=lambda p: p.stat().st_mtime)
     manual = json.loads(runs[-1].read_text())
     assert manual["summary"]["launch"] == {"nnodes": 2, "nproc": 1, "slurm": False}
-    weights = {json.loads(p.read_text())["outputs"]["final"]["tree_sha256"] for p in runs
-               if json.loads(p.read_text())["summary"]["updates"] == 4}
+    weights = {json.loads(p.read_text())["outputs"]["final"]["entries"]["transformer/diffusion_pytorch_model.safetensors"][0]
+               for p in runs if json.loads(p.read_text())["summary"]["updates"] == 4}
     assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
 
 

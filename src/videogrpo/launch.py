@@ -84,9 +84,11 @@ def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[s
         # A free rendezvous port chosen by torchrun: local runs never collide with each other.
         argv += ["--standalone"]
     else:
-        argv += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}", "--rdzv-backend=c10d",
+        # is_host pins the rendezvous store to the first machine; left to torchrun's hostname match,
+        # every launcher on a host that answers to MASTER_ADDR would race to bind the port.
+        argv += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}", "--rdzv-id=videogrpo",
-                 "--max-restarts=0"]
+                 f"--rdzv-conf=is_host={'true' if launch.node_rank == 0 else 'false'}", "--max-restarts=0"]
     return argv + ["-m", module] + module_args
 
 
