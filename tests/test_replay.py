@@ -16,10 +16,13 @@ def test_delayed_plan_prefills_then_runs_one_update_stale():
     actions = plan(batches_per_epoch=10, epochs=1, save_steps=100, max_steps=None, delayed=True)
     first, second, third = actions[:3]
     assert first.replay == () and first.update is None  # prefill
-    assert second.replay == (0,) and second.update == 1 and second.staleness == 1
+    # Batch 0 was rolled out before any update and replayed in update 1: the policy had not moved yet.
+    assert second.replay == (0,) and second.update == 1 and second.staleness == 0
     assert third.replay == (1,) and third.update == 2 and third.staleness == 1
-    steady = [a for a in actions if a.update is not None and not a.flush]
+    steady = [a for a in actions if a.update is not None and not a.flush][1:]
     assert steady and all(a.staleness == 1 for a in steady)
+    merged = actions[-1]
+    assert merged.flush and len(merged.replay) == 2 and merged.staleness == 0.5
 
 
 def test_delayed_plan_drains_at_epoch_end():

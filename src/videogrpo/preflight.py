@@ -38,19 +38,12 @@ def check_config(cfg: Config) -> Check:
 
 
 def check_trainer_support(cfg: Config) -> Check:
-    unsupported = []
-    if cfg.parallel.data_parallel != "replicate" or cfg.parallel.tensor_parallel != 1:
-        unsupported.append(f"parallel.data_parallel = {cfg.parallel.data_parallel!r} / tensor_parallel = "
-                           f"{cfg.parallel.tensor_parallel} (implemented: 'replicate', 1)")
-    if cfg.grpo.delayed_replay:
-        unsupported.append("grpo.delayed_replay = true (implemented: false)")
-    if cfg.reward.kind != "vbvr_rule":
-        unsupported.append(f"reward.kind = {cfg.reward.kind!r} (implemented: 'vbvr_rule')")
-    if cfg.model.kind != "ti2v":
-        unsupported.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
-    return Check("trainer_support", not unsupported,
-                 "the trainer implements every selected feature" if not unsupported
-                 else "not implemented yet: " + "; ".join(unsupported))
+    from videogrpo.grpo.trainer import unsupported
+
+    missing = unsupported(cfg)
+    return Check("trainer_support", not missing,
+                 "the trainer implements every selected feature" if not missing
+                 else "not implemented yet: " + "; ".join(missing))
 
 
 def check_model_dir(model_dir: Path, manifest: Path) -> Check:

@@ -31,13 +31,8 @@ class Action:
     """Number of the optimizer update this action makes (1-based), or None."""
     flush: bool
     """The slot is empty after this action (a checkpoint may follow)."""
-
-    @property
-    def staleness(self) -> float:
-        """Mean number of updates between rolling out and replaying, over the replayed batches."""
-        if not self.replay:
-            return 0.0
-        return sum(1 for b in self.replay if b != self.batch) / len(self.replay)
+    staleness: float = 0.0
+    """Mean number of updates the policy made between rolling out and replaying the replayed batches."""
 
 
 def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | None,
@@ -48,12 +43,19 @@ def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | 
     actions: list[Action] = []
     updates = 0
     slot: int | None = None
+    prepared_after: dict[int, int] = {}  # batch -> updates made before it was rolled out
+
+    def stale(replayed: tuple[int, ...]) -> float:
+        # Replayed in update `updates` (already counted), with the policy after `updates - 1` updates.
+        return sum(updates - 1 - prepared_after[b] for b in replayed) / len(replayed)
+
     for batch in range(batches_per_epoch * epochs):
         if max_steps is not None and updates >= max_steps:
             break
+        prepared_after[batch] = updates
         if not delayed:
             updates += 1
-            actions.append(Action(batch, (batch,), updates, True))
+            actions.append(Action(batch, (batch,), updates, True, stale((batch,))))
             continue
         nxt = updates + 1
         last_of_epoch = (batch + 1) % batches_per_epoch == 0
@@ -63,11 +65,12 @@ def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | 
             actions.append(Action(batch, (), None, False))
         elif not flush:
             updates += 1
-            actions.append(Action(batch, (slot,), updates, False))
+            actions.append(Action(batch, (slot,), updates, False, stale((slot,))))
             slot = batch
         else:
             updates += 1
-            actions.append(Action(batch, ((slot,) if slot is not None else ()) + (batch,), updates, True))
+            replayed = ((slot,) if slot is not None else ()) + (batch,)
+            actions.append(Action(batch, replayed, updates, True, stale(replayed)))
             slot = None
     return actions
 

@@ -1,0 +1,78 @@
+"""Data parallelism of the trainable transformer: replicate (all-reduce), FSDP2 or HSDP, same code on CPU and GPU.
+
+FSDP and HSDP use `fully_shard` on every transformer block and then on the root, over a 1-D mesh
+(FSDP: shard over all ranks) or a 2-D mesh (HSDP: shard within groups of `shard_group_size` ranks,
+replicate across groups), with the configured parameter and reduction dtypes. Gradients of sharded
+models are reduced by FSDP itself; replicated models average theirs with one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from videogrpo import distributed
+from videogrpo.config import Config
+from videogrpo.errors import ConfigError
+from videogrpo.models.wan import DTYPES
+
+
+def device_mesh(cfg: Config, world: int, device_type: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mode = cfg.parallel.data_parallel
+    if mode == "fsdp":
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    group = cfg.parallel.shard_group_size
+    if world % group:
+        raise ConfigError(f"parallel.shard_group_size = {group}: must divide the world size {world}")
+    return init_device_mesh(device_type, (world // group, group), mesh_dim_names=("replicate", "shard"))
+
+
+def apply_data_parallel(model: torch.nn.Module, cfg: Config, world: int, device: torch.device) -> torch.nn.Module:
+    """Shard `model` in place for fsdp/hsdp (a no-op for replicate or a world of one)."""
+    mode = cfg.parallel.data_parallel
+    if mode == "replicate" or world == 1:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = device_mesh(cfg, world, device.type)
+    policy = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.parallel.param_dtype],
+                                  reduce_dtype=DTYPES[cfg.parallel.reduce_dtype])
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def reduce_gradients(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
+    """Average gradients over ranks where FSDP has not already done it."""
+    if not is_sharded(model):
+        distributed.average_gradients(params)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter gathered, on CPU (collective: every rank calls it; all receive it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """torch.compile each transformer block (GPU recipes; checked by preflight)."""
+    for block in model.blocks:
+        block.compile()
