@@ -109,7 +109,9 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
         deadline = time.monotonic() + 300
         cancelled, seen = None, []
         while time.monotonic() < deadline and driver.poll() is None:
-            marks = list(checkout.glob("results/runs/*/checkpoints/*/step-*/COMPLETE"))
+            # Complete checkpoints of a run still training (the earlier test's finished run has a final).
+            marks = [m for m in checkout.glob("results/runs/*/checkpoints/*/step-*/COMPLETE")
+                     if not (m.parents[3] / "train/final").exists()]
             job = squeue_train_job()
             seen.append((len(marks), job))
             if marks and job:
