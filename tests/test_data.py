@@ -166,3 +166,32 @@ def test_training_order_is_a_fixed_shuffle_and_batches_drop_the_remainder(datase
     assert per_epoch == len(order) // 4
     epoch, batch = batch_for_step(order, 4, per_epoch)
     assert epoch == 1 and batch == order[:4]
+
+
+def _encode_digest(frames) -> str:
+    import hashlib
+    import tempfile
+
+    from videogrpo.data.video import write_mp4
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_mp4(f"{tmp}/v.mp4", frames, fps=16, crf=12)
+        return hashlib.sha256(open(f"{tmp}/v.mp4", "rb").read()).hexdigest()
+
+
+def test_mp4_encoding_is_deterministic_across_busy_processes(tiny_model):
+    """Rewards are read from these files: equal frames must encode to equal bytes in every scorer process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    from videogrpo.data.video import fit_square
+    from videogrpo.models.wan import WanTI2V
+
+    wan = WanTI2V(tiny_model, torch.device("cpu"), max_text_tokens=8)
+    torch.manual_seed(0)
+    videos = [fit_square(v, 64) for v in wan.decode(torch.randn(4, *wan.geometry(5, 32, 32).shape))]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for frames in videos:
+            assert len(set(pool.map(_encode_digest, [frames] * 12))) == 1

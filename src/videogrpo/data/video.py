@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +26,19 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
         with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = container.add_stream("libx264", rate=fps)
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            # Single-threaded, no B-frame lookahead randomness: the same frames give the same bytes.
-            stream.options = {"crf": str(crf), "preset": "veryfast", "threads": "1"}
-            for frame in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            # The same frames must give the same bytes whatever the machine's load, since rewards are
+            # read from these files. Measured here: x264's rate-control lookahead (and macroblock tree)
+            # encoded equal frames differently now and then in busy pool workers, even on one thread;
+            # without them, and with explicit constant-rate timestamps, 640 encodes under load agreed.
+            stream.codec_context.thread_count = 1
+            stream.codec_context.thread_type = "NONE"
+            stream.codec_context.time_base = Fraction(1, fps)
+            stream.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
+                              "x264-params": "force-cfr=1:rc-lookahead=0:mbtree=0"}
+            for index, frame in enumerate(frames):
+                picture = av.VideoFrame.from_ndarray(frame, format="rgb24").reformat(format="yuv420p")
+                picture.pts, picture.time_base = index, Fraction(1, fps)
+                for packet in stream.encode(picture):
                     container.mux(packet)
             for packet in stream.encode():
                 container.mux(packet)

@@ -242,6 +242,7 @@ class Trainer:
         peak = torch.cuda.max_memory_allocated() if self.ctx.device.type == "cuda" else 0
         return dict(sums, step=action.update, epoch=prepared[-1].epoch, batches=[p.batch for p in prepared],
                     reward_mean=rewards.mean().item(), reward_std=rewards.std().item(),
+                    reward_std_within_group=rewards.std(dim=1).mean().item(),
                     advantage_mean=torch.cat([g["advantages"] for g in gathered]).mean().item(),
                     reward_per_task={t: float(np.mean(v)) for t, v in sorted(per_task.items())},
                     ppo_ratio_abs_max=ratio_abs_max, ppo_clip_range=clip, grad_norm=grad_norm, learning_rate=lr,
