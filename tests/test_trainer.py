@@ -67,6 +67,15 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def adam_tolerance(lr: float, updates: int) -> float:
+    """How far two runs may drift when only the order of a gradient reduction differs.
+
+    AdamW normalises each parameter's step by its own gradient scale, so a rounding difference in a
+    near-zero gradient can move that parameter by up to lr per update; a tenth of that bound has held.
+    """
+    return 0.1 * lr * updates
+
+
 def checkpoint_exists(update: int):
     return lambda out: (out / f"checkpoints/step-{update:08d}/COMPLETE").exists()
 
@@ -125,9 +134,8 @@ def test_fsdp_and_replicate_train_the_same_weights(uninterrupted, tiny_model, da
     b = load_file(uninterrupted / "final/transformer/diffusion_pytorch_model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
-        # FSDP's reduce-scatter divides before summing where replicate sums then divides: a difference of
-        # one rounding per reduction, carried through 8 AdamW updates (seen: at most 2e-6 on weights ~1).
-        assert (a[key] - b[key]).abs().max() <= 1e-5, key
+        # FSDP's reduce-scatter divides before summing where replicate sums then divides (seen: 2e-6).
+        assert (a[key] - b[key]).abs().max() <= adam_tolerance(1e-4, 8), key
 
 
 def test_grpo_learns_the_synthetic_tasks(tiny_model, dataset, tmp_path):
@@ -148,3 +156,21 @@ def test_grpo_learns_the_synthetic_tasks(tiny_model, dataset, tmp_path):
     last = sum(rewards[-2 * per_epoch:]) / (2 * per_epoch)
     print(f"LEARN first {first:.4f} last {last:.4f}")
     assert last > first + 0.02, f"first two epochs {first:.4f}, last two {last:.4f}: {rewards}"
+
+
+def test_hsdp_over_four_ranks_matches_replicate(tiny_model, dataset, tmp_path):
+    """HSDP: 2 shard groups of 2 ranks (a 2-D mesh) against plain replication, 4 gloo processes."""
+    from safetensors.torch import load_file
+
+    four = dict(parallel={"procs_per_node": 4, "shard_group_size": 2},
+                train={"max_steps": 3, "epochs": 2, "save_steps": 1000})
+    runs = {}
+    for mode in ("hsdp", "replicate"):
+        cfg = trainer_config(**four)
+        cfg["parallel"]["data_parallel"] = mode
+        assert train(cfg, tmp_path / mode, tiny_model, dataset)
+        runs[mode] = load_file(tmp_path / mode / "final/transformer/diffusion_pytorch_model.safetensors")
+        assert len(metrics(tmp_path / mode)) == 3
+    for key, value in runs["hsdp"].items():
+        # Four ranks reduce in a different order per layout (seen: 1.2e-5).
+        assert (value - runs["replicate"][key]).abs().max() <= adam_tolerance(1e-4, 3), key

@@ -8,18 +8,25 @@ STAGES = (
     "check_scorer_runtime", "preflight", "train", "evaluate", "report",
 )
 
-# Package code each stage runs, beyond the shared plumbing (config, manifests, digests, atomic writes).
+# Shared plumbing every stage uses; its changes do not rerun stages (their effects show in config
+# values or manifests).
+SHARED_CODE = ("__init__.py", "cli.py", "config.py", "config_types.py", "errors.py", "atomic.py", "progress.py",
+               "provenance/__init__.py", "provenance/digest.py", "provenance/manifest.py", "stages/__init__.py",
+               "stages/common.py", "data/__init__.py")
+
+# Package code each stage runs, beyond the shared plumbing.
 # Its digest is a param of the stage's rule: Snakemake sees a rule's own text, not imported modules.
 CODE_PARTS = {
     "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
     "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),
     "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py"),
-    "validate_dataset": ("stages/validate_dataset.py", "data/validate.py", "data/video.py"),
+    "validate_dataset": ("stages/validate_dataset.py", "data/validate.py", "data/video.py", "data/materialize.py"),
     "fingerprint_evalkit": ("stages/fingerprint_evalkit.py", "rewards/evalkit.py"),
     "check_scorer_runtime": ("stages/check_scorer_runtime.py", "rewards/evalkit.py"),
-    "preflight": ("stages/preflight.py", "preflight.py", "data/video.py"),
-    "train": ("stages/train.py", "launch.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py",
-              "distributed.py", "checkpoint.py"),
+    "preflight": ("stages/preflight.py", "preflight.py", "data/video.py", "grpo", "models", "rewards",
+                  "data/dataset.py", "distributed.py", "checkpoint.py", "parallelize.py"),
+    "train": ("stages/train.py", "launch.py", "preflight.py", "grpo", "models", "rewards", "data/dataset.py",
+              "data/video.py", "distributed.py", "checkpoint.py", "parallelize.py"),
     "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py",
                  "data/video.py"),
     "report": ("stages/report.py", "provenance/report.py"),

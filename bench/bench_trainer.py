@@ -1,0 +1,139 @@
+"""Benchmark: one-step-delayed replay against the synchronous loop, and the trainer's overhead.
+
+    .venv/bin/python bench/bench_trainer.py [--updates 12]
+
+Everything runs side by side in one invocation on the tiny model and synthetic data, 2 gloo processes:
+1. calibration: a synchronous run with an instant reward measures rollout (R) and replay (T) per update;
+2. the reward gets a known latency (sleep, no CPU) sized so that scoring one batch takes W ~ R + T,
+   where overlapping helps most; the same run goes synchronous and delayed;
+3. the raw compute of the same updates (the same rollouts and forward/backward passes, no rewards,
+   no gathering, no logging) runs under torchrun too.
+It prints the delayed/synchronous step-time ratio next to the ideal max(R + T, W) / (R + W + T), and
+the trainer's step time against the raw compute. Record the output in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LATENCY_VAR = "VIDEOGRPO_BENCH_REWARD_LATENCY"
+
+
+def build_inputs(root: Path) -> tuple[Path, Path, Path]:
+    from videogrpo.data import synthetic
+    from videogrpo.data.materialize import materialize
+    from videogrpo.models.tiny import save_tiny_pipeline
+
+    model = root / "model"
+    save_tiny_pipeline(model, seed=0)
+    tasks = list(synthetic.TASKS)
+    synthetic.generate(root / "archives", tasks, 6, seed=0, frames=17, height=64, width=64, fps=16)
+    dataset = root / "dataset"
+    materialize(sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz")), dataset, tasks, 6, 2, 42, "bench",
+                {"repo": "synthetic"}, log=lambda _: None)
+    # The reference EvalKit with a known, CPU-free latency in front of every score.
+    kit = root / "evalkit"
+    shutil.copytree(REPO / "src/videogrpo/rewards/reference_evalkit", kit)
+    entry = kit / "run_evaluation.py"
+    entry.write_text(entry.read_text().replace(
+        '    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]',
+        f'    import os, time\n    time.sleep(float(os.environ.get("{LATENCY_VAR}", "0")))\n'
+        '    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]'))
+    return model, dataset, kit
+
+
+def config(kit: Path, updates: int, delayed: bool) -> dict:
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["evalkit"]["path"] = str(kit)
+    cfg["logging"] = {"wandb_mode": "disabled"}
+    cfg["grpo"].update(delayed_replay=delayed, group_size=8, prompts_per_step=2)
+    # Small scorer videos and 4 sleeping workers: the reward is mostly latency, not CPU that the
+    # rollouts on this 2-core machine would compete for.
+    cfg["evalkit"].update(video_size=64, workers=4)
+    # save_steps past the end: the delayed run drains only at epoch ends, like a long real run.
+    cfg["train"].update(max_steps=updates, epochs=50, save_steps=10_000)
+    return cfg
+
+
+def torchrun(module: str, args: list[str], latency: float, log: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{LATENCY_VAR: str(latency)})
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", module, *args]
+    with open(log, "w") as out:
+        code = subprocess.run(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code:
+        raise SystemExit(f"{module} failed; see {log}:\n{log.read_text()[-3000:]}")
+
+
+def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path, latency: float) -> list[dict]:
+    out = root / name
+    torchrun("videogrpo.grpo.worker", ["--config-json", json.dumps(cfg), "--run-id", name, "--model", str(model),
+                                       "--dataset", str(dataset), "--evalkit", cfg["evalkit"]["path"],
+                                       "--checkpoints", str(out / "ckpt"), "--final", str(out / "final"),
+                                       "--metrics", str(out / "metrics.jsonl"), "--run-dir", str(out)],
+             latency, root / f"{name}.log")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def steady(values: list[float], skip: int = 2) -> float:
+    return statistics.median(values[skip:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=12, help="optimizer updates per run")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="videogrpo-bench-"))
+    try:
+        model, dataset, kit = build_inputs(root)
+        calib = train(root, "calibration", config(kit, args.updates, False), model, dataset, 0.0)
+        cfg = config(kit, args.updates, False)
+        per_rank = cfg["grpo"]["group_size"] * cfg["grpo"]["prompts_per_step"] // 2
+        workers = cfg["evalkit"]["workers"]
+        # A latency-bound reward (a remote judge, or scoring on cores the trainer does not use): the
+        # sleep alone takes about R + T per batch, where overlapping helps most.
+        busy = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
+        latency = round(busy / math.ceil(per_rank / workers), 3)
+        runs = {}
+        for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
+            runs[name] = (lat, train(root, f"sync-{name}", cfg, model, dataset, lat),
+                          train(root, f"delayed-{name}", config(kit, args.updates, True), model, dataset, lat))
+        raw_log = root / "raw.log"
+        torchrun("bench.raw_compute", ["--config-json", json.dumps(cfg), "--model", str(model), "--dataset",
+                                       str(dataset), "--updates", str(args.updates)], 0.0, raw_log)
+        raw = json.loads([line for line in raw_log.read_text().splitlines() if line.startswith("{")][-1])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"tiny model, 17 frames 64x64, 8 sampling steps, 2 ranks x {per_rank} rollouts, {workers} scorer "
+          f"workers per rank, {args.updates} updates per run; medians after the first 2 updates")
+    print("| reward | latency/video | R rollout | T replay | W reward | sync step | delayed step | delayed/sync | ideal |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (lat, sync, delayed) in runs.items():
+        rollout = steady([m["time_rollout_s"] for m in sync])
+        replay = steady([m["time_replay_s"] for m in sync])
+        reward = steady([m["time_reward_wait_s"] for m in sync])
+        t_sync = steady([m["time_step_s"] for m in sync])
+        t_delayed = steady([m["time_step_s"] for m in delayed if m["delayed_replay_staleness"] > 0.0])
+        ideal = max(rollout + replay, reward) / (rollout + reward + replay)
+        print(f"| {name} | {lat:.3f} s | {rollout:.3f} | {replay:.3f} | {reward:.3f} | {t_sync:.3f} | {t_delayed:.3f} "
+              f"| {t_delayed / t_sync:.3f} | {ideal:.3f} |")
+    trainer_compute = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
+    print(f"trainer rollout + replay {trainer_compute:.3f} s vs raw rollout + forward/backward {raw['step_s']:.3f} s "
+          f"per update: overhead x{trainer_compute / raw['step_s']:.3f}; whole synchronous step with an instant "
+          f"reward {steady([m['time_step_s'] for m in calib]):.3f} s (adds decode, scoring, gathering)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()

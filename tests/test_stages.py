@@ -1,0 +1,54 @@
+"""Every package module a stage can run is covered by the code digest that reruns it."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import videogrpo
+from videogrpo.stages import CODE_PARTS, SHARED_CODE, STAGES
+
+PACKAGE = Path(videogrpo.__file__).parent
+
+
+def module_file(name: str) -> str | None:
+    if not name.startswith("videogrpo"):
+        return None
+    parts = name.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    rel = Path(*parts)
+    for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+        if (PACKAGE / candidate).is_file():
+            return candidate.as_posix()
+    return None
+
+
+def imported_files(rel: str) -> set[str]:
+    """Package files `rel` imports (at module level or inside functions), transitively."""
+    seen, todo = set(), [rel]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for node in ast.walk(ast.parse((PACKAGE / current).read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if (found := module_file(name)) and found not in seen:
+                    todo.append(found)
+    return seen
+
+
+def covered(rel: str, parts: tuple[str, ...]) -> bool:
+    return rel in SHARED_CODE or any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in parts)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_code_digest_of_each_stage_covers_what_it_imports(stage):
+    missing = sorted(f for f in imported_files(f"stages/{stage}.py") if not covered(f, CODE_PARTS[stage]))
+    assert not missing, f"add to CODE_PARTS[{stage!r}] in stages/__init__.py: {missing}"
