@@ -94,17 +94,19 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
          restore_rng: bool = True) -> dict[str, Any]:
     """Restore a complete checkpoint into model (and optimizer); returns its JSON state."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint import state_dict as sd
 
     if not (path / MARKER).is_file():
         raise VideoGRPOError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
-    model_sd, optim_sd = get_state_dict(model, optimizer) if optimizer is not None else (get_state_dict(model, []))
-    loaded = {"model": model_sd, "optim": optim_sd} if optimizer is not None else {"model": model_sd}
-    dcp.load(loaded, checkpoint_id=str(path / "dcp"))
-    if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    if optimizer is None:  # weights only (a checkpoint also holding optimizer state loads partially)
+        loaded = {"model": sd.get_model_state_dict(model)}
+        dcp.load(loaded, checkpoint_id=str(path / "dcp"))
+        sd.set_model_state_dict(model, loaded["model"])
     else:
-        model.load_state_dict(loaded["model"])
+        model_state, optim_state = sd.get_state_dict(model, optimizer)
+        loaded = {"model": model_state, "optim": optim_state}
+        dcp.load(loaded, checkpoint_id=str(path / "dcp"))
+        sd.set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -601,27 +601,3 @@ def run_identity(cfg: Config, task_list_text: str | None = None) -> str:
 def json_schema() -> dict[str, Any]:
     """JSON Schema of the config, generated from the dataclasses (defaults and descriptions included)."""
     return _schema_of(Config, CHOICES)
-
-
-def _slug(repo_id: str) -> str:
-    return repo_id.replace("/", "--")
-
-
-def _short_digest(obj: Any, length: int = 12) -> str:
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
-
-
-def model_key(cfg: Config) -> str:
-    """Directory name of the base model: the repo at its revision, or the tiny builder's settings."""
-    m = cfg.model
-    if m.source == "tiny":
-        return f"tiny-{_short_digest(to_dict(m))}"
-    return f"{_slug(m.repo_id)}@{m.revision[:12]}"
-
-
-def data_key(cfg: Config, task_list_text: str) -> str:
-    """Directory name of the dataset: the repo at its revision, or the synthetic generator's settings."""
-    d = cfg.data
-    if d.source == "synthetic":
-        return f"synthetic-{_short_digest([to_dict(d), _task_names(task_list_text)])}"
-    return f"{_slug(d.repo_id)}@{d.revision[:12]}"

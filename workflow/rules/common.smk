@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from videogrpo import config as vg
+from videogrpo import layout
 from videogrpo.provenance.digest import evalkit_files, package_digest
 from videogrpo.stages import CODE_PARTS
 import videogrpo
@@ -20,8 +21,8 @@ TASK_LIST_TEXT = Path(CFG.data.task_list).read_text()
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
-MODEL = f"{RESULTS}/models/{vg.model_key(CFG)}"
-DATA = f"{RESULTS}/data/{vg.data_key(CFG, TASK_LIST_TEXT)}"
+MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
+DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
 EVALKIT = f"{RESULTS}/evalkit/{CFG.evalkit.digest[:12] or 'none'}"
 RULE_REWARD = CFG.reward.kind == "vbvr_rule"
 

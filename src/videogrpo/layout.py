@@ -1,0 +1,36 @@
+"""Where outputs go: directory names of the shared downloads (models, datasets) under results/.
+
+A model or dataset directory is named after what it holds (the repository at its pinned revision, or
+the settings that generate it), so runs that share an input share its download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from videogrpo.config import Config, _task_names, canonical_json, to_dict
+
+
+def _slug(repo_id: str) -> str:
+    return repo_id.replace("/", "--")
+
+
+def _short_digest(obj: Any, length: int = 12) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
+
+
+def model_key(cfg: Config) -> str:
+    """Directory name of the base model: the repo at its revision, or the tiny builder's settings."""
+    m = cfg.model
+    if m.source == "tiny":
+        return f"tiny-{_short_digest(to_dict(m))}"
+    return f"{_slug(m.repo_id)}@{m.revision[:12]}"
+
+
+def data_key(cfg: Config, task_list_text: str) -> str:
+    """Directory name of the dataset: the repo at its revision, or the synthetic generator's settings."""
+    d = cfg.data
+    if d.source == "synthetic":
+        return f"synthetic-{_short_digest([to_dict(d), _task_names(task_list_text)])}"
+    return f"{_slug(d.repo_id)}@{d.revision[:12]}"
