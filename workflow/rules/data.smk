@@ -50,11 +50,10 @@ rule validate_dataset:
         config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
         dataset=DATASET,
-    threads: CFG.slurm.data_cpus
     resources:
         **cluster_resources("cpu"),
     log:
         f"{DATA}/validate_dataset.log",
     shell:
         "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
-        " --workers {threads} --out {output.validation:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --workers {resources.cpus_per_task} --out {output.validation:q} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -18,7 +18,6 @@ rule evaluate:
         code=code("evaluate"),
         dataset=DATASET,
         evalkit=CFG.evalkit.path,
-    threads: 2
     resources:
         **cluster_resources("gpu"),
     log:
