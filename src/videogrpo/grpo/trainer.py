@@ -287,9 +287,10 @@ class Trainer:
         self.tracker = Tracker(self.paths.checkpoints / "metrics.jsonl", self.total, self.cfg.logging.wandb_mode,
                                self.cfg.logging.wandb_project, self.run_id, self.paths.run_dir, to_dict(self.cfg),
                                enabled=self.ctx.is_main)
-        self.tracker.trim(done or 0)
-        self._log(f"{self.total} updates in {len(self.actions)} batches ({'delayed replay' if self.cfg.grpo.delayed_replay else 'synchronous'}), "
-            f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}, starting at batch {start}")
+        self.tracker.trim(done)
+        mode = "delayed replay" if self.cfg.grpo.delayed_replay else "synchronous"
+        self._log(f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
+                  f"{self.cfg.parallel.data_parallel}, starting at batch {start}")
         slot: Prepared | None = None
         try:
             for index in range(start, len(self.actions)):
