@@ -22,7 +22,7 @@ def main() -> None:
     from videogrpo.grpo.rollout import replay_log_prob, rollout, seeded_normal, trained_timesteps
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.grpo.trainer import waves
-    from videogrpo.models.wan import WanTI2V, load_first_frames
+    from videogrpo.models.wan import WanTI2V
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-json", required=True)
@@ -44,9 +44,8 @@ def main() -> None:
         t0 = time.monotonic()
         _, prompts = batch_for_step(order, cfg.grpo.prompts_per_step, step)
         samples = [prompts[j] for j, _ in rows]
-        embeds = model.encode_prompts([s.prompt for s in samples])
-        condition = model.encode_first_frames(load_first_frames([s.first_frame for s in samples], cfg.video.height,
-                                                                cfg.video.width))
+        embeds, condition = model.encode_conditions([s.prompt for s in samples], [s.first_frame for s in samples],
+                                                    cfg.video.height, cfg.video.width)
         init = torch.stack([seeded_normal(shape, ctx.device, 0, step, j, 0) for j, _ in rows])
         etas = torch.full((len(rows),), cfg.grpo.eta)
         traj = rollout(model, model.transformer, embeds, condition, init, sigmas, cfg.grpo.sampler, etas,

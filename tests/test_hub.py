@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hub_server import HubServer, files_of
-from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.errors import ConfigError
 from videogrpo.provenance.digest import tree_digest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -65,7 +66,7 @@ def test_fetch_model_stage_from_the_hub_writes_a_manifest(tiny_model, tmp_path):
     sections = {"model": {"source": "hub", "repo_id": "org/tiny-wan", "revision": COMMIT}}
     with HubServer({("model", "org/tiny-wan"): {COMMIT: files_of(tiny_model)}}) as hub:
         env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf-home"))
-        result = subprocess.run(["videogrpo", "fetch-model", "--config-json", json.dumps(sections), "--out",
+        result = subprocess.run([str(Path(sys.executable).parent / "videogrpo"), "fetch-model", "--config-json", json.dumps(sections), "--out",
                                  str(tmp_path / "model"), "--manifest", str(tmp_path / "m.json")],
                                 env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -77,11 +77,3 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
 def barrier() -> None:
     if active():
         dist.barrier()
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    if not active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]

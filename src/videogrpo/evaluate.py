@@ -17,9 +17,9 @@ from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
-from videogrpo.models.wan import WanTI2V, load_first_frames, set_attention_backend
+from videogrpo.models.wan import WanTI2V, set_attention_backend
 from videogrpo.progress import Progress
-from videogrpo.rewards.rule import RuleScorer, ScoreRequest
+from videogrpo.rewards.rule import RuleScorer, score_request
 
 BATCH = 4
 SEED_TAG = 0xE7A1
@@ -59,9 +59,8 @@ def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, sam
     for first in range(0, len(samples), BATCH):
         batch = samples[first:first + BATCH]
         keys = [first + i for i in range(len(batch))]
-        embeds = model.encode_prompts([s.prompt for s in batch])
-        condition = model.encode_first_frames(
-            load_first_frames([s.first_frame for s in batch], cfg.video.height, cfg.video.width))
+        embeds, condition = model.encode_conditions([s.prompt for s in batch], [s.first_frame for s in batch],
+                                                    cfg.video.height, cfg.video.width)
         init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
 
         def step_noise(i: int) -> torch.Tensor:
@@ -89,9 +88,7 @@ def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalk
             for sample, video in sample_videos(cfg, model, transformer, samples):
                 keep = videos_dir / variant / sample.task / f"{sample.sample_id}.mp4"
                 keep.parent.mkdir(parents=True, exist_ok=True)
-                request = ScoreRequest(video, sample.task, str(sample.directory), cfg.video.fps,
-                                       cfg.evalkit.video_size, cfg.evalkit.max_seconds, cfg.evalkit.crf,
-                                       cfg.evalkit.unsupported_score, keep_video=str(keep))
+                request = score_request(cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep))
                 futures.append((sample, scorer.submit(request)))
                 progress.update()
             for (sample, _), result in zip(futures, scorer.collect([f for _, f in futures])):

@@ -8,7 +8,6 @@ name and renamed. A short read is an error. An existing file of the right size i
 
 from __future__ import annotations
 
-import os
 import tarfile
 from collections import defaultdict
 from dataclasses import dataclass, field

@@ -63,11 +63,6 @@ def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.nda
     return np.stack(frames)
 
 
-def subsample_indices(available: int, wanted: int) -> np.ndarray:
-    """Indices of `wanted` frames spread uniformly over `available` (repeats when there are fewer)."""
-    return np.round(np.linspace(0, available - 1, wanted)).astype(int)
-
-
 def fit_square(frames: np.ndarray, side: int) -> np.ndarray:
     """Resize keeping aspect ratio and pad with black to side x side (the scorer's input contract)."""
     from PIL import Image

@@ -32,8 +32,8 @@ from videogrpo.grpo.rollout import (Trajectory, frame_mask, replay_log_prob, rol
 from videogrpo.grpo.samplers import masked_mean, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
-from videogrpo.models.wan import WanTI2V, load_first_frames
-from videogrpo.rewards.rule import RuleScorer, ScoreRequest
+from videogrpo.models.wan import WanTI2V
+from videogrpo.rewards.rule import RuleScorer, score_request
 
 
 @dataclass
@@ -139,9 +139,8 @@ class Trainer:
     def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
         cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
         samples = [prompts[j] for j, _ in rows]
-        embeds = self.model.encode_prompts([s.prompt for s in samples])
-        condition = self.model.encode_first_frames(
-            load_first_frames([s.first_frame for s in samples], cfg.video.height, cfg.video.width))
+        embeds, condition = self.model.encode_conditions([s.prompt for s in samples], [s.first_frame for s in samples],
+                                                         cfg.video.height, cfg.video.width)
         # Noise is keyed by (seed, batch, prompt, member, step): independent of ranks, waves and resumes.
         init = torch.stack([seeded_normal(self.shape, dev, seed, batch_index, j,
                                           0 if cfg.grpo.share_group_noise else g + 1, 0x1A17) for j, g in rows])
@@ -159,10 +158,8 @@ class Trainer:
                                  cfg.grpo.sampler, etas, step_noise, cfg.grpo.guidance_scale,
                                  self._negative(len(rows)))
         chunk = Chunk([j for j, _ in rows], [g for _, g in rows], samples, trajectory, embeds)
-        e = cfg.evalkit
         videos = self.model.decode(trajectory.latents[:, -1])
-        chunk.futures = [self.scorer.submit(ScoreRequest(v, s.task, str(s.directory), cfg.video.fps, e.video_size,
-                                                         e.max_seconds, e.crf, e.unsupported_score))
+        chunk.futures = [self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
                          for v, s in zip(videos, samples)]
         return chunk
 

@@ -100,6 +100,11 @@ class WanTI2V:
         latents = self.vae.encode(pixels).latent_dist.mode()
         return (latents.float() - self.latents_mean) / self.latents_std
 
+    def encode_conditions(self, prompts: list[str], first_frames: list[Path], height: int,
+                          width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt embeddings, first-frame latents) of a batch: what every rollout is conditioned on."""
+        return self.encode_prompts(prompts), self.encode_first_frames(load_first_frames(first_frames, height, width))
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """Decode normalised latents [B, C, F, h, w] to uint8 video [B, F, H, W, 3]."""

@@ -51,6 +51,13 @@ class ScoreRequest:
     """Where to keep the MP4 handed to the scorer (None: a temporary file)."""
 
 
+def score_request(evalkit, fps: int, frames: np.ndarray, task: str, sample_dir: str,
+                  keep_video: str | None = None) -> ScoreRequest:
+    """A request with the scorer settings of the `evalkit` config section."""
+    return ScoreRequest(frames, task, sample_dir, fps, evalkit.video_size, evalkit.max_seconds, evalkit.crf,
+                        evalkit.unsupported_score, keep_video)
+
+
 def gt_info(sample_dir: str) -> dict:
     root = Path(sample_dir)
     return {
