@@ -147,7 +147,7 @@ def test_every_field_has_a_docstring():
     import dataclasses
     import typing
 
-    from videogrpo.config_types import field_docs
+    from videogrpo.config.types import field_docs
 
     sections = [config.Config] + [tp for tp in typing.get_type_hints(config.Config).values()
                                   if dataclasses.is_dataclass(tp)]

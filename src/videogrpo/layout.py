@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from videogrpo.config import Config, _task_names, canonical_json, to_dict
+from videogrpo.config import Config, task_names, canonical_json, to_dict
 
 
 def _slug(repo_id: str) -> str:
@@ -32,5 +32,5 @@ def data_key(cfg: Config, task_list_text: str) -> str:
     """Directory name of the dataset: the repo at its revision, or the synthetic generator's settings."""
     d = cfg.data
     if d.source == "synthetic":
-        return f"synthetic-{_short_digest([to_dict(d), _task_names(task_list_text)])}"
+        return f"synthetic-{_short_digest([to_dict(d), task_names(task_list_text)])}"
     return f"{_slug(d.repo_id)}@{d.revision[:12]}"

@@ -10,7 +10,7 @@ STAGES = (
 
 # Shared plumbing every stage uses; its changes do not rerun stages (their effects show in config
 # values or manifests).
-SHARED_CODE = ("__init__.py", "cli.py", "config.py", "config_types.py", "errors.py", "atomic.py", "progress.py",
+SHARED_CODE = ("__init__.py", "cli.py", "config", "errors.py", "atomic.py", "progress.py",
                "provenance/__init__.py", "provenance/digest.py", "provenance/manifest.py", "stages/__init__.py",
                "stages/common.py", "data/__init__.py")
 

@@ -1,0 +1,207 @@
+"""Validation: every field rule and every cross-field rule, each naming the field, the value and the rule."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from videogrpo.config.sections import SECTIONS, Config
+from videogrpo.errors import ConfigError
+
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+CHOICES = {
+    "model.source": ("hub", "tiny"),
+    "model.kind": ("ti2v", "i2v_a14b"),
+    "data.source": ("hub", "synthetic"),
+    "reward.kind": ("vbvr_rule", "vbvr_vlm"),
+    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
+    "evaluate.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
+    "parallel.data_parallel": ("replicate", "fsdp", "hsdp"),
+    "parallel.device": ("cpu", "cuda"),
+    "parallel.backend": ("gloo", "nccl"),
+    "parallel.param_dtype": ("float32", "bfloat16", "float16"),
+    "parallel.reduce_dtype": ("float32", "bfloat16"),
+    "logging.wandb_mode": ("offline", "online", "disabled"),
+}
+POSITIVE = {
+    "model.max_text_tokens", "data.samples_per_task", "video.num_frames", "video.height", "video.width",
+    "video.fps", "evalkit.workers", "evalkit.threads_per_worker", "evalkit.video_size", "evalkit.max_seconds",
+    "reward.judge_frames", "reward.judge_concurrency", "grpo.sampling_steps", "grpo.shift", "grpo.group_size",
+    "grpo.prompts_per_step", "grpo.prompts_per_wave", "grpo.clip_range", "grpo.delayed_clip_range",
+    "train.lr", "train.epochs", "train.max_steps", "train.batch_size", "train.save_steps",
+    "train.keep_checkpoints", "train.max_grad_norm", "parallel.nodes", "parallel.procs_per_node",
+    "slurm.cpus_per_node", "slurm.mem_mb_per_node", "slurm.train_minutes", "slurm.evaluate_minutes",
+    "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes",
+    "parallel.shard_group_size", "parallel.tensor_parallel", "parallel.cpu_threads", "evaluate.sampling_steps",
+}
+NON_NEGATIVE = {
+    "data.heldout_per_task", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
+    "train.weight_decay", "evaluate.eta", "evaluate.max_samples_per_task", "evalkit.crf", "model.tiny_seed",
+    "slurm.gpus_per_node",
+}
+
+
+def _get(cfg: Config, path: str) -> Any:
+    obj: Any = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _field_problems(cfg: Config, sections: set[str]) -> list[str]:
+    found = []
+    for path, allowed in CHOICES.items():
+        value = _get(cfg, path)
+        if path.split(".")[0] in sections and value not in allowed:
+            found.append(f"{path} = {value!r}: must be one of {', '.join(allowed)}")
+    for paths, test, rule in ((POSITIVE, lambda v: v <= 0, "> 0"), (NON_NEGATIVE, lambda v: v < 0, ">= 0")):
+        for path in sorted(paths):
+            value = _get(cfg, path)
+            if path.split(".")[0] in sections and value is not None and test(value):
+                found.append(f"{path} = {value!r}: must be {rule}")
+    return found
+
+
+def _model_problems(cfg: Config) -> list[str]:
+    if cfg.model.source == "hub" and not HEX40.match(cfg.model.revision):
+        return [f"model.revision = {cfg.model.revision!r}: must be a 40-hex commit id (branch names are refused)"]
+    return []
+
+
+def _data_problems(cfg: Config) -> list[str]:
+    found = []
+    if cfg.data.source == "hub" and not HEX40.match(cfg.data.revision):
+        found.append(f"data.revision = {cfg.data.revision!r}: must be a 40-hex commit id (branch names are refused)")
+    if cfg.data.heldout_per_task == 0:
+        found.append("data.heldout_per_task = 0: the evaluate stage needs held-out samples; set it to 1 or more")
+    if cfg.data.heldout_per_task >= cfg.data.samples_per_task:
+        found.append(
+            f"data.heldout_per_task = {cfg.data.heldout_per_task}: must be < data.samples_per_task "
+            f"= {cfg.data.samples_per_task}, or nothing is left to train on"
+        )
+    return found
+
+
+def _evalkit_problems(cfg: Config) -> list[str]:
+    found = []
+    if cfg.evalkit.path and not HEX64.match(cfg.evalkit.digest):
+        found.append(f"evalkit.digest = {cfg.evalkit.digest!r}: must be the 64-hex source digest of {cfg.evalkit.path}")
+    for i, pin in enumerate(cfg.evalkit.runtime):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+", pin):
+            found.append(f"evalkit.runtime[{i}] = {pin!r}: must be 'name==version'")
+    return found
+
+
+def runtime_contract(cfg: Config) -> dict[str, str]:
+    """evalkit.runtime as {distribution name: version}."""
+    return dict(pin.split("==", 1) for pin in cfg.evalkit.runtime)
+
+
+def _reward_problems(cfg: Config) -> list[str]:
+    if cfg.reward.kind == "vbvr_rule" and not cfg.evalkit.path:
+        return ["evalkit.path = '': the vbvr_rule reward needs an EvalKit checkout directory"]
+    if cfg.reward.kind == "vbvr_vlm" and not HEX40.match(cfg.reward.judge_revision):
+        return [f"reward.judge_revision = {cfg.reward.judge_revision!r}: must be a 40-hex commit id"]
+    return []
+
+
+def _video_problems(cfg: Config) -> list[str]:
+    found = []
+    if cfg.video.num_frames % 4 != 1:
+        found.append(f"video.num_frames = {cfg.video.num_frames}: must be 4k + 1 (the Wan VAE compresses time by 4)")
+    for side in ("height", "width"):
+        value = getattr(cfg.video, side)
+        if value % 32:
+            found.append(f"video.{side} = {value}: must be a multiple of 32 (VAE factor 16 x patch 2)")
+    return found
+
+
+def _grpo_problems(cfg: Config) -> list[str]:
+    found = []
+    lo_hi = cfg.grpo.eta_range
+    if lo_hi is not None and (len(lo_hi) != 2 or not 0 <= lo_hi[0] <= lo_hi[1] <= 1):
+        found.append(f"grpo.eta_range = {lo_hi}: must be [lo, hi] with 0 <= lo <= hi <= 1")
+    if not 0 < cfg.grpo.timestep_fraction <= 1:
+        found.append(f"grpo.timestep_fraction = {cfg.grpo.timestep_fraction}: must be in (0, 1]")
+    if cfg.grpo.sampling_steps < 2:
+        found.append(f"grpo.sampling_steps = {cfg.grpo.sampling_steps}: must be >= 2 (the last step is never trained)")
+    if cfg.grpo.delayed_replay and not cfg.grpo.shared_prompts:
+        found.append("grpo.delayed_replay = true: needs grpo.shared_prompts = true (REFERENCE section 4)")
+    return found
+
+
+def _parallel_problems(cfg: Config) -> list[str]:
+    if cfg.parallel.device == "cpu" and cfg.parallel.backend == "nccl":
+        return ["parallel.backend = 'nccl': NCCL needs parallel.device = 'cuda'; use 'gloo' on CPU"]
+    return []
+
+
+# Each cross-field rule runs when every section it reads is present (stages receive only their sections).
+CHECKS = (
+    (("model",), _model_problems),
+    (("data",), _data_problems),
+    (("evalkit",), _evalkit_problems),
+    (("reward", "evalkit"), _reward_problems),
+    (("video",), _video_problems),
+    (("grpo",), _grpo_problems),
+    (("parallel",), _parallel_problems),
+    (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
+)
+
+
+def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
+    """Every rule the config breaks, each naming the field, the value and the rule."""
+    sections = set(SECTIONS) if sections is None else set(sections)
+    found = _field_problems(cfg, sections)
+    if "recipe" in sections and not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg.recipe):
+        found.append(f"recipe = {cfg.recipe!r}: use letters, digits, '_', '.', '-' (it names the run directory)")
+    for needed, check in CHECKS:
+        if sections.issuperset(needed):
+            found += check(cfg)
+    return found
+
+
+def topology_problems(cfg: Config) -> list[str]:
+    """World size vs prompts vs group size (REFERENCE section 4, shared-prompt mode)."""
+    p, g = cfg.grpo, cfg.parallel
+    world = cfg.world_size
+    found = []
+    if g.tensor_parallel > 1 and world % g.tensor_parallel:
+        found.append(f"parallel.tensor_parallel = {g.tensor_parallel}: must divide the world size {world} "
+                     f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})")
+        return found
+    if g.data_parallel == "hsdp" and world % g.shard_group_size:
+        found.append(f"parallel.shard_group_size = {g.shard_group_size}: must divide the world size {world} "
+                     f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})")
+    if p.shared_prompts:
+        wave = p.prompts_per_wave or p.prompts_per_step
+        if p.prompts_per_step % wave:
+            found.append(f"grpo.prompts_per_wave = {wave}: must divide grpo.prompts_per_step = {p.prompts_per_step}")
+        elif world % wave:
+            found.append(
+                f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node}) must be a multiple "
+                f"of the prompts per wave {wave} (grpo.prompts_per_wave or grpo.prompts_per_step) in shared-prompt mode"
+            )
+        elif p.group_size % (world // wave):
+            found.append(
+                f"grpo.group_size = {p.group_size}: must be a multiple of the {world // wave} ranks sharing each "
+                f"prompt (world size {world} / {wave} prompts per wave)"
+            )
+    else:
+        replicas = world // g.tensor_parallel
+        if p.prompts_per_step != cfg.train.batch_size * replicas:
+            found.append(
+                f"grpo.prompts_per_step = {p.prompts_per_step}: must equal train.batch_size {cfg.train.batch_size} "
+                f"x {replicas} data replicas (world size {world} / tensor_parallel {g.tensor_parallel})"
+            )
+    return found
+
+
+def validate(cfg: Config, sections: set[str] | None = None) -> None:
+    found = problems(cfg, sections)
+    if found:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
+
+

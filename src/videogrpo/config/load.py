@@ -1,0 +1,54 @@
+"""Precedence and coercion: YAML layers and overrides merged the way Snakemake does, then validated."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from videogrpo.config.checks import CHOICES, validate
+from videogrpo.config.sections import Config
+from videogrpo.config.types import build, json_schema as _schema_of
+from videogrpo.errors import ConfigError
+
+def from_dict(data: dict[str, Any], partial: bool = False) -> Config:
+    """Fill defaults, coerce, and validate a merged config mapping.
+
+    With `partial`, only the sections present are validated: a stage receives just the sections it
+    reads, so that changing another section does not rerun it.
+    """
+    cfg = build(Config, copy.deepcopy(data), "")
+    validate(cfg, set(data) if partial else None)
+    return cfg
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Merge like Snakemake does for configfiles and --config: mappings recursively, the rest replaced."""
+    merged = copy.deepcopy(base)
+    for key, value in (update or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load(configfiles: list[str | Path], overrides: dict[str, Any] | None = None) -> Config:
+    """Resolve YAML layers and overrides the way `snakemake --configfile ... --config ...` does."""
+    import yaml
+
+    merged: dict[str, Any] = {}
+    for path in configfiles:
+        try:
+            layer = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        merged = deep_merge(merged, layer)
+    return from_dict(deep_merge(merged, overrides or {}))
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the config, generated from the dataclasses (defaults and descriptions included)."""
+    return _schema_of(Config, CHOICES)

@@ -1,0 +1,283 @@
+"""The config sections: typed dataclasses, one docstring per field (the schema's descriptions).
+
+The dataclass defaults are the values shared by all released recipes (REFERENCE section 6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+@dataclass
+class ModelConfig:
+    source: str = "hub"
+    """Where the base pipeline comes from: `hub` (pinned snapshot) or `tiny` (random, built from configs)."""
+    repo_id: str = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
+    """Hub repository of the complete Diffusers pipeline to start from."""
+    revision: str = ""
+    """40-hex commit of repo_id; branch and tag names are refused."""
+    kind: str = "ti2v"
+    """`ti2v` (one transformer, 48-channel latents, clean latent frame 0) or `i2v_a14b` (two experts)."""
+    tiny_seed: int = 0
+    """Seed of the random weights of the tiny model (source `tiny` only)."""
+    max_text_tokens: int = 512
+    """Prompt length the text encoder pads or truncates to."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "hub"
+    """`hub` (pinned dataset snapshot) or `synthetic` (generated here, same archive format)."""
+    repo_id: str = "Video-Reason/VBVR-Pro-RL"
+    """Hub dataset repository."""
+    revision: str = "ca0aaffea93b07d269c6fe2fbfe533f1fdab9aa1"
+    """40-hex commit of the dataset repository."""
+    archive_glob: str = "VBVR-Pro-RL-Video/*.tar.gz"
+    """Archives to download and unpack, relative to the dataset repository."""
+    split_name: str = "In-Domain_50"
+    """Name recorded in the split manifest for these tasks."""
+    task_list: str = "config/tasks/vbvr_in_domain_50.txt"
+    """File listing the expected tasks, one per line."""
+    samples_per_task: int = 1000
+    """Samples each task must have after unpacking."""
+    heldout_per_task: int = 4
+    """Samples per task held out of training for evaluation (chosen with shuffle_seed)."""
+    gt_frames: int | None = None
+    """Frame count every ground_truth.mp4 must decode to (null: any)."""
+    gt_height: int | None = None
+    """Height every ground-truth video must have (null: any)."""
+    gt_width: int | None = None
+    """Width every ground-truth video must have (null: any)."""
+    shuffle_seed: int = 42
+    """Seed of the one shuffle of the task-grouped index (shuffle_raw_indices_seed)."""
+    synthetic_seed: int = 0
+    """Seed of the synthetic generator (source `synthetic` only)."""
+
+
+@dataclass
+class VideoConfig:
+    num_frames: int = 81
+    """Frames per generated video (4k + 1 for the Wan VAE)."""
+    height: int = 512
+    """Generated height in pixels (multiple of 32)."""
+    width: int = 512
+    """Generated width in pixels (multiple of 32)."""
+    fps: int = 16
+    """Frame rate of written videos."""
+
+
+@dataclass
+class EvalKitConfig:
+    path: str = ""
+    """Checkout directory of the VBVR-compatible EvalKit (empty: no rule reward)."""
+    digest: str = ""
+    """64-hex source digest the checkout must have (REFERENCE section 3)."""
+    unsupported_score: float = 0.0
+    """Score of a task the EvalKit does not know."""
+    workers: int = 4
+    """Scorer processes per rank."""
+    threads_per_worker: int = 4
+    """CPU threads each scorer process may use."""
+    video_size: int = 1024
+    """Side of the square the generated video is resized and padded to before scoring."""
+    max_seconds: float = 5.0
+    """Longest stretch of generated video handed to the scorer."""
+    crf: int = 12
+    """x264 quality of the video handed to the scorer."""
+    runtime: list[str] = field(default_factory=lambda: [
+        "easyocr==1.7.2", "imageio==2.37.3", "imageio-ffmpeg==0.6.0", "norfair==2.3.0", "numpy==2.4.4",
+        "opencv-python==4.13.0.92", "opencv-python-headless==4.13.0.92", "pillow==12.2.0",
+        "scikit-image==0.26.0", "scipy==1.17.1", "tifffile==2026.3.3",
+    ])
+    """Scorer runtime contract: `name==version` of every package the scorer processes must see (a list, so a
+    recipe replaces it rather than merging into it)."""
+
+
+@dataclass
+class RewardConfig:
+    kind: str = "vbvr_rule"
+    """`vbvr_rule` (EvalKit evaluators) or `vbvr_vlm` (a VLM judge served by vLLM)."""
+    judge_model: str = "Qwen/Qwen3.6-27B"
+    """Hub repository of the VLM judge (vbvr_vlm only)."""
+    judge_revision: str = "6a9e13bd6fc8f0983b9b99948120bc37f49c13e9"
+    """40-hex revision of the judge model."""
+    judge_port: int = 18080
+    """Loopback port of the per-node judge service."""
+    judge_frames: int = 32
+    """Frames of the generated video shown to the judge."""
+    judge_concurrency: int = 2
+    """Judge requests in flight per rank."""
+
+
+@dataclass
+class GRPOConfig:
+    sampler: str = "flowcps"
+    """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE) or `flowgrpo`."""
+    eta: float = 0.7
+    """Noise level of the sampler (Flow-CPS 0.7, DanceGRPO 0.3)."""
+    eta_range: list[float] | None = None
+    """Draw one eta per prompt uniformly from [lo, hi] (grpo_cps_noise_scale_range); null: fixed eta."""
+    sampling_steps: int = 30
+    """Denoising steps per rollout (T)."""
+    shift: float = 5.0
+    """Flow-matching time shift of the sigma schedule."""
+    guidance_scale: float = 1.0
+    """Classifier-free guidance scale (1.0: no unconditional pass)."""
+    group_size: int = 32
+    """Rollouts per prompt (G)."""
+    prompts_per_step: int = 32
+    """Prompts per optimizer step, over all ranks."""
+    shared_prompts: bool = True
+    """Shared-prompt mode: the ranks of a wave split each prompt's group between them."""
+    prompts_per_wave: int | None = None
+    """Prompts rolled out at once in shared-prompt mode (grpo_shared_prompt_microbatch_size); null: all."""
+    timestep_fraction: float = 0.6
+    """Fraction of the first T - 1 timesteps trained per update."""
+    clip_range: float = 1e-4
+    """PPO clip range on-policy (grpo_clip_range)."""
+    delayed_replay: bool = True
+    """One-step-delayed replay: roll out the next batch while the previous one's rewards finish."""
+    delayed_clip_range: float = 1e-2
+    """PPO clip range under delayed replay."""
+    kl_coeff: float = 0.0
+    """Weight of the KL to the frozen reference policy."""
+    share_group_noise: bool = True
+    """All members of a group start from one initial noise (dancegrpo_share_group_init_noise)."""
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 5e-6
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = 5
+    """Linear warm-up, in optimizer updates."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    epochs: int = 5
+    """Passes over the training prompts."""
+    max_steps: int | None = None
+    """Stop after this many optimizer updates (null: run all epochs)."""
+    batch_size: int = 1
+    """Prompts per data replica per step outside shared-prompt mode."""
+    save_steps: int = 100
+    """Checkpoint every this many optimizer updates."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept; older ones are deleted."""
+    seed: int = 42
+    """Seed of every random draw of the run."""
+    auto_resume: bool = True
+    """Restore the newest complete checkpoint of the run directory."""
+    resume_from: str | None = None
+    """Checkpoint to initialise from (see reset_dataloader)."""
+    reset_dataloader: bool = True
+    """With resume_from: load weights only (true) or resume all state (false)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass."""
+
+
+@dataclass
+class ParallelConfig:
+    nodes: int = 16
+    """Machines of the training job."""
+    procs_per_node: int = 8
+    """Training processes (usually GPUs) per machine."""
+    data_parallel: str = "hsdp"
+    """Weight layout: `replicate` (all-reduce), `fsdp` or `hsdp` (FSDP2)."""
+    shard_group_size: int = 8
+    """Ranks one HSDP shard group spans."""
+    tensor_parallel: int = 1
+    """Tensor-parallel degree."""
+    device: str = "cuda"
+    """`cuda` or `cpu`."""
+    backend: str = "nccl"
+    """torch.distributed backend: `nccl` or `gloo`."""
+    attention_backend: str = "_flash_3_hub"
+    """diffusers attention backend (`native` works everywhere)."""
+    compile: bool = True
+    """torch.compile the transformer blocks."""
+    param_dtype: str = "bfloat16"
+    """Dtype of parameters in compute."""
+    reduce_dtype: str = "float32"
+    """Dtype of gradient reduction."""
+    master_port: int = 29500
+    """Rendezvous port on the first node (under SLURM: plus the job id modulo 1000)."""
+    cpu_threads: int = 4
+    """torch CPU threads per training process; equal values make CPU runs bit-identical across topologies."""
+
+
+@dataclass
+class EvaluateConfig:
+    max_samples_per_task: int | None = None
+    """Held-out samples scored per task (null: all)."""
+    sampler: str = "flowcps"
+    """Sampler of evaluation rollouts."""
+    eta: float = 0.0
+    """Noise level of evaluation rollouts (0: the deterministic Euler ODE)."""
+    sampling_steps: int | None = None
+    """Denoising steps (null: grpo.sampling_steps)."""
+    seed: int = 1234
+    """Seed of the evaluation noise."""
+    compare_base: bool = True
+    """Also score the untrained base model on the same samples and noise."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = "offline"
+    """W&B mode: `offline`, `online` or `disabled`."""
+    wandb_project: str = "videogrpo"
+    """W&B project."""
+
+
+@dataclass
+class SlurmConfig:
+    partition: str = ""
+    """Partition of compute jobs (empty: the cluster's default)."""
+    account: str = ""
+    """Account to charge (empty: none)."""
+    constraint: str = ""
+    """Node feature constraint of GPU jobs, e.g. `h100` (empty: none)."""
+    gpus_per_node: int | None = None
+    """GPUs per node of training and evaluation (null: parallel.procs_per_node on cuda, none on cpu)."""
+    cpus_per_node: int = 64
+    """CPU cores per node of a training job (rollout decoding and the reward pool use them)."""
+    mem_mb_per_node: int = 512000
+    """Memory per node of a training job, in MB."""
+    train_minutes: int = 2880
+    """Wall-time limit of a training job; a job killed at the limit resumes from its last checkpoint."""
+    evaluate_minutes: int = 600
+    """Wall-time limit of the evaluation job."""
+    data_cpus: int = 16
+    """CPU cores of the data and scorer-runtime jobs."""
+    data_mem_mb: int = 32000
+    """Memory of the data and scorer-runtime jobs, in MB."""
+    data_minutes: int = 480
+    """Wall-time limit of the data jobs."""
+
+
+@dataclass
+class Config:
+    recipe: str = "custom"
+    """Name of the recipe; the first part of the run directory name."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
+    evalkit: EvalKitConfig = field(default_factory=EvalKitConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    results: str = "results"
+    """Directory all outputs go under."""
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.nodes * self.parallel.procs_per_node
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
