@@ -20,42 +20,101 @@ def draw(seed):
 
 
 def reference(sampler, x, v, eps, s, s_next, eta):
-    """REFERENCE section 4 in float64 NumPy: (x', mu, per-sample log p over frames 1..)."""
+    """REFERENCE section 4 in float64 NumPy, written from the formulas (not from samplers.py):
+    (x', mu, std, per-sample log p over frames 1..). eta may be per sample."""
+    eta = np.asarray(eta, dtype=np.float64).reshape(-1, *([1] * (x.ndim - 1)))
     d = s_next - s
     if sampler == "flowcps":
-        std = s_next * math.sin(eta * math.pi / 2)
+        std = s_next * np.sin(eta * math.pi / 2)
         x0, x1 = x - s * v, x + (1 - s) * v
-        mu = (1 - s_next) * x0 + math.sqrt(s_next ** 2 - std ** 2) * x1
+        mu = (1 - s_next) * x0 + np.sqrt(s_next ** 2 - std ** 2) * x1
     elif sampler == "dancegrpo":
         std = eta * math.sqrt(s - s_next)
         mu = x + d * (v + eta ** 2 * (x + (1 - s) * v) / (2 * s))
     else:
         st = s
         mu = x * (1 + st ** 2 * d / (2 * s)) + v * (1 + st ** 2 * (1 - s) / (2 * s)) * d
-        std = st * math.sqrt(-d)
+        std = np.full_like(eta, st * math.sqrt(-d))
     xn = mu + std * eps
     diff = (xn - mu)[:, :, 1:]
     if sampler == "flowcps":
         logp = -(diff ** 2).reshape(len(x), -1).mean(1)
     else:
-        logp = (-(diff ** 2) / (2 * std ** 2) - math.log(std) - math.log(math.sqrt(2 * math.pi))).reshape(len(x), -1).mean(1)
-    return xn, mu, logp
+        logp = (-(diff ** 2) / (2 * std ** 2) - np.log(std) - math.log(math.sqrt(2 * math.pi))).reshape(len(x), -1).mean(1)
+    return xn, mu, std, logp
 
 
-@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0)])
+def reference_kl(sampler, mu, mu_ref, std):
+    mse = ((mu - mu_ref)[:, :, 1:] ** 2).reshape(len(mu), -1).mean(1)
+    return float(mse.mean() if sampler == "flowcps" else (mse / (2 * std.reshape(-1) ** 2)).mean())
+
+
+def frame_mask():
+    mask = torch.ones(SHAPE[2])
+    mask[0] = 0
+    return mask
+
+
+def t(a):
+    return torch.tensor(a, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("flowcps", [0.1, 0.5, 1.0]), ("dancegrpo", 0.3),
+                                         ("dancegrpo", [0.2, 0.3, 0.9]), ("flowgrpo", 0.0)])
 @pytest.mark.parametrize("index", [0, 5, 28])
-def test_transition_matches_the_closed_form(sampler, eta, index):
+def test_transition_mean_std_and_log_prob_match_the_closed_form(sampler, eta, index):
     sigmas = samplers.sigma_schedule(30, 5.0)
     s, s_next = float(sigmas[index]), float(sigmas[index + 1])
     x, v, eps = draw(index)
-    mask = torch.ones(SHAPE[2])
-    mask[0] = 0
-    t = lambda a: torch.tensor(a, dtype=torch.float32)
-    xn, mu, logp = samplers.step(sampler, t(x), t(v), s, s_next, eta, t(eps), mask)
-    rx, rmu, rlogp = reference(sampler, x, v, eps, s, s_next, eta)
-    np.testing.assert_allclose(mu.numpy(), rmu, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(xn.numpy(), rx, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(logp.numpy(), rlogp, rtol=1e-4, atol=1e-5)
+    eta_arg = t(eta) if isinstance(eta, list) else eta
+    mu, std = samplers.transition(sampler, t(x), t(v), s, s_next, eta_arg)
+    xn, mu2, logp = samplers.step(sampler, t(x), t(v), s, s_next, eta_arg, t(eps), frame_mask())
+    rx, rmu, rstd, rlogp = reference(sampler, x, v, eps, s, s_next, eta if isinstance(eta, list) else [eta] * 3)
+    np.testing.assert_allclose(mu.numpy(), rmu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.broadcast_to(std.numpy(), rstd.shape), rstd, rtol=1e-6)
+    torch.testing.assert_close(mu2, mu)
+    np.testing.assert_allclose(xn.numpy(), rx, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logp.numpy(), rlogp, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0)])
+def test_kl_term_matches_the_closed_form(sampler, eta):
+    """mean((mu - mu_ref)^2) for Flow-CPS; divided by 2 s^2 for DanceGRPO and Flow-GRPO."""
+    sigmas = samplers.sigma_schedule(30, 5.0)
+    s, s_next = float(sigmas[7]), float(sigmas[8])
+    x, v, v_ref = draw(3)
+    mu, std = samplers.transition(sampler, t(x), t(v), s, s_next, torch.full((3,), eta))
+    mu_ref, _ = samplers.transition(sampler, t(x), t(v_ref), s, s_next, torch.full((3,), eta))
+    _, rmu, rstd, _ = reference(sampler, x, v, 0 * x, s, s_next, [eta] * 3)
+    _, rmu_ref, _, _ = reference(sampler, x, v_ref, 0 * x, s, s_next, [eta] * 3)
+    kl = samplers.kl_divergence(sampler, mu, mu_ref, std, frame_mask())
+    assert kl.item() == pytest.approx(reference_kl(sampler, rmu, rmu_ref, rstd), rel=1e-5)
+    if sampler != "flowcps":  # the Gaussian samplers really do scale by the variance
+        assert kl.item() != pytest.approx(reference_kl("flowcps", rmu, rmu_ref, rstd), rel=1e-3)
+
+
+def test_flowcps_near_eta_one_keeps_float32_precision():
+    """sqrt(sigma'^2 - s^2) computed as a difference of squares in float32 is off by ~4e-4 at eta 0.9999."""
+    sigmas = samplers.sigma_schedule(30, 5.0)
+    x, v, _ = draw(4)
+    for index in (0, 10, 27):
+        s, s_next = float(sigmas[index]), float(sigmas[index + 1])
+        mu, _ = samplers.transition("flowcps", t(x), t(v), s, s_next, 0.9999)
+        _, rmu, _, _ = reference("flowcps", x, v, 0 * x, s, s_next, [0.9999] * 3)
+        assert np.abs(mu.numpy() - rmu).max() < 1e-6
+
+
+def test_a_bfloat16_trajectory_stores_bf16_and_scores_the_stored_latent():
+    """The reference keeps the trajectory in bf16 and takes log p of the rounded x' (so replay sees the same)."""
+    sigmas = samplers.sigma_schedule(30, 5.0)
+    x, v, eps = draw(5)
+    xn, mu, logp = samplers.step("dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3, t(eps),
+                                 frame_mask(), torch.bfloat16)
+    assert xn.dtype == torch.bfloat16
+    _, std = samplers.transition("dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3)
+    torch.testing.assert_close(logp, samplers.log_prob("dancegrpo", xn.float(), mu, std, frame_mask()))
+    full, _, _ = samplers.step("dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3, t(eps))
+    assert torch.equal(xn, full.to(torch.bfloat16)) and not torch.equal(xn.float(), full)
 
 
 def test_flowcps_at_eta_zero_is_the_euler_step():
@@ -63,16 +122,6 @@ def test_flowcps_at_eta_zero_is_the_euler_step():
     xn, mu, logp = samplers.step("flowcps", x, v, 0.8, 0.6, 0.0, eps)
     torch.testing.assert_close(xn, x + (0.6 - 0.8) * v, rtol=1e-6, atol=1e-6)
     assert torch.all(logp == 0)
-
-
-def test_per_sample_eta_broadcasts():
-    x, v, eps = (torch.tensor(a, dtype=torch.float32) for a in draw(2))
-    etas = torch.tensor([0.0, 0.5, 1.0])
-    mean, std = samplers.transition("flowcps", x, v, 0.8, 0.6, etas)
-    for i, eta in enumerate(etas.tolist()):
-        m_i, s_i = samplers.transition("flowcps", x[i:i + 1], v[i:i + 1], 0.8, 0.6, eta)
-        torch.testing.assert_close(mean[i:i + 1], m_i)
-        assert float(std.flatten()[i]) == pytest.approx(float(s_i))
 
 
 def test_schedule_runs_from_one_to_zero_with_shift():
@@ -118,7 +167,26 @@ def test_trained_timesteps_keep_seventeen_of_twenty_nine_sorted_and_seeded():
     assert len(a) == 17 and a == sorted(a) and max(a) <= 28
     assert a == trained_timesteps(30, 0.6, 42, 0)
     assert a != trained_timesteps(30, 0.6, 42, 1)
-    assert len(trained_timesteps(101, 0.29, 0, 0)) == 29
+
+
+def test_trained_timestep_count_follows_the_reference_arithmetic():
+    """max(1, int((T - 1) x fraction)): int() of the float product, so 100 x 0.29 keeps 28; never none."""
+    assert len(trained_timesteps(101, 0.29, 0, 0)) == 28
+    assert trained_timesteps(30, 0.03, 0, 5) and len(trained_timesteps(30, 0.03, 0, 5)) == 1
+    assert trained_timesteps(30, 1.0, 0, 0) == list(range(29))
+
+
+def test_learning_rate_warms_up_from_zero_then_decays_by_cosine():
+    from videogrpo.grpo.lr_schedule import learning_rate
+
+    peak, warmup, total = 5e-6, 5, 7728
+    assert [learning_rate(k, warmup, total, peak) for k in range(6)] == pytest.approx([0, 1e-6, 2e-6, 3e-6, 4e-6, peak])
+    assert learning_rate(0, warmup, total, peak) == 0.0  # the first update does not move the weights
+    k = 3000
+    assert learning_rate(k, warmup, total, peak) == pytest.approx(
+        peak * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup))), rel=1e-12)
+    assert 0 < learning_rate(total - 1, warmup, total, peak) < peak * 1e-6  # nearly 0 at the last update
+    assert learning_rate(0, 0, 4, 1.0) == 1.0  # no warm-up: the cosine starts at the peak
 
 
 def test_counter_seeds_differ_per_counter():

@@ -57,6 +57,15 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def reduce_floats(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
+    """Sum (or max) each value over all ranks, in float64: metrics of every rank's share of the data."""
+    if not active():
+        return list(values)
+    buffer = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(buffer, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return buffer.tolist()
+
+
 def average_gradients(params: list[torch.nn.Parameter]) -> None:
     """All-reduce and average gradients of replicated parameters (one flat buffer, one collective)."""
     if not active():

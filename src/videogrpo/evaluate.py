@@ -1,4 +1,8 @@
-"""Evaluation: sample the held-out split with the trained transformer (and the base one), score, tabulate.
+"""Evaluation: sample the configured split with the trained transformer (and the base one), score, tabulate.
+
+The samples come from `evaluate.split`: the held-out part of the dataset (the tiny default), or the
+first samples of each task among the training prompts, sampled with fresh noise (the recipes train
+on every sample; the reference's separate evaluation set is issue 11's).
 
 Both variants see the same samples and the same noise (seeded by sample, not by order), so the
 per-task difference measures training, not sampling luck.
@@ -17,7 +21,7 @@ from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
-from videogrpo.models.wan import WanTI2V, set_attention_backend
+from videogrpo.models.wan import WanTI2V, load_transformer
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -25,10 +29,12 @@ BATCH = 4
 SEED_TAG = 0xE7A1
 
 
-def heldout_samples(dataset: Path, max_per_task: int | None) -> list[SampleRef]:
-    samples = load_split(dataset, "heldout")
+def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> list[SampleRef]:
+    """The first max_per_task samples of each task in `split` (task-grouped order)."""
+    samples = load_split(dataset, split)
     if not samples:
-        raise ConfigError(f"{dataset}: no held-out samples; set data.heldout_per_task > 0")
+        raise ConfigError(f"{dataset}: the {split!r} split is empty (evaluate.split = {split!r}); hold samples out "
+                          f"with data.heldout_per_task or evaluate the 'rl' split")
     if max_per_task is None:
         return samples
     kept, seen = [], {}
@@ -39,13 +45,6 @@ def heldout_samples(dataset: Path, max_per_task: int | None) -> list[SampleRef]:
     return kept
 
 
-def load_trained(model: WanTI2V, final_dir: Path, attention_backend: str) -> torch.nn.Module:
-    from diffusers import WanTransformer3DModel
-
-    trained = WanTransformer3DModel.from_pretrained(final_dir / "transformer", torch_dtype=model.dtype)
-    trained = trained.to(model.device)
-    set_attention_backend(trained, attention_backend)
-    return trained.eval()
 
 
 @torch.no_grad()
@@ -73,11 +72,10 @@ def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, sam
 
 def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalkit: Path, videos_dir: Path,
              device: torch.device) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Score the held-out samples, keeping each scored video under videos_dir; returns (scores, per-task table)."""
-    samples = heldout_samples(dataset, cfg.evaluate.max_samples_per_task)
-    backend = cfg.parallel.attention_backend
-    model = WanTI2V(model_dir, device, cfg.parallel.param_dtype, backend, cfg.model.max_text_tokens, cfg.model.kind)
-    variants = {"trained": load_trained(model, final_dir, backend)}
+    """Score the evaluation samples, keeping each scored video under videos_dir; returns (scores, per-task table)."""
+    samples = evaluation_samples(dataset, cfg.evaluate.split, cfg.evaluate.max_samples_per_task)
+    model = WanTI2V.from_config(model_dir, device, cfg)
+    variants = {"trained": load_transformer(final_dir / "transformer", device, cfg.parallel.attention_backend).eval()}
     if cfg.evaluate.compare_base:
         variants = {"base": model.transformer.eval(), **variants}
     rows = []

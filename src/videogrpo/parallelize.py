@@ -72,6 +72,26 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def describe_layout(model: torch.nn.Module) -> dict:
+    """Where the trainable parameters live: their dtype, and for sharded models the mesh and this rank's share.
+
+    Logged at the start of training and kept with the final weights, so a silent fallback to an
+    unsharded model, or master weights in a low precision, are visible and testable.
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    layout = {"parameters": len(params), "sharded": len(sharded),
+              "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params})}
+    if sharded:
+        mesh = sharded[0].device_mesh
+        layout.update(mesh_shape=list(mesh.shape), mesh_dims=list(mesh.mesh_dim_names or ()),
+                      placements=sorted({str(p.placements) for p in sharded}),
+                      local_fraction=sum(p.to_local().numel() for p in sharded) / sum(p.numel() for p in sharded))
+    return layout
+
+
 def compile_blocks(model: torch.nn.Module) -> None:
     """torch.compile each transformer block (GPU recipes; checked by preflight)."""
     for block in model.blocks:

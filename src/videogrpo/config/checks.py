@@ -17,7 +17,9 @@ CHOICES = {
     "data.source": ("hub", "synthetic"),
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
+    "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "evaluate.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
+    "evaluate.split": ("heldout", "rl"),
     "parallel.data_parallel": ("replicate", "fsdp", "hsdp"),
     "parallel.device": ("cpu", "cuda"),
     "parallel.backend": ("gloo", "nccl"),
@@ -30,14 +32,14 @@ POSITIVE = {
     "video.fps", "evalkit.workers", "evalkit.threads_per_worker", "evalkit.video_size", "evalkit.max_seconds",
     "reward.judge_frames", "reward.judge_concurrency", "grpo.sampling_steps", "grpo.shift", "grpo.group_size",
     "grpo.prompts_per_step", "grpo.prompts_per_wave", "grpo.clip_range", "grpo.delayed_clip_range",
-    "train.lr", "train.epochs", "train.max_steps", "train.batch_size", "train.save_steps",
+    "train.lr", "train.epochs", "train.max_steps", "train.batch_size",
     "train.keep_checkpoints", "train.max_grad_norm", "parallel.nodes", "parallel.procs_per_node",
     "slurm.cpus_per_node", "slurm.mem_mb_per_node", "slurm.train_minutes", "slurm.evaluate_minutes",
     "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes",
     "parallel.shard_group_size", "parallel.tensor_parallel", "parallel.cpu_threads", "evaluate.sampling_steps",
 }
 NON_NEGATIVE = {
-    "data.heldout_per_task", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
+    "data.heldout_per_task", "train.save_steps", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
     "train.weight_decay", "evaluate.eta", "evaluate.max_samples_per_task", "evalkit.crf", "model.tiny_seed",
     "slurm.gpus_per_node",
 }
@@ -74,8 +76,6 @@ def _data_problems(cfg: Config) -> list[str]:
     found = []
     if cfg.data.source == "hub" and not HEX40.match(cfg.data.revision):
         found.append(f"data.revision = {cfg.data.revision!r}: must be a 40-hex commit id (branch names are refused)")
-    if cfg.data.heldout_per_task == 0:
-        found.append("data.heldout_per_task = 0: the evaluate stage needs held-out samples; set it to 1 or more")
     if cfg.data.heldout_per_task >= cfg.data.samples_per_task:
         found.append(
             f"data.heldout_per_task = {cfg.data.heldout_per_task}: must be < data.samples_per_task "
@@ -119,17 +119,35 @@ def _video_problems(cfg: Config) -> list[str]:
 
 
 def _grpo_problems(cfg: Config) -> list[str]:
+    """The reference's sampler rules: a Flow-CPS eta in (0, 1] or a per-prompt range, a DanceGRPO eta > 0."""
     found = []
-    lo_hi = cfg.grpo.eta_range
-    if lo_hi is not None and (len(lo_hi) != 2 or not 0 <= lo_hi[0] <= lo_hi[1] <= 1):
-        found.append(f"grpo.eta_range = {lo_hi}: must be [lo, hi] with 0 <= lo <= hi <= 1")
-    if not 0 < cfg.grpo.timestep_fraction <= 1:
-        found.append(f"grpo.timestep_fraction = {cfg.grpo.timestep_fraction}: must be in (0, 1]")
-    if cfg.grpo.sampling_steps < 2:
-        found.append(f"grpo.sampling_steps = {cfg.grpo.sampling_steps}: must be >= 2 (the last step is never trained)")
-    if cfg.grpo.delayed_replay and not cfg.grpo.shared_prompts:
+    g = cfg.grpo
+    if g.eta_range is not None:
+        if len(g.eta_range) != 2 or not 0 <= g.eta_range[0] < g.eta_range[1] <= 1:
+            found.append(f"grpo.eta_range = {g.eta_range}: must be [lo, hi] with 0 <= lo < hi <= 1")
+        if g.sampler != "flowcps":
+            found.append(f"grpo.eta_range = {g.eta_range}: per-prompt noise levels need grpo.sampler = 'flowcps', "
+                         f"not {g.sampler!r}")
+    elif g.sampler == "flowcps" and not 0 < g.eta <= 1:
+        found.append(f"grpo.eta = {g.eta}: Flow-CPS needs 0 < eta <= 1 (0 is the deterministic Euler step, which "
+                     f"has no log-probability to train)")
+    if g.sampler == "dancegrpo" and g.eta <= 0:
+        found.append(f"grpo.eta = {g.eta}: DanceGRPO needs eta > 0 (its noise std eta sqrt(sigma - sigma') "
+                     f"must not vanish)")
+    if not 0 < g.timestep_fraction <= 1:
+        found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
+    if g.sampling_steps < 2:
+        found.append(f"grpo.sampling_steps = {g.sampling_steps}: must be >= 2 (the last step is never trained)")
+    if g.delayed_replay and not g.shared_prompts:
         found.append("grpo.delayed_replay = true: needs grpo.shared_prompts = true (REFERENCE section 4)")
     return found
+
+
+def _evaluate_problems(cfg: Config) -> list[str]:
+    if cfg.evaluate.split == "heldout" and cfg.data.heldout_per_task == 0:
+        return ["evaluate.split = 'heldout': data.heldout_per_task is 0, so no sample is held out; set "
+                "evaluate.split to 'rl' or hold samples out (which removes them from training)"]
+    return []
 
 
 def _parallel_problems(cfg: Config) -> list[str]:
@@ -146,6 +164,7 @@ CHECKS = (
     (("reward", "evalkit"), _reward_problems),
     (("video",), _video_problems),
     (("grpo",), _grpo_problems),
+    (("evaluate", "data"), _evaluate_problems),
     (("parallel",), _parallel_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
 )

@@ -40,8 +40,9 @@ class DataConfig:
     """File listing the expected tasks, one per line."""
     samples_per_task: int = 1000
     """Samples each task must have after unpacking."""
-    heldout_per_task: int = 4
-    """Samples per task held out of training for evaluation (chosen with shuffle_seed)."""
+    heldout_per_task: int = 0
+    """Samples per task held out of training (chosen with shuffle_seed) for evaluate.split `heldout`; the
+    released recipes train on every sample (0)."""
     gt_frames: int | None = None
     """Frame count every ground_truth.mp4 must decode to (null: any)."""
     gt_height: int | None = None
@@ -81,7 +82,8 @@ class EvalKitConfig:
     video_size: int = 1024
     """Side of the square the generated video is resized and padded to before scoring."""
     max_seconds: float = 5.0
-    """Longest stretch of generated video handed to the scorer."""
+    """Duration cap of the video handed to the scorer: every frame is kept and the frame rate raised to
+    max(video.fps, ceil(frames / max_seconds)) (vbvr_reward_max_duration_seconds; 5.0625 in the 5B recipes)."""
     crf: int = 12
     """x264 quality of the video handed to the scorer."""
     runtime: list[str] = field(default_factory=lambda: [
@@ -143,6 +145,12 @@ class GRPOConfig:
     """Weight of the KL to the frozen reference policy."""
     share_group_noise: bool = True
     """All members of a group start from one initial noise (dancegrpo_share_group_init_noise)."""
+    trajectory_dtype: str = "compute"
+    """Dtype of the stored rollout latents and of the timestep fed to the transformer: `compute`
+    (parallel.param_dtype: bf16 in the recipes, as the reference), `float32` or `bfloat16`."""
+    shuffle_advantages: bool = False
+    """Placebo control: permute each group's advantages among its members (seeded), keeping the reward
+    statistics and destroying the credit assignment; a real gain must beat this run's."""
 
 
 @dataclass
@@ -198,7 +206,7 @@ class ParallelConfig:
     compile: bool = True
     """torch.compile the transformer blocks."""
     param_dtype: str = "bfloat16"
-    """Dtype of parameters in compute."""
+    """Compute dtype of the transformer's forward and backward; master weights and AdamW state stay float32."""
     reduce_dtype: str = "float32"
     """Dtype of gradient reduction."""
     master_port: int = 29500
@@ -209,8 +217,11 @@ class ParallelConfig:
 
 @dataclass
 class EvaluateConfig:
-    max_samples_per_task: int | None = None
-    """Held-out samples scored per task (null: all)."""
+    split: str = "rl"
+    """Samples evaluated: `heldout` (held out of training by data.heldout_per_task) or `rl` (training
+    prompts, with fresh noise: the recipes train on every sample)."""
+    max_samples_per_task: int | None = 4
+    """Samples scored per task, the first of each task in the split (null: all)."""
     sampler: str = "flowcps"
     """Sampler of evaluation rollouts."""
     eta: float = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -63,16 +64,29 @@ def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.nda
     return np.stack(frames)
 
 
+def playback_fps(frames: int, fps: int, max_seconds: float) -> int:
+    """Frame rate that fits every frame into the duration cap: max(fps, ceil(frames / max_seconds)).
+
+    The reference's rule for the scorer video: 81 frames under 5.0625 s play at 16 fps, 161 at 32;
+    nothing is dropped, since evaluators score the last frame.
+    """
+    return max(fps, math.ceil(Fraction(frames) / Fraction(str(max_seconds))))
+
+
 def fit_square(frames: np.ndarray, side: int) -> np.ndarray:
-    """Resize keeping aspect ratio and pad with black to side x side (the scorer's input contract)."""
+    """Scale to fit without cropping (Lanczos, even sides) and pad with black to side x side, centred.
+
+    The scorer's input contract (the reference's ffmpeg scale with force_original_aspect_ratio=decrease,
+    force_divisible_by=2 and flags=lanczos, then pad).
+    """
     from PIL import Image
 
     _, height, width, _ = frames.shape
     scale = side / max(height, width)
-    new_h, new_w = max(2, round(height * scale)), max(2, round(width * scale))
+    new_h, new_w = (max(2, round(n * scale) // 2 * 2) for n in (height, width))
     top, left = (side - new_h) // 2, (side - new_w) // 2
     out = np.zeros((len(frames), side, side, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
-        resized = Image.fromarray(frame).resize((new_w, new_h), Image.BILINEAR)
+        resized = Image.fromarray(frame).resize((new_w, new_h), Image.LANCZOS)
         out[i, top:top + new_h, left:left + new_w] = np.asarray(resized)
     return out

@@ -7,7 +7,6 @@ resumed run draws exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +39,7 @@ def frame_mask(latent_frames: int, device: torch.device) -> torch.Tensor:
 @dataclass
 class Trajectory:
     latents: torch.Tensor
-    """x_0 (noise) .. x_T (clean), float32 [N, T + 1, C, F, h, w]."""
+    """x_0 (noise) .. x_T (clean), [N, T + 1, C, F, h, w] in the trajectory dtype (bf16 in the reference)."""
     log_probs: torch.Tensor
     """log p of each recorded transition, float32 [N, T]."""
     etas: torch.Tensor
@@ -50,40 +49,57 @@ class Trajectory:
 @torch.no_grad()
 def rollout(model, transformer: torch.nn.Module, embeds: torch.Tensor, condition: torch.Tensor,
             init_noise: torch.Tensor, sigmas: torch.Tensor, sampler: str, etas: torch.Tensor,
-            step_noise, guidance_scale: float = 1.0, negative_embeds: torch.Tensor | None = None) -> Trajectory:
+            step_noise, guidance_scale: float = 1.0) -> Trajectory:
     """Denoise init_noise [N, C, F, h, w] conditioned on latent frame 0 = condition [N, C, 1, h, w].
 
-    `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i.
+    `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
+    model's trajectory dtype, as replay will see them.
     """
     mask = frame_mask(init_noise.shape[2], init_noise.device)
-    x = init_noise.float().clone()
+    dtype = model.trajectory_dtype
+    condition = condition.to(dtype)
+    x = init_noise.to(dtype).clone()
     x[:, :, :1] = condition
     states, log_probs = [x], []
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-        v = model.velocity(transformer, x, sigma, embeds, negative_embeds, guidance_scale)
-        x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask)
+        v = model.velocity(transformer, x, sigma, embeds, guidance_scale)
+        x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
         x[:, :, :1] = condition
         states.append(x)
         log_probs.append(logp)
     return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas)
 
 
+@dataclass
+class Replayed:
+    """One recorded transition recomputed by the current policy (with gradients)."""
+
+    log_prob: torch.Tensor
+    """log p of the recorded next latent, [N]."""
+    mean: torch.Tensor
+    """Transition mean mu, float32 [N, C, F, h, w]."""
+    std: torch.Tensor
+    """Transition noise std, broadcastable to mean."""
+
+
 def replay_log_prob(model, transformer: torch.nn.Module, trajectory: Trajectory, index: int, sigmas: torch.Tensor,
-                    sampler: str, embeds: torch.Tensor, guidance_scale: float = 1.0,
-                    negative_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recompute (with gradients) log p of the recorded transition `index`; also return the mean."""
+                    sampler: str, embeds: torch.Tensor, guidance_scale: float = 1.0) -> Replayed:
+    """Recompute log p of the recorded transition `index` under `transformer`."""
     x = trajectory.latents[:, index]
     x_next = trajectory.latents[:, index + 1]
     sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
     mask = frame_mask(x.shape[2], x.device)
-    v = model.velocity(transformer, x, sigma, embeds, negative_embeds, guidance_scale)
+    v = model.velocity(transformer, x, sigma, embeds, guidance_scale)
     mean, std = samplers.transition(sampler, x, v, sigma, sigma_next, trajectory.etas)
-    return samplers.log_prob(sampler, x_next, mean, std, mask), mean
+    return Replayed(samplers.log_prob(sampler, x_next, mean, std, mask), mean, std)
 
 
 def trained_timesteps(steps: int, fraction: float, seed: int, update: int) -> list[int]:
-    """floor((T - 1) x fraction) of the first T - 1 steps by a seeded permutation per update, sorted."""
-    keep = math.floor((steps - 1) * fraction + 1e-9)  # guard 0.29 x 100 = 28.999...96
+    """max(1, int((T - 1) x fraction)) of the first T - 1 steps by a seeded permutation per update, sorted.
+
+    int() of the float product, as the reference computes it: 100 x 0.29 keeps 28, not 29.
+    """
+    keep = max(1, int((steps - 1) * fraction))
     order = np.random.default_rng(counter_seed(seed, 0x7117, update)).permutation(steps - 1)
     return sorted(int(i) for i in order[:keep])

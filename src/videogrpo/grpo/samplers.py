@@ -2,7 +2,9 @@
 
 Each sampler maps (x, v, sigma, sigma') to a Gaussian transition: a mean mu, a noise std, and a
 log-probability of the next latent. Notation: x0_hat = x - sigma v, x1_hat = x + (1 - sigma) v.
-Transitions run in float32; what replay uses is the stored next latent.
+Transitions run in float32. The next latent is stored in the trajectory dtype (bf16 in the
+reference) and its log-probability is taken of the stored value, so that replaying it on-policy
+gives a ratio of exactly 1.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def transition(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sig
         std = sigma_next * torch.sin(eta * math.pi / 2)
         x0_hat = x - sigma * v
         x1_hat = x + (1 - sigma) * v
-        mean = (1 - sigma_next) * x0_hat + torch.sqrt((sigma_next ** 2 - std ** 2).clamp_min(0)) * x1_hat
+        # sqrt(sigma'^2 - s^2) in closed form: the difference of squares loses precision as eta -> 1.
+        mean = (1 - sigma_next) * x0_hat + sigma_next * torch.cos(eta * math.pi / 2) * x1_hat
         return mean, std
     if sampler == "dancegrpo":
         std = eta * math.sqrt(sigma - sigma_next)
@@ -76,10 +79,22 @@ def log_prob(sampler: str, x_next: torch.Tensor, mean: torch.Tensor, std: torch.
     return masked_mean(terms.expand_as(x_next), frame_mask)
 
 
+def kl_divergence(sampler: str, mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor,
+                  frame_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """KL term to the frozen reference policy (scalar): mean((mu - mu_ref)^2), divided by 2 s^2 for the
+    Gaussian samplers (Flow-CPS drops the variance, as its log-prob does); 0 where s vanishes."""
+    mse = masked_mean((mean.float() - ref_mean.float()) ** 2, frame_mask)
+    if sampler == "flowcps":
+        return mse.mean()
+    std = torch.as_tensor(std, dtype=torch.float32, device=mean.device).flatten().expand(mse.shape)
+    safe = torch.where(std > 1e-8, std, torch.ones_like(std))
+    return torch.where(std > 1e-8, mse / (2 * safe ** 2), torch.zeros_like(mse)).mean()
+
+
 def step(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float,
-         eta: float | torch.Tensor, noise: torch.Tensor,
-         frame_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample x' = mu + std eps; returns (x', mu, log p(x'))."""
+         eta: float | torch.Tensor, noise: torch.Tensor, frame_mask: torch.Tensor | None = None,
+         dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample x' = mu + std eps, stored in `dtype`; returns (x', mu, log p(x')) with log p of the stored x'."""
     mean, std = transition(sampler, x, v, sigma, sigma_next, eta)
-    x_next = mean + std * noise.float()
+    x_next = (mean + std * noise.float()).to(dtype)
     return x_next, mean, log_prob(sampler, x_next, mean, std, frame_mask)

@@ -1,12 +1,14 @@
 """The GRPO training loop that runs on every torchrun rank.
 
-The run is a list of actions from `replay.plan`: each prepares one global batch (every rank reads it
-whole and rolls out its share of each prompt's group, wave by wave, then submits the decoded videos
-to the reward pool) and, unless it is a delayed-replay prefill, replays prepared batches in one
-optimizer update: rewards collected and gathered over the ranks of each group, group-relative
-advantages, a PPO-clipped loss over a seeded subset of the recorded timesteps, gradients reduced by
-FSDP or one all-reduce. Rewards of a batch are scored while the next one rolls out. Checkpoints follow
-flushing updates, so they never hold prepared work.
+The run is a list of actions from `replay.plan`: each consumes one global batch, which it prepares
+unless a delayed-replay flush skips it (every rank reads the batch whole and rolls out its share of
+each prompt's group, wave by wave, then submits the decoded videos to the reward pool), and, unless
+it is a prefill, replays one prepared batch in one optimizer update: rewards collected and gathered
+over the ranks of each group, group-relative advantages, a PPO-clipped loss over a seeded subset of
+the recorded timesteps, gradients reduced by FSDP or one all-reduce, the learning rate of
+`lr_schedule`. Rewards of a batch are scored while the next one rolls out. Checkpoints follow
+flushing updates, so they never hold prepared work. Master weights and AdamW state are float32;
+`parallel.param_dtype` is only the compute dtype. Logged metrics are reduced over all ranks.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, replay
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.loss import ppo_loss
-from videogrpo.grpo.rollout import (Trajectory, frame_mask, replay_log_prob, rollout, seeded_normal, seeded_uniform,
-                                    trained_timesteps)
-from videogrpo.grpo.samplers import masked_mean, sigma_schedule
+from videogrpo.grpo.lr_schedule import learning_rate
+from videogrpo.grpo.rollout import (Trajectory, counter_seed, frame_mask, replay_log_prob, rollout, seeded_normal,
+                                    seeded_uniform, trained_timesteps)
+from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
-from videogrpo.models.wan import WanTI2V
+from videogrpo.models.wan import DTYPES, WanTI2V
 from videogrpo.rewards.rule import RuleScorer, score_request
 
 
@@ -104,37 +107,33 @@ class Trainer:
             raise ConfigError("not implemented by this trainer: " + "; ".join(missing))
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
         torch.manual_seed(cfg.train.seed + ctx.rank)
-        self.model = WanTI2V(paths.model, ctx.device, cfg.parallel.param_dtype, cfg.parallel.attention_backend,
-                             cfg.model.max_text_tokens, cfg.model.kind)
+        self.model = WanTI2V.from_config(paths.model, ctx.device, cfg)
         transformer = self.model.transformer
         if cfg.train.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         self.reference = None
-        if cfg.grpo.kl_coeff > 0:
-            self.reference = copy.deepcopy(transformer).eval().requires_grad_(False)
+        if cfg.grpo.kl_coeff > 0:  # frozen: its weights may live in the compute dtype
+            self.reference = copy.deepcopy(transformer).to(DTYPES[cfg.parallel.param_dtype]).eval()
+            self.reference.requires_grad_(False)
         if cfg.parallel.compile:
             parallelize.compile_blocks(transformer)
         self.transformer = parallelize.apply_data_parallel(transformer, cfg, ctx.world_size, ctx.device)
         self.transformer.train()
+        self.layout = parallelize.describe_layout(self.transformer)
         self.params = [p for p in self.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
         self.order = training_order(load_split(paths.dataset, "rl"), cfg.data.shuffle_seed)
         self.actions = run_plan(cfg, len(self.order))
         self.total = replay.total_updates(self.actions)
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, cfg.grpo.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
-        self.negative = self.model.encode_prompts([""]) if cfg.grpo.guidance_scale != 1.0 else None
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
         self.scorer = RuleScorer(paths.evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker)
         self.tracker: Tracker | None = None
+        self.rolled_out: list[int] = []
+        """Batches rolled out since the last update (logged with it: skipped batches never appear)."""
 
     # ---- preparing a batch: rollouts and reward submission -----------------------------------------
-
-    def _negative(self, n: int) -> torch.Tensor | None:
-        return None if self.negative is None else self.negative.expand(n, -1, -1)
 
     def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
         cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
@@ -155,8 +154,7 @@ class Trainer:
 
         with torch.no_grad():
             trajectory = rollout(self.model, self.transformer, embeds, condition, init, self.sigmas,
-                                 cfg.grpo.sampler, etas, step_noise, cfg.grpo.guidance_scale,
-                                 self._negative(len(rows)))
+                                 cfg.grpo.sampler, etas, step_noise, cfg.grpo.guidance_scale)
         chunk = Chunk([j for j, _ in rows], [g for _, g in rows], samples, trajectory, embeds)
         videos = self.model.decode(trajectory.latents[:, -1])
         chunk.futures = [self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
@@ -167,6 +165,7 @@ class Trainer:
         t0 = time.monotonic()
         epoch, prompts = batch_for_step(self.order, self.cfg.grpo.prompts_per_step, batch_index)
         chunks = [self._rollout_wave(batch_index, prompts, rows) for rows in self.waves]
+        self.rolled_out.append(batch_index)
         return Prepared(batch_index, epoch, chunks, time.monotonic() - t0)
 
     # ---- replaying prepared batches: one optimizer update ------------------------------------------
@@ -185,6 +184,8 @@ class Trainer:
         if torch.isnan(table).any():
             raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
         adv = group_advantages(table)
+        if self.cfg.grpo.shuffle_advantages:
+            adv = shuffled_within_groups(adv, self.cfg.train.seed, prepared.batch)
         for chunk in prepared.chunks:
             chunk.advantages = torch.stack([adv[j, g] for j, g in zip(chunk.prompts, chunk.members)]).to(
                 self.ctx.device)
@@ -193,55 +194,57 @@ class Trainer:
             per_task.setdefault(task, []).append(score)
         return {"rewards": table, "advantages": adv, "per_task": per_task}
 
-    def update(self, action: replay.Action, prepared: list[Prepared]) -> dict:
-        cfg = self.cfg
+    def update(self, action: replay.Action, prepared: Prepared) -> dict:
+        """One optimizer update replaying `prepared`; returns the update's metrics, reduced over all ranks."""
+        cfg, g = self.cfg, self.cfg.grpo
         t0 = time.monotonic()
-        gathered = [self._advantages(p) for p in prepared]
+        gathered = self._advantages(prepared)
         t1 = time.monotonic()
-        timesteps = trained_timesteps(cfg.grpo.sampling_steps, cfg.grpo.timestep_fraction, cfg.train.seed,
-                                      action.update)
-        clip = cfg.grpo.delayed_clip_range if cfg.grpo.delayed_replay else cfg.grpo.clip_range
-        chunks = [c for p in prepared for c in p.chunks]
-        micro = len(timesteps) * len(chunks)
-        sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_ratio_mean", "ppo_clip_fraction", "ppo_approx_kl"), 0.0)
+        timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
+        clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
+        # Each rollout's loss counts once per trained timestep in a global mean over |T| x G x P terms;
+        # FSDP and the all-reduce average gradients over ranks, hence the world size.
+        normalizer = len(timesteps) * g.group_size * g.prompts_per_step
+        grad_scale = self.ctx.world_size / normalizer
+        sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl"), 0.0)
         ratio_abs_max = 0.0
         for index in timesteps:
-            for chunk in chunks:
-                negative = self._negative(len(chunk.prompts))
-                logp, mean = replay_log_prob(self.model, self.transformer, chunk.trajectory, index, self.sigmas,
-                                             cfg.grpo.sampler, chunk.embeds, cfg.grpo.guidance_scale, negative)
-                loss, stats = ppo_loss(logp, chunk.trajectory.log_probs[:, index], chunk.advantages, clip)
+            for chunk in prepared.chunks:
+                rows = len(chunk.prompts)
+                new = replay_log_prob(self.model, self.transformer, chunk.trajectory, index, self.sigmas,
+                                      g.sampler, chunk.embeds, g.guidance_scale)
+                loss, stats = ppo_loss(new.log_prob, chunk.trajectory.log_probs[:, index], chunk.advantages, clip)
                 kl = torch.zeros((), device=loss.device)
                 if self.reference is not None:
                     with torch.no_grad():
-                        _, ref_mean = replay_log_prob(self.model, self.reference, chunk.trajectory, index,
-                                                      self.sigmas, cfg.grpo.sampler, chunk.embeds,
-                                                      cfg.grpo.guidance_scale, negative)
-                    kl = masked_mean((mean - ref_mean) ** 2, frame_mask(mean.shape[2], mean.device)).mean()
-                ((loss + cfg.grpo.kl_coeff * kl) / micro).backward()
+                        ref = replay_log_prob(self.model, self.reference, chunk.trajectory, index, self.sigmas,
+                                              g.sampler, chunk.embeds, g.guidance_scale)
+                    kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, frame_mask(new.mean.shape[2],
+                                                                                           new.mean.device))
+                ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
                 for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()),
                                    ("ppo_ratio_mean", stats.ratio_mean), ("ppo_clip_fraction", stats.clip_fraction),
                                    ("ppo_approx_kl", stats.approx_kl)):
-                    sums[key] += value / micro
+                    sums[key] += value * rows
                 ratio_abs_max = max(ratio_abs_max, stats.ratio_abs_max)
         parallelize.reduce_gradients(self.transformer, self.params)
         grad_norm = parallelize.clip_grad_norm(self.params, cfg.train.max_grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = learning_rate(action.update - 1, cfg.train.warmup_steps, self.total, cfg.train.lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         t2 = time.monotonic()
-        rewards = torch.cat([g["rewards"] for g in gathered])
-        per_task: dict[str, list[float]] = {}
-        for g in gathered:
-            for task, scores in g["per_task"].items():
-                per_task.setdefault(task, []).extend(scores)
+        reduced = distributed.reduce_floats(list(sums.values()), self.ctx.device)
+        means = {key: total / normalizer for key, total in zip(sums, reduced)}
+        [ratio_abs_max] = distributed.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
+        rewards = gathered["rewards"]
         peak = torch.cuda.max_memory_allocated() if self.ctx.device.type == "cuda" else 0
-        return dict(sums, step=action.update, epoch=prepared[-1].epoch, batches=[p.batch for p in prepared],
+        return dict(means, step=action.update, epoch=prepared.epoch, replayed_batch=prepared.batch,
                     reward_mean=rewards.mean().item(), reward_std=rewards.std().item(),
                     reward_std_within_group=rewards.std(dim=1).mean().item(),
-                    advantage_mean=torch.cat([g["advantages"] for g in gathered]).mean().item(),
-                    reward_per_task={t: float(np.mean(v)) for t, v in sorted(per_task.items())},
+                    advantage_mean=gathered["advantages"].mean().item(),
+                    reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
                     ppo_ratio_abs_max=ratio_abs_max, ppo_clip_range=clip, grad_norm=grad_norm, learning_rate=lr,
                     delayed_replay_staleness=action.staleness, trained_timesteps=len(timesteps),
                     peak_memory_bytes=peak, time_reward_wait_s=t1 - t0, time_replay_s=t2 - t1)
@@ -254,7 +257,6 @@ class Trainer:
         latest = checkpoint.latest_complete(self.paths.checkpoints) if cfg.train.auto_resume else None
         if latest is not None:
             state = checkpoint.load(latest, self.transformer, self.optimizer, self.ctx.rank)
-            self.scheduler.load_state_dict(state["scheduler"])
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
@@ -264,7 +266,6 @@ class Trainer:
                                     self.ctx.rank, restore_rng=not weights_only)
             self._log(f"initialised from {source} ({'weights only' if weights_only else 'full state'})")
             if not weights_only:
-                self.scheduler.load_state_dict(state["scheduler"])
                 return state["next_action"]
         return 0
 
@@ -274,8 +275,7 @@ class Trainer:
 
     def _checkpoint(self, action_index: int, update: int) -> None:
         checkpoint.save(self.paths.checkpoints, update, self.transformer, self.optimizer,
-                        {"update": update, "next_action": action_index + 1, "scheduler": self.scheduler.state_dict(),
-                         "run_id": self.run_id}, self.ctx.rank, self.cfg.train.keep_checkpoints)
+                        {"update": update, "next_action": action_index + 1, "run_id": self.run_id}, self.ctx.rank, self.cfg.train.keep_checkpoints)
 
     def run(self) -> None:
         self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -288,19 +288,25 @@ class Trainer:
         mode = "delayed replay" if self.cfg.grpo.delayed_replay else "synchronous"
         self._log(f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
                   f"{self.cfg.parallel.data_parallel}, starting at batch {start}")
+        self._log(f"parameters: {json.dumps(self.layout)}")
         slot: Prepared | None = None
         try:
             for index in range(start, len(self.actions)):
                 action = self.actions[index]
                 t0 = time.monotonic()
-                fresh = self.prepare(action.batch)
+                fresh = self.prepare(action.batch) if action.prepare else None
                 if action.update is None:
                     slot = fresh
                     continue
-                replayed = [p for p in (slot, fresh) if p is not None and p.batch in action.replay]
-                metrics = self.update(action, replayed)
+                target = fresh if action.replay == action.batch else slot
+                if target is None or target.batch != action.replay:
+                    raise RuntimeError(f"action {index}: batch {action.replay} is not prepared (the plan and the "
+                                       f"trainer disagree)")
+                metrics = self.update(action, target)
                 slot = None if action.flush else fresh
-                metrics.update(time_rollout_s=fresh.time_rollout_s, time_step_s=time.monotonic() - t0)
+                metrics.update(rolled_out_batches=self.rolled_out, time_step_s=time.monotonic() - t0,
+                               time_rollout_s=fresh.time_rollout_s if fresh else 0.0)
+                self.rolled_out = []
                 self.tracker.record(metrics)
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
                     self._checkpoint(index, action.update)
@@ -319,8 +325,17 @@ class Trainer:
             plain.load_state_dict(state)
             with atomic.atomic_directory(self.paths.final) as tmp:
                 plain.to(torch.float32).save_pretrained(str(tmp / "transformer"))
-                (tmp / "training_state.json").write_text(json.dumps({"run_id": self.run_id, "updates": self.total},
-                                                                    indent=2) + "\n")
+                (tmp / "training_state.json").write_text(json.dumps(
+                    {"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n")
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")
         distributed.barrier()
+
+
+def shuffled_within_groups(advantages: torch.Tensor, seed: int, batch: int) -> torch.Tensor:
+    """The placebo control (grpo.shuffle_advantages): each group's advantages permuted among its members."""
+    out = advantages.clone()
+    for j in range(advantages.shape[0]):
+        order = np.random.default_rng(counter_seed(seed, 0x5A5A, batch, j)).permutation(advantages.shape[1])
+        out[j] = advantages[j, torch.from_numpy(order)]
+    return out

@@ -4,10 +4,19 @@ Rollouts and training call the transformer directly (not the pipeline's __call__
 denoising transition must be recorded and replayed. Conventions follow diffusers' Wan pipelines
 with `expand_timesteps=True`: latents are normalised with the VAE's latents_mean/std, latent frame 0
 holds the VAE-encoded first frame at timestep 0, and the timestep is sigma x 1000 per token.
+
+Precision (REFERENCE section 4): the transformer is loaded in float32, since its parameters are the
+master weights AdamW updates; the compute dtype (`parallel.param_dtype`) is applied by FSDP2's
+mixed-precision policy for sharded models and by autocast otherwise. The rollout trajectory and the
+timestep handed to the transformer are kept in the trajectory dtype (`grpo.trajectory_dtype`): the
+reference keeps both in bf16, so 937.5 reaches the transformer as 936.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +27,19 @@ from videogrpo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NUM_TRAIN_TIMESTEPS = 1000
+
+
+def trajectory_dtype(setting: str, compute_dtype: str) -> torch.dtype:
+    """grpo.trajectory_dtype resolved: `compute` follows parallel.param_dtype (the reference with bf16)."""
+    return DTYPES[compute_dtype if setting == "compute" else setting]
+
+
+def clean_prompt(text: str) -> str:
+    """The Wan pipelines' prompt cleaning: ftfy, HTML unescaped twice, whitespace collapsed, stripped."""
+    import ftfy
+
+    text = html.unescape(html.unescape(ftfy.fix_text(text)))
+    return re.sub(r"\s+", " ", text).strip()
 
 
 def set_attention_backend(model: torch.nn.Module, name: str) -> None:
@@ -45,24 +67,23 @@ class LatentGeometry:
 class WanTI2V:
     """The frozen parts (tokenizer, text encoder, VAE) and the trainable transformer of a TI2V pipeline."""
 
-    def __init__(self, model_dir: str | Path, device: torch.device, param_dtype: str = "float32",
-                 attention_backend: str = "native", max_text_tokens: int = 512, kind: str = "ti2v"):
+    def __init__(self, model_dir: str | Path, device: torch.device, compute_dtype: str = "float32",
+                 attention_backend: str = "native", max_text_tokens: int = 512, kind: str = "ti2v",
+                 trajectory: str = "compute"):
         if kind != "ti2v":
             raise ConfigError(f"model.kind = {kind!r}: only 'ti2v' (Wan2.2 TI2V-5B layout) is implemented so far")
-        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer, UMT5EncoderModel
 
         model_dir = Path(model_dir)
         self.device = device
-        self.dtype = DTYPES[param_dtype]
+        self.compute_dtype = DTYPES[compute_dtype]
+        self.trajectory_dtype = trajectory_dtype(trajectory, compute_dtype)
         self.max_text_tokens = max_text_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
         self.text_encoder = UMT5EncoderModel.from_pretrained(model_dir / "text_encoder").to(device).eval()
         self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae").to(device).eval()
-        # torch_dtype at load keeps the modules diffusers wants in float32 (norms, time embedding) there.
-        self.transformer = WanTransformer3DModel.from_pretrained(model_dir / "transformer",
-                                                                 torch_dtype=self.dtype).to(device)
-        set_attention_backend(self.transformer, attention_backend)
+        self.transformer = load_transformer(model_dir / "transformer", device, attention_backend)
         for frozen in (self.text_encoder, self.vae):
             frozen.requires_grad_(False)
         vae_cfg = self.vae.config
@@ -73,6 +94,12 @@ class WanTI2V:
         self.temporal = vae_cfg.scale_factor_temporal
         self._prompt_cache: dict[str, torch.Tensor] = {}
 
+    @classmethod
+    def from_config(cls, model_dir: str | Path, device: torch.device, cfg) -> "WanTI2V":
+        """The model as a run's config sets it up (compute and trajectory dtypes, attention, prompt length)."""
+        return cls(model_dir, device, cfg.parallel.param_dtype, cfg.parallel.attention_backend,
+                   cfg.model.max_text_tokens, cfg.model.kind, cfg.grpo.trajectory_dtype)
+
     def geometry(self, num_frames: int, height: int, width: int) -> LatentGeometry:
         return LatentGeometry(self.vae.config.z_dim, (num_frames - 1) // self.temporal + 1,
                               height // self.spatial, width // self.spatial,
@@ -80,7 +107,9 @@ class WanTI2V:
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
-        """UMT5 embeddings [B, L, D], zero beyond each prompt's tokens (as diffusers' Wan pipelines do)."""
+        """UMT5 embeddings [B, L, D] of the cleaned prompts, zero beyond each prompt's tokens (as diffusers' Wan
+        pipelines do), in the compute dtype."""
+        prompts = [clean_prompt(p) for p in prompts]
         missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
         if missing:
             tokens = self.tokenizer(missing, padding="max_length", max_length=self.max_text_tokens,
@@ -90,7 +119,7 @@ class WanTI2V:
             hidden = hidden * mask.unsqueeze(-1)
             for prompt, embeds in zip(missing, hidden):
                 self._prompt_cache[prompt] = embeds
-        return torch.stack([self._prompt_cache[p] for p in prompts]).to(self.dtype)
+        return torch.stack([self._prompt_cache[p] for p in prompts]).to(self.compute_dtype)
 
     @torch.no_grad()
     def encode_first_frames(self, images: np.ndarray) -> torch.Tensor:
@@ -113,32 +142,53 @@ class WanTI2V:
         video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         return video.permute(0, 2, 3, 4, 1).cpu().numpy()
 
+    def autocast(self, transformer: torch.nn.Module):
+        """Compute-dtype context of a forward: FSDP2's policy casts sharded models itself; others autocast."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.compute_dtype == torch.float32 or isinstance(transformer, FSDPModule):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
     def velocity(self, transformer: torch.nn.Module, x: torch.Tensor, sigma: float, embeds: torch.Tensor,
-                 negative_embeds: torch.Tensor | None = None, guidance_scale: float = 1.0) -> torch.Tensor:
-        """Flow velocity at noise level sigma; latent frame 0 gets timestep 0 (it is the clean condition)."""
+                 guidance_scale: float = 1.0) -> torch.Tensor:
+        """Flow velocity (float32) at noise level sigma; latent frame 0 gets timestep 0 (the clean condition).
+
+        Classifier-free guidance only when the scale is > 1, with zero text embeddings as the
+        unconditional branch (the reference's rule).
+        """
         batch, _, frames, height, width = x.shape
         _, ph, pw = self.transformer.config.patch_size
         per_frame = (height // ph) * (width // pw)
         timestep = torch.full((batch, frames, per_frame), sigma * NUM_TRAIN_TIMESTEPS, device=x.device)
         timestep[:, 0] = 0.0
-        timestep = timestep.flatten(1)
-        out = transformer(hidden_states=x.to(self.dtype), timestep=timestep, encoder_hidden_states=embeds,
-                          return_dict=False)[0].float()
-        if guidance_scale != 1.0:
-            if negative_embeds is None:
-                raise ValueError("guidance_scale != 1 needs negative prompt embeddings")
-            uncond = transformer(hidden_states=x.to(self.dtype), timestep=timestep,
-                                 encoder_hidden_states=negative_embeds, return_dict=False)[0].float()
-            out = uncond + guidance_scale * (out - uncond)
+        timestep = timestep.flatten(1).to(self.trajectory_dtype)
+        hidden = x.to(self.compute_dtype)
+        with self.autocast(transformer):
+            out = transformer(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds,
+                              return_dict=False)[0].float()
+            if guidance_scale > 1.0:
+                uncond = transformer(hidden_states=hidden, timestep=timestep,
+                                     encoder_hidden_states=torch.zeros_like(embeds), return_dict=False)[0].float()
+                out = uncond + guidance_scale * (out - uncond)
         return out
 
 
+def load_transformer(path: Path, device: torch.device, attention_backend: str) -> torch.nn.Module:
+    """A Wan transformer in float32 (master weights: compute dtypes are applied per forward)."""
+    from diffusers import WanTransformer3DModel
+
+    transformer = WanTransformer3DModel.from_pretrained(path, torch_dtype=torch.float32).to(device)
+    set_attention_backend(transformer, attention_backend)
+    return transformer
+
+
 def load_first_frames(paths: list[Path], height: int, width: int) -> np.ndarray:
-    """Read first-frame PNGs resized to the generation size, uint8 [B, H, W, 3]."""
+    """Read first-frame PNGs resized (Lanczos, as the reference) to the generation size, uint8 [B, H, W, 3]."""
     from PIL import Image
 
     frames = []
     for path in paths:
         with Image.open(path) as image:
-            frames.append(np.asarray(image.convert("RGB").resize((width, height), Image.BICUBIC)))
+            frames.append(np.asarray(image.convert("RGB").resize((width, height), Image.LANCZOS)))
     return np.stack(frames)

@@ -1,7 +1,8 @@
 """The rule reward: the pinned EvalKit's evaluators, called in a CPU process pool, submit now, collect later.
 
-Per sample a worker writes the generated video the way the EvalKit expects it (MP4 at the data's
-fps, resized and padded to a square, capped in length, x264 at a fixed CRF), calls
+Per sample a worker writes the generated video the way the EvalKit expects it (every frame kept,
+resized with Lanczos and padded to a square, the frame rate raised to fit the duration cap, x264 at a
+fixed CRF), calls
 `run_evaluation.evaluate_single_video(..., device="cpu")` from the checkout, and checks the contract:
 a finite score in [0, 1]. Tasks the EvalKit does not know score `unsupported_score` with a warning.
 """
@@ -72,16 +73,16 @@ def gt_info(sample_dir: str) -> dict:
 
 def score_one(request: ScoreRequest) -> dict:
     """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract."""
-    from videogrpo.data.video import fit_square, write_mp4
+    from videogrpo.data.video import fit_square, playback_fps, write_mp4
 
     run_evaluation, evaluator_map = _EVALKIT
     if request.task not in evaluator_map:
         return {"score": request.unsupported_score, "dimensions": {}, "unsupported": request.task}
-    frames = request.frames[: max(1, int(request.max_seconds * request.fps))]
-    frames = fit_square(frames, request.video_size)
+    fps = playback_fps(len(request.frames), request.fps, request.max_seconds)
+    frames = fit_square(request.frames, request.video_size)
     with tempfile.TemporaryDirectory() as tmp:
         path = request.keep_video or os.path.join(tmp, "generated.mp4")
-        write_mp4(path, frames, fps=request.fps, crf=request.crf)
+        write_mp4(path, frames, fps=fps, crf=request.crf)
         result = run_evaluation.evaluate_single_video(path, request.task, gt_info(request.sample_dir), device="cpu")
     score = result.get("score")
     if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0.0 <= score <= 1.0:

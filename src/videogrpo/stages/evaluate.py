@@ -1,4 +1,4 @@
-"""evaluate: held-out samples rolled out with the trained (and base) transformer, scored, tabulated."""
+"""evaluate: samples of evaluate.split rolled out with the trained (and base) transformer, scored, tabulated."""
 
 from __future__ import annotations
 
