@@ -324,7 +324,7 @@ class Trainer:
             plain = WanTransformer3DModel.from_config(self.model.transformer.config)
             plain.load_state_dict(state)
             with atomic.atomic_directory(self.paths.final) as tmp:
-                plain.to(torch.float32).save_pretrained(str(tmp / "transformer"))
+                plain.save_pretrained(str(tmp / "transformer"))
                 (tmp / "training_state.json").write_text(json.dumps(
                     {"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n")
             metrics = self.paths.checkpoints / "metrics.jsonl"

@@ -1,0 +1,113 @@
+"""Running the trainer in tests: under torchrun (real worker processes, gloo) or in this process (a world of one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO
+
+TINY = yaml.safe_load((REPO / "config/config.yaml").read_text())
+
+
+def trainer_config(**sections) -> dict:
+    """The tiny default on the session's 3-sample tasks (one held out), sections updated as given."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["evalkit"]["path"] = str(REPO / cfg["evalkit"]["path"])
+    cfg["data"]["samples_per_task"], cfg["data"]["heldout_per_task"] = 3, 1
+    cfg["logging"] = {"wandb_mode": "disabled"}
+    for section, values in sections.items():
+        cfg[section].update(values)
+    return cfg
+
+
+def solo_config(**sections) -> dict:
+    """A world of one rank: one prompt per step (shared-prompt waves must divide the world)."""
+    cfg = trainer_config(parallel={"procs_per_node": 1}, grpo={"prompts_per_step": 1})
+    for section, values in sections.items():
+        cfg[section].update(values)
+    return cfg
+
+
+def launch(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={cfg['parallel']['procs_per_node']}", "-m", "videogrpo.grpo.worker",
+            "--config-json", json.dumps(cfg), "--run-id", "test", "--model", str(tiny_model), "--dataset", str(dataset),
+            "--evalkit", cfg["evalkit"]["path"], "--checkpoints", str(out / "checkpoints"), "--final", str(out / "final"),
+            "--metrics", str(out / "metrics.jsonl"), "--run-dir", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(args, env=env, stdout=open(out / "log.txt", "a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def train(cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None) -> bool:
+    """Run under torchrun to the end (True), or SIGKILL the whole process group once kill_when(out) holds (False)."""
+    proc = launch(cfg, out, tiny_model, dataset)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if kill_when is not None and kill_when(out):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return False
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, (out / "log.txt").read_text()[-5000:]
+    return True
+
+
+def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path):
+    """A Trainer of a world of one in this process (no torchrun): for options that need no second rank.
+
+    The caller runs it (`.run()`, which closes its scorer pool) or closes it (`.scorer.close()`).
+    """
+    import torch
+
+    from videogrpo import config, distributed
+    from videogrpo.grpo.trainer import Trainer, TrainPaths
+
+    resolved = config.from_dict(cfg)
+    torch.set_num_threads(resolved.parallel.cpu_threads)  # what distributed.init does in a worker
+    paths = TrainPaths(tiny_model, dataset, Path(cfg["evalkit"]["path"]), out / "checkpoints", out / "final",
+                       out / "metrics.jsonl", out)
+    return Trainer(resolved, paths, distributed.Context(0, 1, 0, torch.device("cpu")), "test")
+
+
+def train_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> Path:
+    trainer_in_process(cfg, out, tiny_model, dataset).run()
+    return out
+
+
+def weights(out: Path) -> bytes:
+    return (out / "final/transformer/diffusion_pytorch_model.safetensors").read_bytes()
+
+
+def tensors(out: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(out / "final/transformer/diffusion_pytorch_model.safetensors")
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def layout(out: Path) -> dict:
+    return json.loads((out / "final/training_state.json").read_text())["layout"]
+
+
+def adam_tolerance(lr: float, updates: int) -> float:
+    """How far two runs may drift when only the order of a gradient reduction differs.
+
+    AdamW normalises each parameter's step by its own gradient scale, so a rounding difference in a
+    near-zero gradient can move that parameter by up to lr per update; a tenth of that bound has held.
+    """
+    return 0.1 * lr * updates

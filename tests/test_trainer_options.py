@@ -1,0 +1,126 @@
+"""Trainer options, each checked by its effect in a world of one run in this process (tiny model, 2 updates).
+
+Guidance, the KL term, per-prompt noise levels, waves, shared group noise, gradient checkpointing and
+`resume_from` in both modes. Two-rank behaviour (sharding, reductions, resume after SIGKILL) is in
+test_trainer.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import metrics, solo_config, tensors, train_in_process, trainer_in_process, weights
+
+BASE = dict(train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3})
+
+
+def options(**sections) -> dict:
+    cfg = solo_config(**BASE)
+    for section, values in sections.items():
+        cfg[section].update(values)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model, dataset, tmp_path_factory):
+    return train_in_process(options(), tmp_path_factory.mktemp("baseline"), tiny_model, dataset)
+
+
+def strip_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def test_gradient_checkpointing_recomputes_exactly(baseline, tiny_model, dataset, tmp_path):
+    trainer = trainer_in_process(options(train={"gradient_checkpointing": True}), tmp_path, tiny_model, dataset)
+    checkpointed = trainer.transformer._gradient_checkpointing_func
+    calls = []
+    trainer.transformer._gradient_checkpointing_func = lambda *a, **k: calls.append(1) or checkpointed(*a, **k)
+    trainer.run()
+    assert calls  # the blocks really ran under activation checkpointing
+    out = tmp_path
+    assert weights(out) == weights(baseline)
+    assert strip_times(metrics(out)) == strip_times(metrics(baseline))
+
+
+def test_guidance_above_one_changes_the_rollouts_and_replays_them_exactly(baseline, tiny_model, dataset, tmp_path):
+    out = train_in_process(options(grpo={"guidance_scale": 3.0}), tmp_path, tiny_model, dataset)
+    guided, plain = metrics(out), metrics(baseline)
+    assert [m["reward_mean"] for m in guided] != [m["reward_mean"] for m in plain]
+    assert all(m["ppo_ratio_mean"] == 1.0 and m["ppo_ratio_abs_max"] == 0.0 for m in guided)  # replay guides too
+
+
+def test_the_kl_term_is_zero_at_the_reference_then_pulls_back(baseline, tiny_model, dataset, tmp_path):
+    out = train_in_process(options(grpo={"kl_coeff": 0.5}), tmp_path, tiny_model, dataset)
+    first, second = metrics(out)
+    assert first["kl_loss"] == 0.0  # the policy still is the reference
+    assert second["kl_loss"] > 0.0
+    assert weights(out) != weights(baseline)
+
+
+def prepared_chunk(cfg: dict, out, tiny_model, dataset, batch: int = 0):
+    trainer = trainer_in_process(cfg, out, tiny_model, dataset)
+    try:
+        [chunk] = trainer.prepare(batch).chunks
+        return trainer, chunk
+    finally:
+        trainer.scorer.close()
+
+
+def test_shared_group_noise_starts_every_member_from_one_noise(tiny_model, dataset, tmp_path):
+    _, shared = prepared_chunk(options(), tmp_path / "shared", tiny_model, dataset)
+    _, own = prepared_chunk(options(grpo={"share_group_noise": False}), tmp_path / "own", tiny_model, dataset)
+    x0_shared, x0_own = shared.trajectory.latents[:, 0], own.trajectory.latents[:, 0]
+    assert all(torch.equal(x0_shared[0], x) for x in x0_shared[1:])
+    assert not any(torch.equal(x0_own[0], x) for x in x0_own[1:])
+    assert not torch.equal(shared.trajectory.latents[0, -1], shared.trajectory.latents[1, -1])  # step noise differs
+
+
+def test_eta_range_draws_one_noise_level_per_prompt(tiny_model, dataset, tmp_path):
+    cfg = options(grpo={"eta_range": [0.1, 0.9]})
+    etas = [prepared_chunk(cfg, tmp_path / str(b), tiny_model, dataset, b)[1].trajectory.etas for b in (0, 1)]
+    for batch in etas:
+        assert len(set(batch.tolist())) == 1 and 0.1 <= batch[0] <= 0.9  # one prompt per batch here
+    assert etas[0][0] != etas[1][0] and etas[0][0] != 0.7
+
+
+def test_waves_roll_out_and_train_what_one_batch_of_whole_groups_does(tiny_model, dataset, tmp_path):
+    """Two waves of one prompt each against the same two prompts as one chunk (replica mode)."""
+    two = options(grpo={"prompts_per_step": 2, "prompts_per_wave": 1})
+    whole = options(grpo={"prompts_per_step": 2, "shared_prompts": False}, train={"batch_size": 2})
+    trainer = trainer_in_process(two, tmp_path / "probe", tiny_model, dataset)
+    trainer.scorer.close()
+    assert [[j for j, _ in rows] for rows in trainer.waves] == [[0] * 4, [1] * 4]
+    a = train_in_process(two, tmp_path / "waves", tiny_model, dataset)
+    b = train_in_process(whole, tmp_path / "whole", tiny_model, dataset)
+    for x, y in zip(metrics(a), metrics(b)):
+        assert x["reward_mean"] == pytest.approx(y["reward_mean"], abs=1e-4)
+        assert x["advantage_mean"] == pytest.approx(y["advantage_mean"], abs=1e-5)
+    ta, tb = tensors(a), tensors(b)
+    for key in ta:  # batch composition changes float rounding only
+        assert (ta[key] - tb[key]).abs().max() <= 1e-5, key
+
+
+def test_resume_from_with_full_state_continues_the_run_bit_identically(baseline, tiny_model, dataset, tmp_path):
+    source = baseline / "checkpoints/step-00000001"
+    out = train_in_process(options(train={"resume_from": str(source), "reset_dataloader": False}), tmp_path,
+                           tiny_model, dataset)
+    assert weights(out) == weights(baseline)
+    assert strip_times(metrics(out)) == strip_times(metrics(baseline)[1:])
+
+
+def test_resume_from_weights_only_restarts_optimizer_schedule_and_data(baseline, tiny_model, dataset, tmp_path):
+    source = str(baseline / "checkpoints/step-00000001")
+    starts, trainers = {}, {}
+    for reset in (True, False):
+        trainer = trainer_in_process(options(train={"resume_from": source, "reset_dataloader": reset}),
+                                     tmp_path / str(reset), tiny_model, dataset)
+        trainer.scorer.close()
+        starts[reset], trainers[reset] = trainer._resume(), trainer
+    assert starts == {True: 0, False: 1}  # weights only: from the first batch again
+    assert not trainers[True].optimizer.state and trainers[False].optimizer.state
+    fresh, loaded = trainers[True].transformer.state_dict(), trainers[False].transformer.state_dict()
+    assert all(torch.equal(fresh[k], loaded[k]) for k in fresh)  # the same weights either way
+    initial = trainer_in_process(options(), tmp_path / "initial", tiny_model, dataset)
+    initial.scorer.close()
+    assert not all(torch.equal(fresh[k], v) for k, v in initial.transformer.state_dict().items())
