@@ -1,6 +1,7 @@
 import copy
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -101,6 +102,58 @@ def test_a14b_batch_must_match_data_replicas(repo, monkeypatch):
         config.load(["config/recipes/rl_a14b_rule.yaml"], {"grpo": {"prompts_per_step": 32}})
 
 
+@pytest.mark.parametrize("grpo,message", [
+    ({"sampler": "flowcps", "eta": 0.0}, r"grpo\.eta = 0\.0: Flow-CPS needs 0 < eta <= 1"),
+    ({"sampler": "flowcps", "eta": 1.5}, r"grpo\.eta = 1\.5: Flow-CPS needs 0 < eta <= 1"),
+    ({"sampler": "dancegrpo", "eta": 0.0}, r"grpo\.eta = 0\.0: DanceGRPO needs eta > 0"),
+    ({"eta_range": [0.5, 0.5]}, r"grpo\.eta_range = \[0\.5, 0\.5\]: must be \[lo, hi\] with 0 <= lo < hi <= 1"),
+    ({"sampler": "dancegrpo", "eta_range": [0.0, 1.0]}, r"grpo\.eta_range = .*need grpo\.sampler = 'flowcps'"),
+])
+def test_the_reference_sampler_rules(grpo, message):
+    with pytest.raises(ConfigError, match=message):
+        config.from_dict({"grpo": grpo}, partial=True)
+
+
+def test_sampler_settings_the_reference_accepts():
+    for grpo in ({"sampler": "flowcps", "eta": 1.0}, {"sampler": "flowcps", "eta": 0.0, "eta_range": [0.0, 1.0]},
+                 {"sampler": "dancegrpo", "eta": 0.3}, {"sampler": "flowgrpo", "eta": 0.0}):
+        config.from_dict({"grpo": grpo}, partial=True)
+    assert config.from_dict({"train": {"save_steps": 0}}, partial=True).train.save_steps == 0  # no periodic save
+
+
+def test_held_out_evaluation_needs_held_out_samples():
+    with pytest.raises(ConfigError, match=r"evaluate\.split = 'heldout': data\.heldout_per_task is 0"):
+        config.from_dict({"data": {"heldout_per_task": 0}, "evaluate": {"split": "heldout"}}, partial=True)
+    config.from_dict({"data": {"heldout_per_task": 0}, "evaluate": {"split": "rl"}}, partial=True)
+
+
+@pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm"])
+def test_the_5b_recipes_train_on_all_50000_samples_in_7728_updates(repo, monkeypatch, tmp_path, recipe):
+    """The whole dataset trains (the reference's 1,562 batches per epoch), not 49,800 with 4 per task held out."""
+    from videogrpo.data.dataset import load_split, steps_per_epoch, training_order
+    from videogrpo.data.materialize import split
+    from videogrpo.data.video import playback_fps
+    from videogrpo.grpo.replay import total_updates
+    from videogrpo.grpo.trainer import run_plan
+
+    monkeypatch.chdir(repo)
+    cfg = config.load(["config/config.yaml", f"config/recipes/{recipe}.yaml"])
+    tasks = config.read_task_list(cfg.data.task_list)
+    index = {task: [f"{task}_{i:05d}" for i in range(cfg.data.samples_per_task)] for task in tasks}
+    manifest = [{"task": task, "source": task, "split": cfg.data.split_name, **ids}
+                for task, ids in split(index, cfg.data.heldout_per_task, cfg.data.shuffle_seed).items()]
+    (tmp_path / "dataset.json").write_text(json.dumps({"root": "raw"}))
+    (tmp_path / "splits.json").write_text(json.dumps(manifest))
+    train = load_split(tmp_path, "rl")
+    assert len(train) == 50_000 and not load_split(tmp_path, "heldout")
+    assert steps_per_epoch(len(train), cfg.grpo.prompts_per_step) == 1562
+    assert total_updates(run_plan(cfg, len(train))) == 7728
+    order = training_order(train, cfg.data.shuffle_seed)  # numpy default_rng(42) over the task-grouped index
+    assert order[0] == train[int(np.random.default_rng(42).permutation(50_000)[0])]
+    assert cfg.evaluate.split == "rl" and cfg.evaluate.max_samples_per_task == 4
+    assert playback_fps(cfg.video.num_frames, cfg.video.fps, cfg.evalkit.max_seconds) == 16  # 81 frames, 5.0625 s
+
+
 def test_run_identity_follows_the_training_contract_only(repo, monkeypatch):
     monkeypatch.chdir(repo)
     base = load_yaml(repo, "config/config.yaml")
@@ -122,7 +175,8 @@ def test_run_identity_follows_the_training_contract_only(repo, monkeypatch):
             assert config.run_identity(config.from_dict(data), tasks) != ident
         else:
             assert changed(section, field, value) != ident, (section, field)
-    for section, field, value in [("evaluate", "seed", 7), ("logging", "wandb_mode", "disabled"),
+    for section, field, value in [("evaluate", "seed", 7), ("evaluate", "split", "rl"),
+                                  ("logging", "wandb_mode", "disabled"),
                                   ("evalkit", "workers", 1), ("train", "keep_checkpoints", 5)]:
         assert changed(section, field, value) == ident, (section, field)
     assert config.run_identity(config.from_dict(base), tasks + "S-9_extra\n") != ident

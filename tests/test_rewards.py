@@ -111,3 +111,55 @@ def test_scorer_keeps_the_video_it_scored(scorer, dataset, tmp_path):
     keep = tmp_path / "kept.mp4"
     scorer.submit(request(sample, gt, keep_video=str(keep))).result()
     assert read_video(keep).shape == (gt.shape[0], 128, 128, 3)
+
+
+FRAME_PROBE = '''"""An EvalKit entry point that reports what reached it: frame count, frame rate, size, the last frame."""
+import av
+
+
+def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
+    with av.open(video_path) as container:
+        rate = float(container.streams.video[0].average_rate)
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    return {"score": 0.5, "dimensions": {"frames": len(frames), "fps": rate, "side": frames[0].shape[0],
+                                         "last_mean": float(frames[-1].mean())}}
+'''
+
+
+@pytest.mark.parametrize("frames,max_seconds,fps", [(161, 5.0625, 32), (81, 5.0625, 16), (161, 5.0, 33), (17, 5.0, 16)])
+def test_every_frame_reaches_the_evaluator_at_a_raised_frame_rate(evalkit, tmp_path, dataset, frames, max_seconds, fps):
+    """An A14B rollout of 161 frames keeps all of them (evaluators score the last one); the rate rises instead."""
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    (kit / "run_evaluation.py").write_text(FRAME_PROBE)
+    video = np.zeros((frames, 64, 96, 3), np.uint8)
+    video[-1] = 255  # only the last frame is white
+    sample = load_split(dataset, "rl")[0]
+    with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:
+        result = pool.submit(request(sample, video, max_seconds=max_seconds)).result()
+    seen = result["dimensions"]
+    assert seen["frames"] == frames and seen["fps"] == fps and seen["side"] == 128
+    assert seen["last_mean"] > 0.5 * 255 * 64 / 96  # the white frame, scaled to 128 x 85 and padded
+
+
+def test_playback_rate_follows_the_duration_cap():
+    from videogrpo.data.video import playback_fps
+
+    assert playback_fps(81, 16, 5.0625) == 16 and playback_fps(161, 16, 5.0625) == 32
+    assert playback_fps(81, 16, 5.0) == 17 and playback_fps(161, 16, 5.0) == 33 and playback_fps(5, 16, 5.0) == 16
+
+
+def test_scorer_frames_are_lanczos_scaled_to_fit_and_padded():
+    from PIL import Image
+
+    from videogrpo.data.video import fit_square
+
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (2, 64, 96, 3), dtype=np.uint8)
+    out = fit_square(frames, 128)
+    assert out.shape == (2, 128, 128, 3)
+    inner_h = round(64 * 128 / 96) // 2 * 2  # 85 rounded down to even, as ffmpeg's force_divisible_by=2
+    top = (128 - inner_h) // 2
+    expected = np.asarray(Image.fromarray(frames[1]).resize((128, inner_h), Image.LANCZOS))
+    assert np.array_equal(out[1, top:top + inner_h], expected)
+    assert not out[:, :top].any() and not out[:, top + inner_h:].any()
