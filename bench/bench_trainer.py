@@ -1,15 +1,16 @@
 """Benchmark: one-step-delayed replay against the synchronous loop, and the trainer's overhead.
 
-    .venv/bin/python bench/bench_trainer.py [--updates 12]
+    .venv/bin/python bench/bench_trainer.py [--updates 12] [--repeats 2]
 
 Everything runs side by side in one invocation on the tiny model and synthetic data, 2 gloo processes:
 1. calibration: a synchronous run with an instant reward measures rollout (R) and replay (T) per update;
 2. the reward gets a known latency (sleep, no CPU) sized so that scoring one batch takes W ~ R + T,
    where overlapping helps most; the same run goes synchronous and delayed;
-3. the raw compute of the same updates (the same rollouts and forward/backward passes, no rewards,
-   no gathering, no logging) runs under torchrun too.
-It prints the delayed/synchronous step-time ratio next to the ideal max(R + T, W) / (R + W + T), and
-the trainer's step time against the raw compute. Record the output in bench/RESULTS.md.
+3. the same work as a synchronous update in a plain loop (`bench/raw_compute.py`: rollouts, decoding,
+   scoring through the same pool, reward gathering, replay, clipping, AdamW) runs under torchrun too,
+   timed in the same windows as the trainer's metrics.
+Every configuration runs `--repeats` times, interleaved, so the spread between identical runs is
+printed next to every ratio: a ratio within that spread is noise. Record the output in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -90,48 +91,78 @@ def steady(values: list[float], skip: int = 2) -> float:
     return statistics.median(values[skip:])
 
 
+def spread(values: list[float]) -> float:
+    """(max - min) / median of repeated identical measurements."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def raw(root: Path, name: str, cfg: dict, model: Path, dataset: Path, kit: Path, updates: int) -> list[dict]:
+    log = root / f"{name}.log"
+    torchrun("bench.raw_compute", ["--config-json", json.dumps(cfg), "--model", str(model), "--dataset",
+                                   str(dataset), "--evalkit", str(kit), "--updates", str(updates)], 0.0, log)
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+WINDOWS = ("time_rollout_s", "time_reward_wait_s", "time_replay_s", "time_step_s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=12, help="optimizer updates per run")
+    parser.add_argument("--repeats", type=int, default=2, help="identical runs of every configuration")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="videogrpo-bench-"))
     try:
         model, dataset, kit = build_inputs(root)
-        calib = train(root, "calibration", config(kit, args.updates, False), model, dataset, 0.0)
-        cfg = config(kit, args.updates, False)
-        per_rank = cfg["grpo"]["group_size"] * cfg["grpo"]["prompts_per_step"] // 2
-        workers = cfg["evalkit"]["workers"]
+        sync_cfg, delayed_cfg = config(kit, args.updates, False), config(kit, args.updates, True)
+        calib = train(root, "calibration", sync_cfg, model, dataset, 0.0)
+        per_rank = sync_cfg["grpo"]["group_size"] * sync_cfg["grpo"]["prompts_per_step"] // 2
+        workers = sync_cfg["evalkit"]["workers"]
         # A latency-bound reward (a remote judge, or scoring on cores the trainer does not use): the
         # sleep alone takes about R + T per batch, where overlapping helps most.
         busy = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
         latency = round(busy / math.ceil(per_rank / workers), 3)
-        runs = {}
-        for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
-            runs[name] = (lat, train(root, f"sync-{name}", cfg, model, dataset, lat),
-                          train(root, f"delayed-{name}", config(kit, args.updates, True), model, dataset, lat))
-        raw_log = root / "raw.log"
-        torchrun("bench.raw_compute", ["--config-json", json.dumps(cfg), "--model", str(model), "--dataset",
-                                       str(dataset), "--updates", str(args.updates)], 0.0, raw_log)
-        raw = json.loads([line for line in raw_log.read_text().splitlines() if line.startswith("{")][-1])
+        runs: dict[str, list] = {}
+        for rep in range(args.repeats):
+            for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
+                runs.setdefault(f"sync-{name}", []).append(train(root, f"sync-{name}-{rep}", sync_cfg, model,
+                                                                 dataset, lat))
+                runs.setdefault(f"delayed-{name}", []).append(train(root, f"delayed-{name}-{rep}", delayed_cfg,
+                                                                    model, dataset, lat))
+            runs.setdefault("raw", []).append(raw(root, f"raw-{rep}", sync_cfg, model, dataset, kit, args.updates))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"tiny model, 17 frames 64x64, 8 sampling steps, 2 ranks x {per_rank} rollouts, {workers} scorer "
-          f"workers per rank, {args.updates} updates per run; medians after the first 2 updates")
-    print("| reward | latency/video | R rollout | T replay | W reward | sync step | delayed step | delayed/sync | ideal |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, (lat, sync, delayed) in runs.items():
-        rollout = steady([m["time_rollout_s"] for m in sync])
-        replay = steady([m["time_replay_s"] for m in sync])
-        reward = steady([m["time_reward_wait_s"] for m in sync])
-        t_sync = steady([m["time_step_s"] for m in sync])
-        t_delayed = steady([m["time_step_s"] for m in delayed if m["delayed_replay_staleness"] > 0.0])
+          f"workers per rank, {args.updates} updates per run, {args.repeats} identical runs per configuration; "
+          f"per run the median over updates after the first 2, then the median over runs")
+    print("\n| reward | latency/video | R rollout | T replay | W reward wait | sync step | delayed step | delayed/sync "
+          "| spread of identical runs (sync, delayed) | ideal |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
+        sync, delayed = runs[f"sync-{name}"], runs[f"delayed-{name}"]
+        window = {key: statistics.median(steady([m[key] for m in run]) for run in sync) for key in WINDOWS}
+        t_sync = [steady([m["time_step_s"] for m in run]) for run in sync]
+        t_delayed = [steady([m["time_step_s"] for m in run if m["delayed_replay_staleness"] > 0]) for run in delayed]
+        rollout, replay, reward = window["time_rollout_s"], window["time_replay_s"], window["time_reward_wait_s"]
         ideal = max(rollout + replay, reward) / (rollout + reward + replay)
-        print(f"| {name} | {lat:.3f} s | {rollout:.3f} | {replay:.3f} | {reward:.3f} | {t_sync:.3f} | {t_delayed:.3f} "
-              f"| {t_delayed / t_sync:.3f} | {ideal:.3f} |")
-    trainer_compute = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
-    print(f"trainer rollout + replay {trainer_compute:.3f} s vs raw rollout + forward/backward {raw['step_s']:.3f} s "
-          f"per update: overhead x{trainer_compute / raw['step_s']:.3f}; whole synchronous step with an instant "
-          f"reward {steady([m['time_step_s'] for m in calib]):.3f} s (adds decode, scoring, gathering)")
+        print(f"| {name} | {lat:.3f} s | {rollout:.3f} | {replay:.3f} | {reward:.3f} | {statistics.median(t_sync):.3f} "
+              f"| {statistics.median(t_delayed):.3f} | {statistics.median(t_delayed) / statistics.median(t_sync):.3f} "
+              f"| {spread(t_sync):.1%}, {spread(t_delayed):.1%} | {ideal:.3f} |")
+    print("\nTrainer overhead: synchronous updates with an instant reward, the trainer against the plain loop doing the "
+          "same work (seconds per update, medians)")
+    print("\n| window (what is timed) | trainer | plain loop | trainer / plain | spread of identical trainer runs "
+          "| spread of identical plain runs |")
+    print("|---|---|---|---|---|---|")
+    labels = {"time_rollout_s": "rollout: conditions, denoising, decode, submit to the scorer",
+              "time_reward_wait_s": "reward wait: collect scores, gather over ranks, advantages",
+              "time_replay_s": "replay: PPO loss over the trained timesteps, backward, all-reduce, clip, AdamW",
+              "time_step_s": "whole update (the three above)"}
+    for key, label in labels.items():
+        trainer = [steady([m[key] for m in run]) for run in runs["sync-cpu-bound"]]
+        plain = [steady([m[key] for m in run]) for run in runs["raw"]]
+        print(f"| {label} | {statistics.median(trainer):.3f} | {statistics.median(plain):.3f} "
+              f"| {statistics.median(trainer) / statistics.median(plain):.3f} | {spread(trainer):.1%} "
+              f"| {spread(plain):.1%} |")
 
 
 if __name__ == "__main__":
