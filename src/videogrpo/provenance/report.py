@@ -115,7 +115,7 @@ def render_html(provenance: dict[str, Any], metrics: list[dict], table: list[dic
         columns = ["step", "reward_mean", "reward_std", "policy_loss", "ppo_ratio_mean", "ppo_clip_fraction",
                    "grad_norm", "learning_rate", "time_step_s"]
         parts.append(_table(metrics, columns))
-    parts.append("<h2>Evaluation on held-out samples</h2>")
+    parts.append("<h2>Evaluation: trained against base, same samples and noise (evaluate.split)</h2>")
     if table:
         parts.append(_table(table, list(table[0].keys())))
     parts.append("<h2>Stages</h2>")
