@@ -64,7 +64,7 @@ def train(cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None)
     return True
 
 
-def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path):
+def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path, inputs: dict | None = None):
     """A Trainer of a world of one in this process (no torchrun): for options that need no second rank.
 
     The caller runs it (`.run()`, which closes its scorer pool) or closes it (`.scorer.close()`).
@@ -77,7 +77,7 @@ def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path):
     resolved = config.from_dict(cfg)
     torch.set_num_threads(resolved.parallel.cpu_threads)  # what distributed.init does in a worker
     paths = TrainPaths(tiny_model, dataset, Path(cfg["evalkit"]["path"]), out / "checkpoints", out / "final",
-                       out / "metrics.jsonl", out)
+                       out / "metrics.jsonl", out, inputs or {})
     return Trainer(resolved, paths, distributed.Context(0, 1, 0, torch.device("cpu")), "test")
 
 

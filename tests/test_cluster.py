@@ -110,8 +110,8 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
         cancelled, seen = None, []
         while time.monotonic() < deadline and driver.poll() is None:
             # Complete checkpoints of a run still training (the earlier test's finished run has a final).
-            marks = [m for m in checkout.glob("results/runs/*/checkpoints/*/step-*/COMPLETE")
-                     if not (m.parents[3] / "train/final").exists()]
+            marks = [m for m in checkout.glob("results/runs/*/checkpoints/step-*/COMPLETE")
+                     if not (m.parents[2] / "train/final").exists()]
             job = squeue_train_job()
             seen.append((len(marks), job))
             if marks and job:
@@ -127,8 +127,8 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
             driver.kill()
     assert driver.returncode != 0 and "Error in rule train" in output
     # The killed job left no output that looks complete: its run is the one with checkpoints and no final.
-    (run_dir,) = {p.parents[2] for p in checkout.glob("results/runs/*/checkpoints/*/step-*")
-                  if not (p.parents[2] / "train/final").exists()}
+    (run_dir,) = {p.parents[1] for p in checkout.glob("results/runs/*/checkpoints/step-*")
+                  if not (p.parents[1] / "train/final").exists()}
     out = run(["snakemake", *TEST_PROFILE, *override], checkout)
     assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
     log = (run_dir / "logs/train.log").read_text()

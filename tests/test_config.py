@@ -154,32 +154,67 @@ def test_the_5b_recipes_train_on_all_50000_samples_in_7728_updates(repo, monkeyp
     assert playback_fps(cfg.video.num_frames, cfg.video.fps, cfg.evalkit.max_seconds) == 16  # 81 frames, 5.0625 s
 
 
-def test_run_identity_follows_the_training_contract_only(repo, monkeypatch):
+def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract():
+    classes = {path: config.field_class(path) for path in config.field_paths()}  # raises on an unclassified one
+    assert set(classes.values()) == {config.CONTRACT, config.EXECUTION, config.EVALUATION, config.COSMETIC}
+    contract = config.training_contract(config.Config(), "T-1\n")
+    digested = {f"{section}.{name}" for section, fields in contract.items() for name in fields}
+    assert digested == {p for p, c in classes.items() if c == config.CONTRACT} - {"recipe"}
+
+
+IDENTITY_CASES = {
+    config.CONTRACT: [("train", "lr", 2e-4), ("grpo", "sampler", "dancegrpo"), ("model", "tiny_seed", 1),
+                      ("data", "synthetic_seed", 3), ("evalkit", "digest", "c" * 64), ("reward", "judge_frames", 8),
+                      ("parallel", "param_dtype", "bfloat16"), ("train", "save_steps", 3)],
+    config.EXECUTION: [("parallel", "master_port", 29600), ("parallel", "cpu_threads", 2),
+                       ("parallel", "attention_backend", "_native_math"), ("evalkit", "workers", 1),
+                       ("evalkit", "path", "elsewhere"), ("train", "keep_checkpoints", 5),
+                       ("train", "resume_from", "/ckpt/step-00000100"), ("train", "gradient_checkpointing", True),
+                       ("train", "resume_across_code_changes", True), ("logging", "wandb_mode", "disabled"),
+                       ("slurm", "partition", "gpu"), ("reward", "judge_port", 1)],
+    config.EVALUATION: [("evaluate", "seed", 7), ("evaluate", "split", "rl"), ("evaluate", "sampling_steps", 4)],
+    config.COSMETIC: [("data", "split_name", "renamed"), ("logging", "wandb_project", "elsewhere")],
+}
+
+
+@pytest.mark.parametrize("kind", list(IDENTITY_CASES))
+def test_only_contract_fields_change_the_run_identity(repo, monkeypatch, kind):
     monkeypatch.chdir(repo)
     base = load_yaml(repo, "config/config.yaml")
     tasks = (repo / "config/tasks/synthetic.txt").read_text()
     ident = config.run_identity(config.from_dict(base), tasks)
-
-    def changed(section, field, value):
+    for section, field, value in IDENTITY_CASES[kind]:
+        assert config.field_class(f"{section}.{field}") == kind, (section, field)
         data = copy.deepcopy(base)
-        data[section][field] = value
-        return config.run_identity(config.from_dict(data), tasks)
-
-    for section, field, value in [("train", "lr", 2e-4), ("grpo", "sampler", "dancegrpo"), ("model", "tiny_seed", 1),
-                                  ("data", "synthetic_seed", 3), ("parallel", "procs_per_node", 1),
-                                  ("evalkit", "digest", "c" * 64), ("reward", "judge_port", 1)]:
-        if section == "parallel":
-            data = copy.deepcopy(base)
-            data["parallel"]["procs_per_node"] = 1
-            data["grpo"]["prompts_per_step"] = 1
-            assert config.run_identity(config.from_dict(data), tasks) != ident
-        else:
-            assert changed(section, field, value) != ident, (section, field)
-    for section, field, value in [("evaluate", "seed", 7), ("evaluate", "split", "rl"),
-                                  ("logging", "wandb_mode", "disabled"),
-                                  ("evalkit", "workers", 1), ("train", "keep_checkpoints", 5)]:
-        assert changed(section, field, value) == ident, (section, field)
+        data.setdefault(section, {})[field] = value
+        changed = config.run_identity(config.from_dict(data), tasks)
+        assert (changed != ident) == (kind == config.CONTRACT), (section, field)
+    data = copy.deepcopy(base)
+    data["parallel"]["procs_per_node"], data["grpo"]["prompts_per_step"] = 1, 1  # topology is contract
+    assert config.run_identity(config.from_dict(data), tasks) != ident
     assert config.run_identity(config.from_dict(base), tasks + "S-9_extra\n") != ident
+
+
+def test_download_params_are_what_they_download(repo, monkeypatch):
+    """Other fields of the model and data sections never download again (nor rename the download directory)."""
+    from videogrpo import layout
+
+    monkeypatch.chdir(repo)
+    tasks = (repo / "config/tasks/synthetic.txt").read_text()
+    for source in ("tiny-synthetic", "hub"):
+        base = load_yaml(repo, "config/config.yaml")
+        if source == "hub":
+            base = config.deep_merge(base, load_yaml(repo, "config/recipes/rl_5b_cps.yaml"))
+        cfg = config.from_dict(base)
+        views = {stage: config.stage_view(cfg, stage) for stage in ("fetch_model", "fetch_dataset")}
+        keys = (layout.model_key(cfg), layout.data_key(cfg, tasks))
+        other = config.from_dict(config.deep_merge(base, {"model": {"max_text_tokens": 16},
+                                                          "data": {"heldout_per_task": 1, "split_name": "x",
+                                                                   "shuffle_seed": 7}}))
+        assert {stage: config.stage_view(other, stage) for stage in views} == views, source
+        assert (layout.model_key(other), layout.data_key(other, tasks)) == keys, source
+    assert set(views["fetch_dataset"]["data"]) == {"source", "repo_id", "revision", "archive_glob"}
+    assert set(views["fetch_model"]["model"]) == {"source", "repo_id", "revision"}
 
 
 def test_schema_file_is_generated_from_the_dataclasses(repo):
@@ -218,4 +253,4 @@ def test_stage_views_hold_only_their_sections(repo, monkeypatch):
     assert set(config.stage_view(cfg, "fetch_model")) == {"model"}
     assert "evaluate" not in config.stage_view(cfg, "train")
     partial = config.from_dict(config.stage_view(cfg, "fetch_model"), partial=True)
-    assert partial.model == cfg.model
+    assert (partial.model.source, partial.model.tiny_seed) == (cfg.model.source, cfg.model.tiny_seed)

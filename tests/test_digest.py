@@ -94,3 +94,19 @@ def test_reference_evalkit_digest_is_the_one_pinned_in_the_default_config(repo):
 
     pinned = yaml.safe_load((repo / "config/config.yaml").read_text())["evalkit"]["digest"]
     assert digest.evalkit_source_digest(repo / "src/videogrpo/rewards/reference_evalkit") == pinned
+
+
+def test_code_digest_ignores_comments_docstrings_and_layout(tmp_path):
+    from videogrpo.provenance.digest import code_digest
+
+    variants = {
+        "a.py": '"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 1  # why\n',
+        "b.py": "def f(x):\n\n    return (x\n            + 1)\n",
+        "c.py": "def f(x):\n    return x + 2\n",
+        "d.py": "def f(y):\n    return y + 1\n",
+    }
+    for name, text in variants.items():
+        (tmp_path / name).write_text(text)
+    digests = {name: code_digest(tmp_path / name) for name in variants}
+    assert digests["a.py"] == digests["b.py"]
+    assert len({digests["a.py"], digests["c.py"], digests["d.py"]}) == 3  # a constant or a name is code

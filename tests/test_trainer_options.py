@@ -124,3 +124,44 @@ def test_resume_from_weights_only_restarts_optimizer_schedule_and_data(baseline,
     initial = trainer_in_process(options(), tmp_path / "initial", tiny_model, dataset)
     initial.scorer.close()
     assert not all(torch.equal(fresh[k], v) for k, v in initial.transformer.state_dict().items())
+
+
+INPUTS = {"model": "a" * 64, "dataset": "d" * 64, "training_ids": "e" * 64}
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model, dataset, tmp_path_factory):
+    """A finished one-update run whose checkpoint records its inputs and the trainer's math."""
+    out = tmp_path_factory.mktemp("guarded")
+    trainer_in_process(options(train={"max_steps": 1}), out, tiny_model, dataset, INPUTS).run()
+    return out
+
+
+def resume_in(out, tiny_model, dataset, inputs=INPUTS, **train):
+    trainer = trainer_in_process(options(train={"max_steps": 1, **train}), out, tiny_model, dataset, inputs)
+    trainer.scorer.close()
+    return trainer._resume()
+
+
+def test_auto_resume_continues_under_the_same_inputs_and_math(guarded, tiny_model, dataset):
+    assert resume_in(guarded, tiny_model, dataset) == 1  # past the last action: nothing left to train
+
+
+def test_auto_resume_refuses_other_inputs_naming_both_digests(guarded, tiny_model, dataset):
+    from videogrpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"input model changed: trained on a{64}, now b{64}.*remove .*checkpoints"):
+        resume_in(guarded, tiny_model, dataset, dict(INPUTS, model="b" * 64))
+
+
+def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, dataset, monkeypatch):
+    from videogrpo import checkpoint
+    from videogrpo.errors import ConfigError
+
+    real = checkpoint.trainer_math()
+    assert "grpo/loss.py" in real and "grpo/tracking.py" not in real  # logging is not math
+    monkeypatch.setattr(checkpoint, "trainer_math", lambda: dict(real, **{"grpo/loss.py": "0" * 64}))
+    with pytest.raises(ConfigError, match=r"trainer's math changed since it was written \(grpo/loss.py\); set "
+                                          r"train.resume_across_code_changes: true"):
+        resume_in(guarded, tiny_model, dataset)
+    assert resume_in(guarded, tiny_model, dataset, resume_across_code_changes=True) == 1

@@ -94,7 +94,7 @@ def test_training_ran_two_processes_and_logged_metrics(demo, workdir):
         assert {"policy_loss", "kl_loss", "reward_std", "advantage_mean", "ppo_clip_fraction", "ppo_approx_kl",
                 "grad_norm", "learning_rate", "delayed_replay_staleness", "time_rollout_s"} <= set(m)
     assert list(workdir.glob("results/runs/*/wandb/offline-run-*"))
-    assert list(workdir.glob("results/runs/*/checkpoints/*/step-00000004/COMPLETE"))
+    assert list(workdir.glob("results/runs/*/checkpoints/step-00000004/COMPLETE"))
 
 
 def test_second_run_has_nothing_to_do(demo, workdir):
@@ -165,6 +165,69 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     weights = {json.loads(p.read_text())["outputs"]["final"]["entries"]["transformer/diffusion_pytorch_model.safetensors"][0]
                for p in runs if json.loads(p.read_text())["summary"]["updates"] == 4}
     assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
+
+
+def train_digest(workdir: Path, run_id: str) -> str:
+    manifest = json.loads((workdir / "results/runs" / run_id / "train.manifest.json").read_text())
+    return manifest["outputs"]["final"]["tree_sha256"]
+
+
+def first_run_id(workdir: Path) -> str:
+    return run(["videogrpo", "config", "--configfile", "config/config.yaml", "--run-id"], workdir).stdout.strip()
+
+
+def test_an_evaluation_setting_reruns_only_evaluate_and_report(demo, workdir):
+    out = run(["snakemake", "-n", "--config", "evaluate={seed: 7}"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
+
+
+def test_an_execution_setting_reruns_training_which_resumes(demo, workdir):
+    run_id = first_run_id(workdir)
+    before = train_digest(workdir, run_id)
+    override = ["--config", "logging={wandb_mode: disabled}", "train={keep_checkpoints: 3}",
+                "parallel={master_port: 29871}", "evalkit={workers: 1}"]
+    out = run(["snakemake", "--cores", "2", *override], workdir)
+    jobs = jobs_run(out.stdout + out.stderr)
+    assert jobs["train"] == 1 and "fingerprint_evalkit" not in jobs  # evalkit.workers is not what it checks
+    log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
+    assert re.search(r"resumed from \S+/step-00000004 \(update 4 of 4\)", log), log[-2000:]
+    assert train_digest(workdir, run_id) == before  # the same run, not trained again
+
+
+def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workdir):
+    out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
+    assert f"results/runs/{first_run_id(workdir)}/" in out.stdout  # the same run: training would resume
+    out = run(["snakemake", "-n", "--config", "model={max_text_tokens: 16}", "data={heldout_per_task: 1}"], workdir)
+    jobs = jobs_run(out.stdout + out.stderr)
+    assert "fetch_model" not in jobs and "fetch_dataset" not in jobs and jobs["materialize_dataset"] == 1
+
+
+def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
+    """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
+    stages and resumes; a change of the loss is refused until the user allows it."""
+    env = {"PYTHONPATH": str(workdir / "src")}
+    run_id = first_run_id(workdir)
+    package = workdir / "src/videogrpo"
+    originals = {rel: (package / rel).read_text() for rel in ("grpo/trainer.py", "grpo/loss.py")}
+    try:
+        (package / "grpo/trainer.py").write_text(originals["grpo/trainer.py"] + "\n# a comment is not math\n")
+        out = run(["snakemake", "--cores", "2"], workdir, **env)
+        assert jobs_run(out.stdout + out.stderr)["train"] == 1
+        log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
+        assert "resumed from" in log and "(update 4 of 4)" in log
+        (package / "grpo/loss.py").write_text(originals["grpo/loss.py"].replace(
+            "    log_ratio = logp_new - logp_old.detach()\n",
+            "    log_ratio = logp_new - logp_old.detach()\n    clip_range = float(clip_range)\n"))
+        out = run(["snakemake", "--cores", "2"], workdir, check=False, **env)
+        assert out.returncode != 0 and "Error in rule train" in out.stdout + out.stderr
+        log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
+        assert "the trainer's math changed since it was written (grpo/loss.py)" in log
+        assert "train.resume_across_code_changes: true" in log
+        run(["snakemake", "--cores", "2", "--config", "train={resume_across_code_changes: true}"], workdir, **env)
+        assert "resumed from" in (workdir / "results/runs" / run_id / "logs/train.log").read_text()
+    finally:
+        for rel, text in originals.items():
+            (package / rel).write_text(text)
 
 
 def test_snakemake_report(demo, workdir):

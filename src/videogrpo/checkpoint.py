@@ -4,6 +4,11 @@ Layout: <root>/step-00000012/{dcp/, rng/rank-00000.pt, state.json, COMPLETE}. Th
 last and atomically by rank 0 after every rank has finished, so a crash at any point leaves either a
 complete checkpoint or one that resume ignores. Checkpoints live outside Snakemake's declared
 outputs, which Snakemake deletes before a rerun.
+
+Each checkpoint records what it was trained from and with (its resume guard): the run identity, the
+digests of the training inputs and the digest of every file of the trainer's math. Auto-resume
+compares them with the current ones and refuses loudly, naming what changed, rather than continuing
+a run under other inputs or code or silently starting over.
 """
 
 from __future__ import annotations
@@ -18,10 +23,18 @@ from typing import Any
 import numpy as np
 import torch
 
+import videogrpo
 from videogrpo import atomic, distributed
 from videogrpo.errors import VideoGRPOError
+from videogrpo.provenance.digest import code_digest, list_files
 
 MARKER = "COMPLETE"
+
+# The package code whose change alters what training computes. Edits elsewhere (logging, launch,
+# provenance, the CLI) never block a resume; docstrings, comments and layout never count (code_digest).
+TRAINER_MATH = ("grpo/advantages.py", "grpo/assignment.py", "grpo/loss.py", "grpo/lr_schedule.py", "grpo/replay.py",
+                "grpo/rollout.py", "grpo/samplers.py", "grpo/trainer.py", "models", "rewards/rule.py",
+                "data/dataset.py", "data/video.py", "parallelize.py", "distributed.py", "checkpoint.py")
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -39,6 +52,41 @@ def complete_checkpoints(root: Path) -> list[Path]:
 def latest_complete(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
+
+
+def trainer_math() -> dict[str, str]:
+    """Code digest of every file of the trainer's math (TRAINER_MATH), by package-relative path."""
+    root = Path(videogrpo.__file__).parent
+    files = {}
+    for part in TRAINER_MATH:
+        rels = [part] if (root / part).is_file() else [f"{part}/{r}" for r in list_files(root / part)]
+        files.update({rel: code_digest(root / rel) for rel in rels if rel.endswith(".py")})
+    return files
+
+
+def resume_guard(run_id: str, inputs: dict[str, str]) -> dict[str, Any]:
+    """What a checkpoint is trained from and with: run identity, input digests, the trainer's math."""
+    return {"run_id": run_id, "inputs": dict(inputs), "trainer_math": trainer_math()}
+
+
+def resume_problems(saved: dict[str, Any], current: dict[str, Any], allow_code_change: bool) -> list[str]:
+    """Why a checkpoint with guard `saved` must not be resumed by a run with guard `current` (empty: it may)."""
+    found = []
+    if saved.get("run_id") != current["run_id"]:
+        found.append(f"it belongs to run {saved.get('run_id')!r}, this is run {current['run_id']!r}")
+    for name, digest in sorted(current["inputs"].items()):
+        if saved.get("inputs", {}).get(name, digest) != digest:
+            found.append(f"input {name} changed: trained on {saved['inputs'][name]}, now {digest}")
+    old, new = saved.get("trainer_math", {}), current["trainer_math"]
+    changed = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
+    if changed and not allow_code_change:
+        found.append(f"the trainer's math changed since it was written ({', '.join(changed)}); set "
+                     f"train.resume_across_code_changes: true to resume with the new code")
+    return found
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / "state.json").read_text())
 
 
 def rng_state() -> dict[str, Any]:
@@ -110,4 +158,4 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads((path / "state.json").read_text())
+    return read_state(path)

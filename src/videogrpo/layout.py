@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from videogrpo.config import Config, task_names, canonical_json, to_dict
+from videogrpo.config import Config, canonical_json, select, task_names
+from videogrpo.config.identity import download_fields
 
 
 def _slug(repo_id: str) -> str:
@@ -24,7 +25,7 @@ def model_key(cfg: Config) -> str:
     """Directory name of the base model: the repo at its revision, or the tiny builder's settings."""
     m = cfg.model
     if m.source == "tiny":
-        return f"tiny-{_short_digest(to_dict(m))}"
+        return f"tiny-{_short_digest(select(cfg, download_fields(cfg, 'model')))}"
     return f"{_slug(m.repo_id)}@{m.revision[:12]}"
 
 
@@ -32,5 +33,5 @@ def data_key(cfg: Config, task_list_text: str) -> str:
     """Directory name of the dataset: the repo at its revision, or the synthetic generator's settings."""
     d = cfg.data
     if d.source == "synthetic":
-        return f"synthetic-{_short_digest([to_dict(d), task_names(task_list_text)])}"
+        return f"synthetic-{_short_digest([select(cfg, download_fields(cfg, 'data')), task_names(task_list_text)])}"
     return f"{_slug(d.repo_id)}@{d.revision[:12]}"

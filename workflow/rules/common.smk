@@ -52,6 +52,18 @@ def evalkit_sources():
     return [str(root / rel) for rel in evalkit_files(root)]
 
 
+def download_code(stage):
+    """A download rule's code param: the generator's code for generated inputs, none for pinned Hub
+    snapshots (their revision fixes their bytes), so editing the package never downloads again."""
+    generated = CFG.model.source == "tiny" if stage == "fetch_model" else CFG.data.source == "synthetic"
+    return code(stage) if generated else "pinned Hub snapshot"
+
+
+def synthetic_inputs(**named):
+    """Inputs only the synthetic dataset generator reads."""
+    return named if CFG.data.source == "synthetic" else {}
+
+
 def rule_reward_inputs(**named):
     """Inputs that exist only when the reward is the EvalKit's rule reward."""
     return named if RULE_REWARD else {}

@@ -1,12 +1,12 @@
 rule fetch_dataset:
     input:
-        task_list=CFG.data.task_list,
+        **synthetic_inputs(task_list=CFG.data.task_list),
     output:
         archives=directory(ARCHIVES),
         manifest=f"{DATA}/fetch_dataset.manifest.json",
     params:
         config=stage_config("fetch_dataset"),
-        code=code("fetch_dataset"),
+        code=download_code("fetch_dataset"),
     log:
         f"{DATA}/fetch_dataset.log",
     localrule: True

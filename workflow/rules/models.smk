@@ -4,7 +4,7 @@ rule fetch_model:
         manifest=f"{MODEL}/fetch_model.manifest.json",
     params:
         config=stage_config("fetch_model"),
-        code=code("fetch_model"),
+        code=download_code("fetch_model"),
     log:
         f"{MODEL}/fetch_model.log",
     localrule: True

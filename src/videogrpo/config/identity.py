@@ -1,4 +1,15 @@
-"""Run identity and stage views: which config fields define a run, and which sections each stage reads."""
+"""Run identity and stage views: what every config field is for, and which fields each stage reads.
+
+Every field belongs to exactly one class (`field_class`; a test checks that none is missing):
+- contract: what a training run computes. The run identity digests these fields, so changing one
+  gives a new run directory (a new run), never a resume of checkpoints made under other values.
+- execution: how and where the work runs (paths, ports, workers, threads, kernels, logging,
+  checkpoint retention, resume settings, SLURM resources). A change reruns the stages that read it;
+  training resumes from the run's last checkpoint.
+- evaluation: what the evaluate stage measures. A change reruns evaluate and the report only.
+- cosmetic: labels that change no computed value (the W&B project, the split name recorded in the
+  split manifest). Like execution settings they are not in the identity, so training resumes.
+"""
 
 from __future__ import annotations
 
@@ -11,24 +22,67 @@ from typing import Any
 from videogrpo.config.sections import Config
 from videogrpo.errors import ConfigError
 
-# What defines a training run: changing any of it must give a new run directory (DESIGN: run identity).
-TRAINING_CONTRACT = {
-    "model": None, "data": None, "video": None, "reward": None, "grpo": None, "parallel": None,
-    "evalkit": ("digest", "unsupported_score", "video_size", "max_seconds", "crf", "runtime"),
-    "train": ("lr", "warmup_steps", "weight_decay", "max_grad_norm", "epochs", "max_steps", "batch_size",
-              "save_steps", "seed", "resume_from", "reset_dataloader", "gradient_checkpointing"),
+CONTRACT, EXECUTION, EVALUATION, COSMETIC = "contract", "execution", "evaluation", "cosmetic"
+
+# Sections whose fields all share one class, then the fields of the mixed sections.
+_SECTION_CLASSES = {"model": CONTRACT, "video": CONTRACT, "grpo": CONTRACT, "evaluate": EVALUATION,
+                    "slurm": EXECUTION, "recipe": CONTRACT, "results": EXECUTION}
+_FIELD_CLASSES = {
+    **{f"data.{f}": CONTRACT for f in ("source", "repo_id", "revision", "archive_glob", "task_list",
+                                       "samples_per_task", "heldout_per_task", "gt_frames", "gt_height", "gt_width",
+                                       "shuffle_seed", "synthetic_seed")},
+    "data.split_name": COSMETIC,
+    **{f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf",
+                                          "runtime")},
+    **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker")},
+    **{f"reward.{f}": CONTRACT for f in ("kind", "judge_model", "judge_revision", "judge_frames")},
+    **{f"reward.{f}": EXECUTION for f in ("judge_port", "judge_concurrency")},
+    **{f"train.{f}": CONTRACT for f in ("lr", "warmup_steps", "weight_decay", "max_grad_norm", "epochs",
+                                        "max_steps", "batch_size", "save_steps", "seed")},
+    # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
+    **{f"train.{f}": EXECUTION for f in ("keep_checkpoints", "auto_resume", "resume_from", "reset_dataloader",
+                                         "resume_across_code_changes", "gradient_checkpointing")},
+    **{f"parallel.{f}": CONTRACT for f in ("nodes", "procs_per_node", "data_parallel", "shard_group_size",
+                                           "tensor_parallel", "device", "param_dtype", "reduce_dtype")},
+    **{f"parallel.{f}": EXECUTION for f in ("backend", "attention_backend", "compile", "master_port",
+                                            "cpu_threads")},
+    "logging.wandb_mode": EXECUTION,
+    "logging.wandb_project": COSMETIC,
 }
 
 
-# The sections each stage reads. They are the stage's Snakemake params, so changing one reruns it.
+def field_paths(cfg: Config | None = None) -> list[str]:
+    """Every config field as `section.field` (or `field` for top-level scalars), in declaration order."""
+    cfg = cfg or Config()
+    paths = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        is_section = dataclasses.is_dataclass(value)
+        paths += [f"{f.name}.{g.name}" for g in dataclasses.fields(value)] if is_section else [f.name]
+    return paths
+
+
+def field_class(path: str) -> str:
+    """The class of a field (`section.field`); a field nobody classified is an error, not a guess."""
+    if path in _FIELD_CLASSES:
+        return _FIELD_CLASSES[path]
+    if path.split(".")[0] in _SECTION_CLASSES:
+        return _SECTION_CLASSES[path.split(".")[0]]
+    raise KeyError(f"config field {path} has no class in config/identity.py")
+
+
+def fields_of_class(kind: str) -> list[str]:
+    return [path for path in field_paths() if field_class(path) == kind]
+
+
+# What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
+# params, so changing one reruns it, and nothing else does.
 RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel")
 STAGE_SECTIONS = {
-    "fetch_model": ("model",),
-    "fetch_dataset": ("data",),
     "materialize_dataset": ("data",),
     "validate_dataset": ("data",),
-    "fingerprint_evalkit": ("evalkit",),
-    "check_scorer_runtime": ("evalkit",),
+    "fingerprint_evalkit": ("evalkit.path", "evalkit.digest"),
+    "check_scorer_runtime": ("evalkit.runtime",),
     "preflight": RUN_SECTIONS,
     "train": RUN_SECTIONS + ("logging",),
     "evaluate": RUN_SECTIONS + ("evaluate",),
@@ -36,9 +90,26 @@ STAGE_SECTIONS = {
 }
 
 
+DOWNLOADS = {"fetch_model": "model", "fetch_dataset": "data"}
+
+
+def download_fields(cfg: Config, section: str) -> list[str]:
+    """What a download rule fetches or generates, and nothing else: its params, so other fields never re-download."""
+    if section == "model":
+        names = ("source", "tiny_seed") if cfg.model.source == "tiny" else ("source", "repo_id", "revision")
+    elif cfg.data.source == "synthetic":
+        names = ("source", "archive_glob", "task_list", "samples_per_task", "synthetic_seed", "gt_frames", "gt_height",
+                 "gt_width")
+    else:
+        names = ("source", "repo_id", "revision", "archive_glob")
+    return [f"{section}.{name}" for name in names]
+
+
 def stage_view(cfg: Config, stage: str) -> dict[str, Any]:
-    full = to_dict(cfg)
-    return {section: full[section] for section in STAGE_SECTIONS[stage]}
+    """The config a stage reads, as nested sections: its Snakemake params, so changing them reruns it."""
+    if stage in DOWNLOADS:
+        return select(cfg, download_fields(cfg, DOWNLOADS[stage]))
+    return select(cfg, list(STAGE_SECTIONS[stage]))
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -49,13 +120,23 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def training_contract(cfg: Config, task_list_text: str) -> dict[str, Any]:
+def select(cfg: Config, paths: list[str]) -> dict[str, Any]:
+    """The given fields (`section.field`, or a whole `section`) as nested sections: {"train": {"lr": ...}}."""
     full = to_dict(cfg)
-    contract = {}
-    for section, keys in TRAINING_CONTRACT.items():
-        values = full[section]
-        contract[section] = values if keys is None else {k: values[k] for k in keys}
-    contract["data"] = dict(contract["data"], task_list=sorted(task_names(task_list_text)))
+    view: dict[str, Any] = {}
+    for path in paths:
+        section, _, name = path.partition(".")
+        if name:
+            view.setdefault(section, {})[name] = full[section][name]
+        else:
+            view[section] = full[section]
+    return view
+
+
+def training_contract(cfg: Config, task_list_text: str) -> dict[str, Any]:
+    """The contract fields, the task list by its names (not its path). `recipe` names the directory instead."""
+    contract = select(cfg, [p for p in fields_of_class(CONTRACT) if p != "recipe"])
+    contract["data"]["task_list"] = sorted(task_names(task_list_text))
     return contract
 
 

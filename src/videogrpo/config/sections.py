@@ -181,6 +181,9 @@ class TrainConfig:
     """Checkpoint to initialise from (see reset_dataloader)."""
     reset_dataloader: bool = True
     """With resume_from: load weights only (true) or resume all state (false)."""
+    resume_across_code_changes: bool = False
+    """Resume a checkpoint although the trainer's math code changed since it was written (refused otherwise,
+    naming the changed files)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass."""
 

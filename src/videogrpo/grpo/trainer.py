@@ -48,6 +48,8 @@ class TrainPaths:
     final: Path
     metrics: Path
     run_dir: Path
+    input_digests: dict[str, str] = field(default_factory=dict)
+    """Digests of the training inputs (model, dataset, training ids): checkpoints record them."""
 
 
 @dataclass
@@ -130,6 +132,7 @@ class Trainer:
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
         self.scorer = RuleScorer(paths.evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker)
         self.tracker: Tracker | None = None
+        self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
         self.rolled_out: list[int] = []
         """Batches rolled out since the last update (logged with it: skipped batches never appear)."""
 
@@ -256,6 +259,11 @@ class Trainer:
         cfg = self.cfg
         latest = checkpoint.latest_complete(self.paths.checkpoints) if cfg.train.auto_resume else None
         if latest is not None:
+            saved = checkpoint.read_state(latest).get("guard", {})
+            problems = checkpoint.resume_problems(saved, self.guard, cfg.train.resume_across_code_changes)
+            if problems:
+                raise ConfigError(f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
+                                  f"the run over instead, remove {self.paths.checkpoints}.")
             state = checkpoint.load(latest, self.transformer, self.optimizer, self.ctx.rank)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
@@ -275,7 +283,8 @@ class Trainer:
 
     def _checkpoint(self, action_index: int, update: int) -> None:
         checkpoint.save(self.paths.checkpoints, update, self.transformer, self.optimizer,
-                        {"update": update, "next_action": action_index + 1, "run_id": self.run_id}, self.ctx.rank, self.cfg.train.keep_checkpoints)
+                        {"update": update, "next_action": action_index + 1, "run_id": self.run_id,
+                         "guard": self.guard}, self.ctx.rank, self.cfg.train.keep_checkpoints)
 
     def run(self) -> None:
         self.paths.checkpoints.mkdir(parents=True, exist_ok=True)

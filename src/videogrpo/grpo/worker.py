@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     for name in ("model", "dataset", "evalkit", "checkpoints", "final", "metrics", "run-dir"):
         parser.add_argument(f"--{name}", type=Path, required=name != "evalkit")
+    parser.add_argument("--input-digests", default="{}", help="digests of the training inputs (JSON)")
     args = parser.parse_args(argv)
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)
     try:
         paths = TrainPaths(args.model, args.dataset, args.evalkit, args.checkpoints, args.final, args.metrics,
-                           args.run_dir)
+                           args.run_dir, json.loads(args.input_digests))
         Trainer(cfg, paths, ctx, args.run_id).run()
     except VideoGRPOError as err:
         print(f"[rank {ctx.rank}] error: {err}", file=sys.stderr)

@@ -20,11 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     d = cfg.data
-    tasks = read_task_list(d.task_list)
-    inputs = {"task_list": d.task_list}
+    inputs = {"task_list": d.task_list} if d.source == "synthetic" else {}
     with StageRun("fetch_dataset", args.manifest, inputs=inputs, params=sections) as stage:
         if d.source == "synthetic":
             from videogrpo.data import synthetic
+
+            tasks = read_task_list(d.task_list)
 
             if None in (d.gt_frames, d.gt_height, d.gt_width):
                 raise ConfigError("data.gt_frames, data.gt_height, data.gt_width: the synthetic generator needs "

@@ -5,9 +5,11 @@ itself once per node with srun (`--node-only`); by hand on a cluster without SLU
 command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
 and the manifest, the others only train.
 
-Checkpoints go to <run_dir>/checkpoints/<key>/, outside the declared outputs, keyed by the digests of
-the model, the data, the EvalKit and the trainer code, so that a retried or resubmitted job resumes
-from them and changed inputs never resume from a checkpoint trained on other ones.
+Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or
+resubmitted job resumes from them. The run directory is named by the training contract; execution
+settings (ports, workers, logging, retention, resources) can change between attempts and the run
+still resumes. Each checkpoint records the digests of the training inputs and of the trainer's math
+code, and a resume under other inputs or changed math is refused with the reason (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import videogrpo
 from videogrpo import launch, preflight
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
-from videogrpo.provenance.digest import package_digest, sha256_bytes
+from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, describe as describe_path, record_digest
-from videogrpo.stages import CODE_PARTS
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", required=True, type=Path, help="metrics file to create (JSON lines)")
     parser.add_argument("--node-only", action="store_true",
                         help="train on this machine only: no outputs, no manifest (what srun starts per node)")
+    parser.add_argument("--input-digests", help=argparse.SUPPRESS)  # the first node's, handed to the others
 
 
 def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
@@ -47,21 +48,21 @@ def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
             "evalkit": args.evalkit}
 
 
-def checkpoint_dir(args: argparse.Namespace, sections: dict, records: dict | None = None) -> Path:
-    """<run_dir>/checkpoints/<digest of input contents, config sections and trainer code>.
+def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict[str, str]:
+    """What the run trains from, as checkpoints record it: the model and dataset trees and the training ids.
 
-    Checkpoints made from other inputs or by other trainer code are never resumed silently; to continue
-    from them on purpose, point train.resume_from at one (with reset_dataloader: false).
+    The EvalKit is pinned by its source digest in the run identity. The ids, not the split file's bytes,
+    so that relabelling the split (a cosmetic field) is not a change of the training set.
     """
     if records is None:
-        records = {name: describe_path(p, list_files=False) for name, p in inputs_of(args).items() if p}
-    contents = {name: record_digest(rec) for name, rec in records.items()}
-    code = package_digest(Path(videogrpo.__file__).parent, CODE_PARTS["train"])
-    key = sha256_bytes(canonical_json({"inputs": contents, "config": sections, "code": code}).encode())[:12]
-    return args.run_dir / "checkpoints" / key
+        records = {name: describe_path(inputs_of(args)[name], list_files=False) for name in ("model", "dataset")}
+    splits = json.loads((args.dataset / "splits.json").read_text())
+    ids = [[entry["task"], entry["rl"]] for entry in splits]
+    return {"model": record_digest(records["model"]), "dataset": record_digest(records["dataset"]),
+            "training_ids": sha256_bytes(canonical_json(ids).encode())}
 
 
-def train_this_node(cfg: Config, args: argparse.Namespace, checkpoints: Path) -> None:
+def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, str]) -> None:
     """Per-node preflight, then torchrun for this machine's processes."""
     where = launch.from_environment(cfg)
     print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
@@ -71,9 +72,11 @@ def train_this_node(cfg: Config, args: argparse.Namespace, checkpoints: Path) ->
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
     if failed:
         raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
+    checkpoints = args.run_dir / "checkpoints"
     worker_args = ["--config-json", args.config_json, "--run-id", args.run_id, "--model", str(args.model),
                    "--dataset", str(args.dataset), "--checkpoints", str(checkpoints), "--final", str(args.final),
-                   "--metrics", str(args.metrics), "--run-dir", str(args.run_dir)]
+                   "--metrics", str(args.metrics), "--run-dir", str(args.run_dir),
+                   "--input-digests", json.dumps(digests)]
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
     code = subprocess.run(launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg),
@@ -86,23 +89,24 @@ def train_this_node(cfg: Config, args: argparse.Namespace, checkpoints: Path) ->
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     if args.node_only:
-        train_this_node(cfg, args, checkpoint_dir(args, sections))
+        train_this_node(cfg, args, json.loads(args.input_digests) if args.input_digests else input_digests(args))
         return 0
     if not launch.needs_srun(cfg) and launch.from_environment(cfg).node_rank != 0:
-        train_this_node(cfg, args, checkpoint_dir(args, sections))  # a manual launch, machine 1 and up
+        train_this_node(cfg, args, input_digests(args))  # a manual launch, machine 1 and up
         return 0
     inputs = dict(inputs_of(args), preflight=args.preflight)
     with StageRun("train", args.manifest, inputs=inputs, params=sections) as stage:
-        records = {k: v for k, v in stage.input_records.items() if k != "preflight"}
-        checkpoints = checkpoint_dir(args, sections, records)
+        digests = input_digests(args, stage.input_records)
+        checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         if launch.needs_srun(cfg):
-            code = launch.run_srun(cfg, [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", *sys.argv[2:]])
+            code = launch.run_srun(cfg, [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", *sys.argv[2:],
+                                         "--input-digests", json.dumps(digests)])
             if code != 0:
                 raise VideoGRPOError(f"srun exited with code {code}: a node failed (its log lines above say which). "
                                      f"Complete checkpoints in {checkpoints} are kept: rerun to resume.")
         else:
-            train_this_node(cfg, args, checkpoints)
+            train_this_node(cfg, args, digests)
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
