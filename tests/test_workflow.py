@@ -202,6 +202,17 @@ def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workd
     assert "fetch_model" not in jobs and "fetch_dataset" not in jobs and jobs["materialize_dataset"] == 1
 
 
+def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, workdir):
+    good = sorted(workdir.glob("results/evalkit/*/fingerprint.json"))
+    assert good
+    out = run(["snakemake", "--cores", "2", "--config", "evalkit={path: no/such/checkout}"], workdir, check=False)
+    assert out.returncode != 0
+    assert "evalkit.path = 'no/such/checkout': no such directory; point it at an EvalKit checkout" in (
+        out.stdout + out.stderr)
+    assert sorted(workdir.glob("results/evalkit/*/fingerprint.json")) == good
+    assert "Nothing to be done" in run(["snakemake", "-n", "fingerprint_evalkit"], workdir).stdout
+
+
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
     """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
     stages and resumes; a change of the loss is refused until the user allows it."""

@@ -35,3 +35,8 @@ def data_key(cfg: Config, task_list_text: str) -> str:
     if d.source == "synthetic":
         return f"synthetic-{_short_digest([select(cfg, download_fields(cfg, 'data')), task_names(task_list_text)])}"
     return f"{_slug(d.repo_id)}@{d.revision[:12]}"
+
+
+def evalkit_key(cfg: Config) -> str:
+    """Directory name of an EvalKit checkout's records: its pinned digest and a digest of its path."""
+    return f"{cfg.evalkit.digest[:12] or 'none'}-{_short_digest(cfg.evalkit.path, 8)}"

@@ -23,7 +23,9 @@ RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
 MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
 DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
-EVALKIT = f"{RESULTS}/evalkit/{CFG.evalkit.digest[:12] or 'none'}"
+# Keyed by the pinned digest and the checkout's path: an attempt with another path (a typo, a moved
+# checkout) writes, and on failure deletes, its own outputs, never those of a good checkout.
+EVALKIT = f"{RESULTS}/evalkit/{layout.evalkit_key(CFG)}"
 RULE_REWARD = CFG.reward.kind == "vbvr_rule"
 
 MODEL_DIR = f"{MODEL}/pipeline"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo.errors import DigestMismatch, VideoGRPOError
+from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
 from videogrpo.provenance import digest
 
 
@@ -15,12 +15,19 @@ def uses_easyocr(root: Path, files: list[str]) -> bool:
     return any("easyocr.Reader" in (root / rel).read_text(errors="replace") for rel in files if rel.endswith(".py"))
 
 
-def fingerprint(path: str | Path, expected: str) -> dict:
-    """Compute the source digest of an EvalKit checkout and compare it with the pinned one."""
+def check_checkout(path: str | Path) -> Path:
+    """The EvalKit checkout at evalkit.path, or an error naming the field and how to fix it."""
     root = Path(path)
     if not (root / "run_evaluation.py").is_file():
-        raise VideoGRPOError(f"evalkit.path = {str(root)!r}: no run_evaluation.py there; point it at an EvalKit "
-                             f"checkout (run_evaluation.py, vbvr_bench/, annotations/)")
+        where = "no such directory" if not root.is_dir() else "no run_evaluation.py there"
+        raise ConfigError(f"evalkit.path = {str(root)!r}: {where}; point it at an EvalKit checkout "
+                          f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest")
+    return root
+
+
+def fingerprint(path: str | Path, expected: str) -> dict:
+    """Compute the source digest of an EvalKit checkout and compare it with the pinned one."""
+    root = check_checkout(path)
     files = digest.evalkit_files(root)
     found = digest.digest_length_prefixed(root, files)
     record = {"path": str(root), "source_sha256": found, "expected_sha256": expected, "files": len(files),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.provenance.manifest import StageRun
-from videogrpo.rewards.evalkit import fingerprint
+from videogrpo.rewards.evalkit import check_checkout, fingerprint
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
+    check_checkout(cfg.evalkit.path)  # before the manifest describes it: name the field, not a missing path
     with StageRun("fingerprint_evalkit", args.manifest, inputs={"evalkit": cfg.evalkit.path},
                   params=sections) as stage:
         record = fingerprint(cfg.evalkit.path, cfg.evalkit.digest)
