@@ -213,6 +213,20 @@ def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, w
     assert "Nothing to be done" in run(["snakemake", "-n", "fingerprint_evalkit"], workdir).stdout
 
 
+def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
+    """A same-size corruption survives a plain re-unpack (sizes match); data.verify_existing repairs it."""
+    (raw,) = workdir.glob("results/data/*/materialized/raw")
+    victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
+    good = victim.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    victim.write_bytes(bytes(bad))
+    run(["snakemake", "--cores", "2", "validate_dataset", "--config", "data={verify_existing: true}"], workdir)
+    log = next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
+    assert "(1 files written," in log, log
+    assert victim.read_bytes() == good
+
+
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
     """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
     stages and resumes; a change of the loss is refused until the user allows it."""

@@ -32,6 +32,7 @@ _FIELD_CLASSES = {
                                        "samples_per_task", "heldout_per_task", "gt_frames", "gt_height", "gt_width",
                                        "shuffle_seed", "synthetic_seed")},
     "data.split_name": COSMETIC,
+    "data.verify_existing": EXECUTION,
     **{f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf",
                                           "runtime")},
     **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker")},

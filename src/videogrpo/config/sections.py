@@ -53,6 +53,9 @@ class DataConfig:
     """Seed of the one shuffle of the task-grouped index (shuffle_raw_indices_seed)."""
     synthetic_seed: int = 0
     """Seed of the synthetic generator (source `synthetic` only)."""
+    verify_existing: bool = False
+    """Re-unpack: byte-compare files already unpacked with the archives and rewrite those that differ, instead
+    of keeping every file of the right size (repairs a corrupted tree; reads every archive in full)."""
 
 
 @dataclass
