@@ -74,8 +74,9 @@ def rule_reward_inputs(**named):
 def cluster_resources(kind):
     """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded.
 
-    kind: `train` (every node of the run), `gpu` (one node like the training ones: preflight,
-    evaluate) or `cpu` (data and scorer-runtime jobs). Local execution ignores them.
+    kind: `train` (every node of the run, all their GPUs), `preflight` or `evaluate` (one GPU, the
+    cores and memory of `slurm.stage_*`) or `cpu` (data and scorer-runtime jobs). Local execution
+    ignores them.
     """
     s = CFG.slurm
     gpus = s.gpus_per_node
@@ -88,9 +89,13 @@ def cluster_resources(kind):
         res["slurm_account"] = s.account
     if kind == "cpu":
         return dict(res, cpus_per_task=s.data_cpus, mem_mb=s.data_mem_mb, runtime=s.data_minutes)
-    nodes = CFG.parallel.nodes if kind == "train" else 1
-    res.update(nodes=nodes, tasks=nodes, cpus_per_task=s.cpus_per_node, mem_mb=s.mem_mb_per_node,
-               runtime=s.train_minutes if kind == "train" else s.evaluate_minutes)
+    if kind == "train":
+        res.update(nodes=CFG.parallel.nodes, tasks=CFG.parallel.nodes, cpus_per_task=s.cpus_per_node,
+                   mem_mb=s.mem_mb_per_node, runtime=s.train_minutes)
+    else:
+        res.update(nodes=1, tasks=1, cpus_per_task=s.stage_cpus, mem_mb=s.stage_mem_mb,
+                   runtime=s.preflight_minutes if kind == "preflight" else s.evaluate_minutes)
+        gpus = min(gpus, 1)
     if gpus:
         res["gres"] = f"gpu:{gpus}"
     if s.constraint:

@@ -19,7 +19,7 @@ rule evaluate:
         dataset=DATASET,
         evalkit=CFG.evalkit.path,
     resources:
-        **cluster_resources("gpu"),
+        **cluster_resources("evaluate"),
     log:
         f"{RUN}/logs/evaluate.log",
     shell:

@@ -21,7 +21,7 @@ rule preflight:
             else ""
         ),
     resources:
-        **cluster_resources("gpu"),
+        **cluster_resources("preflight"),
     log:
         f"{RUN}/logs/preflight.log",
     shell:

@@ -17,6 +17,7 @@ rule train:
         dataset=DATASET,
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
     threads: CFG.parallel.procs_per_node
+    retries: CFG.slurm.train_retries
     resources:
         **cluster_resources("train"),
     log:

@@ -35,13 +35,14 @@ POSITIVE = {
     "train.lr", "train.epochs", "train.max_steps", "train.batch_size",
     "train.keep_checkpoints", "train.max_grad_norm", "parallel.nodes", "parallel.procs_per_node",
     "slurm.cpus_per_node", "slurm.mem_mb_per_node", "slurm.train_minutes", "slurm.evaluate_minutes",
-    "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes",
+    "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes", "slurm.preflight_minutes",
+    "slurm.stage_cpus", "slurm.stage_mem_mb",
     "parallel.shard_group_size", "parallel.tensor_parallel", "parallel.cpu_threads", "evaluate.sampling_steps",
 }
 NON_NEGATIVE = {
     "data.heldout_per_task", "train.save_steps", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
     "train.weight_decay", "evaluate.eta", "evaluate.max_samples_per_task", "evalkit.crf", "model.tiny_seed",
-    "slurm.gpus_per_node",
+    "slurm.gpus_per_node", "slurm.train_retries",
 }
 
 

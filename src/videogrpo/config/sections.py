@@ -257,15 +257,25 @@ class SlurmConfig:
     constraint: str = ""
     """Node feature constraint of GPU jobs, e.g. `h100` (empty: none)."""
     gpus_per_node: int | None = None
-    """GPUs per node of training and evaluation (null: parallel.procs_per_node on cuda, none on cpu)."""
+    """GPUs per node of a training job (null: parallel.procs_per_node on cuda, none on cpu); preflight and
+    evaluate ask for one."""
     cpus_per_node: int = 64
     """CPU cores per node of a training job (rollout decoding and the reward pool use them)."""
     mem_mb_per_node: int = 512000
     """Memory per node of a training job, in MB."""
     train_minutes: int = 2880
     """Wall-time limit of a training job; a job killed at the limit resumes from its last checkpoint."""
+    train_retries: int = 1
+    """Resubmissions of a failed training job (a job killed at its time limit resumes from its last
+    checkpoint); no other stage is resubmitted, since its failures repeat."""
     evaluate_minutes: int = 600
     """Wall-time limit of the evaluation job."""
+    preflight_minutes: int = 30
+    """Wall-time limit of the preflight job."""
+    stage_cpus: int = 16
+    """CPU cores of the one-GPU jobs (preflight; evaluate, whose scorer pool runs on them)."""
+    stage_mem_mb: int = 64000
+    """Memory of the one-GPU jobs, in MB."""
     data_cpus: int = 16
     """CPU cores of the data and scorer-runtime jobs."""
     data_mem_mb: int = 32000
