@@ -136,6 +136,35 @@ def test_readme_commands_are_all_exercised_here(repo):
             assert json.dumps(shlex.split(command))[1:-1] in here, f"README command not tested: {command}"
 
 
+def resources_of(dry_run: str, rule: str) -> dict[str, str]:
+    block = dry_run.split(f"rule {rule}:")[1].split("\nrule ")[0]
+    line = re.search(r"^\s+resources: (.*)$", block, re.M).group(1)
+    return dict(item.split("=", 1) for item in line.split(", "))
+
+
+def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stage(demo, workdir, repo):
+    """The SLURM block of the README, with its cluster.yaml, run as dry runs (-n) here."""
+    readme = (repo / "README.md").read_text()
+    cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", readme, re.S).group(1)
+    (workdir / "cluster.yaml").write_text(cluster_yaml)
+    block = re.search(r"```sh\n(snakemake -n --profile profiles/slurm.*?)```", readme, re.S).group(1)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(commands) == 3
+    for command in commands:
+        argv = command.split()
+        if "-n" not in argv:
+            argv.insert(1, "-n")
+        out = run(argv, workdir)
+        text = out.stdout + out.stderr
+        assert set(jobs_run(text)) >= {"preflight", "train", "evaluate"}
+    train, preflight, evaluate = (resources_of(text, rule) for rule in ("train", "preflight", "evaluate"))
+    assert (train["nodes"], train["gres"], train["mem_mb"], train["cpus_per_task"]) == ("16", "gpu:8", "900000", "96")
+    for stage, minutes in ((preflight, "30"), (evaluate, "600")):
+        assert (stage["nodes"], stage["gres"], stage["mem_mb"], stage["cpus_per_task"], stage["runtime"]) == (
+            "1", "gpu:1", "64000", "16", minutes)
+    assert "mpi" in train and "mpi" not in evaluate
+
+
 def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     """The launch contract by hand: two "machines" (one process each) on this host, as the README says."""
     import socket
