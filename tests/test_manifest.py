@@ -47,3 +47,39 @@ def test_unreadable_manifest_says_which_stage_to_rerun(tmp_path):
     (tmp_path / "v.json").write_text(json.dumps({"manifest_version": 0}))
     with pytest.raises(VideoGRPOError, match="manifest_version 0, expected 1"):
         read_manifest(tmp_path / "v.json")
+
+
+def upstream_stage(tmp_path):
+    """An upstream stage that made a file and a directory, and its manifest."""
+    table, tree = tmp_path / "per_task.csv", tmp_path / "final"
+    table.write_text("task,score\nA,0.5\n")
+    tree.mkdir()
+    (tree / "weights.bin").write_bytes(b"\x00" * 64)
+    (tree / "config.json").write_text("{}")
+    with StageRun("evaluate", tmp_path / "up.json", inputs={}) as stage:
+        stage.output("table", table)
+        stage.output("final", tree)
+    return table, tree, tmp_path / "up.json"
+
+
+def test_inputs_are_checked_against_the_upstream_manifest(tmp_path):
+    from videogrpo.errors import DigestMismatch
+    from videogrpo.provenance.digest import sha256_file
+
+    table, tree, up = upstream_stage(tmp_path)
+    with StageRun("report", tmp_path / "ok.json", inputs={"table": table, "final": tree}, upstream=[up]):
+        pass  # untouched inputs pass
+    recorded = sha256_file(table)
+    table.write_text("task,score\nA,0.9\n")  # a hand edit
+    with pytest.raises(DigestMismatch) as err:
+        with StageRun("report", tmp_path / "m.json", inputs={"table": table}, upstream=[up]):
+            pass
+    message = str(err.value)
+    assert f"{table}: input table is not what evaluate made ({up})" in message
+    assert f"recorded {recorded}" in message and f"found    {sha256_file(table)}" in message
+    assert "snakemake --forcerun evaluate" in message and not (tmp_path / "m.json").exists()
+    (tree / "weights.bin").write_bytes(b"\x00" * 63 + b"\x01")  # one flipped byte in a directory output
+    with pytest.raises(DigestMismatch, match=r"input final is not what evaluate made.*\n.*\n.*\n  files that differ: "
+                                             r"weights.bin\n"):
+        with StageRun("evaluate", tmp_path / "m.json", inputs={"final": tree}, upstream=[up]):
+            pass

@@ -256,6 +256,30 @@ def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir
     assert victim.read_bytes() == good
 
 
+def test_a_tampered_output_never_reaches_the_next_stage(demo, workdir):
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    table = run_dir / "evaluate/per_task.csv"
+    original = table.read_text()
+    table.write_text(original.replace("ALL,", "ALL ,", 1))  # a hand edit
+    try:
+        out = run(["snakemake", "--cores", "2", "report"], workdir, check=False)
+        assert out.returncode != 0 and "Error in rule report" in out.stdout + out.stderr
+        assert "per_task.csv: input table is not what evaluate made" in out.stdout + out.stderr
+    finally:
+        table.write_text(original)
+    weights = run_dir / "train/final/transformer/diffusion_pytorch_model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
+    try:
+        out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate"], workdir, check=False)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and "Error in rule evaluate" in text
+        assert "input final is not what train made" in text
+        assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
+    finally:
+        weights.write_bytes(good)
+
+
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
     """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
     stages and resumes; a change of the loss is refused until the user allows it."""

@@ -71,6 +71,32 @@ def rule_reward_inputs(**named):
     return named if RULE_REWARD else {}
 
 
+STAGE_MANIFESTS = {
+    "fetch_model": f"{MODEL}/fetch_model.manifest.json",
+    "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
+    "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
+    "validate_dataset": f"{DATA}/validate_dataset.manifest.json",
+    **rule_reward_inputs(
+        fingerprint_evalkit=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
+        check_scorer_runtime=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+    ),
+    "preflight": f"{RUN}/preflight.manifest.json",
+    "train": f"{RUN}/train.manifest.json",
+    "evaluate": f"{RUN}/evaluate.manifest.json",
+}
+
+
+def upstream(*stages):
+    """Named inputs: the manifests of the stages whose outputs a rule reads. The stage checks each input
+    against them (`--upstream`) and fails, naming the file and both digests, when one was changed."""
+    return {f"{stage}_manifest": STAGE_MANIFESTS[stage] for stage in stages if stage in STAGE_MANIFESTS}
+
+
+def upstream_args(wildcards, input):
+    """The `--upstream` arguments of a rule's manifest inputs (a params function)."""
+    return " ".join(f"--upstream {path}" for name, path in input.items() if name.endswith("_manifest"))
+
+
 def cluster_resources(kind):
     """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded.
 

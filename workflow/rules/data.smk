@@ -20,7 +20,7 @@ rule fetch_dataset:
 rule materialize_dataset:
     input:
         archives=ARCHIVES,
-        upstream=f"{DATA}/fetch_dataset.manifest.json",
+        **upstream("fetch_dataset"),
     output:
         index=f"{DATASET}/dataset.json",
         splits=f"{DATASET}/splits.json",
@@ -30,18 +30,19 @@ rule materialize_dataset:
         config=stage_config("materialize_dataset"),
         code=code("materialize_dataset"),
         out=DATASET,
+        upstream=upstream_args,
     resources:
         **cluster_resources("cpu"),
     log:
         f"{DATA}/materialize_dataset.log",
     shell:
         "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
-        " --out {params.out:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --out {params.out:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
 rule validate_dataset:
     input:
-        upstream=f"{DATA}/materialize_dataset.manifest.json",
+        **upstream("materialize_dataset"),
         index=f"{DATASET}/dataset.json",
     output:
         validation=f"{DATA}/validation.json",
@@ -50,10 +51,12 @@ rule validate_dataset:
         config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
         dataset=DATASET,
+        upstream=upstream_args,
     resources:
         **cluster_resources("cpu"),
     log:
         f"{DATA}/validate_dataset.log",
     shell:
         "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
-        " --workers {resources.cpus_per_task} --out {output.validation:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"

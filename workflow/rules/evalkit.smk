@@ -18,16 +18,18 @@ rule fingerprint_evalkit:
 rule check_scorer_runtime:
     input:
         fingerprint=f"{EVALKIT}/fingerprint.json",
+        **upstream("fingerprint_evalkit"),
     output:
         runtime=f"{EVALKIT}/scorer_runtime.json",
         manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
     params:
         config=stage_config("check_scorer_runtime"),
         code=code("check_scorer_runtime"),
+        upstream=upstream_args,
     resources:
         **cluster_resources("cpu"),
     log:
         f"{EVALKIT}/check_scorer_runtime.log",
     shell:
         "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
-        " --out {output.runtime:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

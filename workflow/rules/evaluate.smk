@@ -1,9 +1,9 @@
 rule evaluate:
     input:
         final=f"{RUN}/train/final",
-        train_manifest=f"{RUN}/train.manifest.json",
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",
+        **upstream("fetch_model", "materialize_dataset", "train"),
     output:
         scores=f"{RUN}/evaluate/scores.csv",
         table=report(
@@ -18,6 +18,7 @@ rule evaluate:
         code=code("evaluate"),
         dataset=DATASET,
         evalkit=CFG.evalkit.path,
+        upstream=upstream_args,
     resources:
         **cluster_resources("evaluate"),
     log:
@@ -25,4 +26,5 @@ rule evaluate:
     shell:
         "videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
-        " --table {output.table:q} --videos {output.videos:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --table {output.table:q} --videos {output.videos:q} {params.upstream} --manifest {output.manifest:q}"
+        " > {log:q} 2>&1"

@@ -1,9 +1,8 @@
 rule preflight:
     input:
         model=MODEL_DIR,
-        model_manifest=f"{MODEL}/fetch_model.manifest.json",
         validation=f"{DATA}/validation.json",
-        validation_manifest=f"{DATA}/validate_dataset.manifest.json",
+        **upstream("fetch_model", "validate_dataset", "fingerprint_evalkit", "check_scorer_runtime"),
         **rule_reward_inputs(
             evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
             scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
@@ -15,6 +14,7 @@ rule preflight:
         config=stage_config("preflight"),
         code=code("preflight"),
         dataset=DATASET,
+        upstream=upstream_args,
         reward_args=lambda wildcards, input: (
             f"--evalkit-fingerprint {input.evalkit_fingerprint} --scorer-runtime {input.scorer_runtime}"
             if RULE_REWARD
@@ -26,6 +26,6 @@ rule preflight:
         f"{RUN}/logs/preflight.log",
     shell:
         "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
-        " --model-manifest {input.model_manifest:q} --dataset {params.dataset:q}"
+        " --model-manifest {input.fetch_model_manifest:q} --dataset {params.dataset:q}"
         " --validation {input.validation:q} {params.reward_args} --out {output.report:q}"
-        " --manifest {output.manifest:q} > {log:q} 2>&1"
+        " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

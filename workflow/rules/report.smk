@@ -1,18 +1,3 @@
-STAGE_MANIFESTS = {
-    "fetch_model": f"{MODEL}/fetch_model.manifest.json",
-    "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
-    "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
-    "validate_dataset": f"{DATA}/validate_dataset.manifest.json",
-    **rule_reward_inputs(
-        fingerprint_evalkit=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
-        check_scorer_runtime=f"{EVALKIT}/check_scorer_runtime.manifest.json",
-    ),
-    "preflight": f"{RUN}/preflight.manifest.json",
-    "train": f"{RUN}/train.manifest.json",
-    "evaluate": f"{RUN}/evaluate.manifest.json",
-}
-
-
 rule report:
     input:
         metrics=f"{RUN}/train/metrics.jsonl",

@@ -5,6 +5,7 @@ rule train:
         preflight=f"{RUN}/preflight.json",
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",
+        **upstream("fetch_model", "materialize_dataset", "preflight"),
     output:
         final=directory(f"{RUN}/train/final"),
         metrics=f"{RUN}/train/metrics.jsonl",
@@ -16,6 +17,7 @@ rule train:
         run_dir=RUN,
         dataset=DATASET,
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
+        upstream=upstream_args,
     threads: CFG.parallel.procs_per_node
     retries: CFG.slurm.train_retries
     resources:
@@ -26,4 +28,4 @@ rule train:
         "videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} --final {output.final:q} --metrics {output.metrics:q}"
-        " --manifest {output.manifest:q} > {log:q} 2>&1"
+        " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

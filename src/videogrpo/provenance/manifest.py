@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo import atomic
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import DigestMismatch, VideoGRPOError
 from videogrpo.provenance import digest
 
 MANIFEST_VERSION = 1
@@ -95,17 +95,49 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def verify_inputs(records: dict[str, dict[str, Any]], upstream: list[Path]) -> None:
+    """Every input an upstream manifest recorded as its output must still be byte for byte what it recorded.
+
+    Raises DigestMismatch naming the input, the manifest, both digests and (for directories) the files
+    that differ, so a hand-edited or corrupted file never flows into a later stage.
+    """
+    recorded: dict[str, tuple[dict[str, Any], Path, str]] = {}
+    for path in upstream:
+        manifest = read_manifest(path)
+        for record in manifest["outputs"].values():
+            recorded[os.path.abspath(record["path"])] = (record, path, manifest["stage"])
+    for name, record in records.items():
+        match = recorded.get(os.path.abspath(record["path"]))
+        if match is None:
+            continue
+        expected, manifest_path, stage = match
+        if record_digest(expected) == record_digest(record):
+            continue
+        detail = ""
+        if record["kind"] == "directory" and "entries" in expected:
+            found = {rel: [sha, size] for rel, (sha, size) in digest.tree_entries(record["path"]).items()}
+            differ = sorted(rel for rel in set(found) | set(expected["entries"])
+                            if found.get(rel) != expected["entries"].get(rel))
+            detail = f"\n  files that differ: {', '.join(differ[:10])}" + (" ..." if len(differ) > 10 else "")
+        raise DigestMismatch(
+            f"{record['path']}: input {name} is not what {stage} made ({manifest_path})\n"
+            f"  recorded {record_digest(expected)}\n  found    {record_digest(record)}{detail}\n"
+            f"Restore it, or rerun {stage} (snakemake --forcerun {stage}) to make it again.")
+
+
 class StageRun:
     """One stage's provenance: inputs digested on entry, outputs on success, manifest written last.
 
-    On failure nothing is written, so a failed stage never leaves a manifest that looks complete.
+    On failure nothing is written, so a failed stage never leaves a manifest that looks complete. Inputs
+    that an upstream stage made are checked against its manifest before the stage starts.
     """
 
     def __init__(self, stage: str, manifest_path: str | os.PathLike, inputs: dict[str, str | os.PathLike],
-                 params: dict[str, Any] | None = None):
+                 params: dict[str, Any] | None = None, upstream: list[str | os.PathLike] | None = None):
         self.stage = stage
         self.manifest_path = Path(manifest_path)
         self.inputs = {name: Path(p) for name, p in inputs.items() if p}
+        self.upstream = [Path(p) for p in upstream or []]
         self.params = params or {}
         self.outputs: dict[str, Path] = {}
         self.summary: dict[str, Any] = {}
@@ -114,6 +146,7 @@ class StageRun:
         self.started_at = now_iso()
         self._t0 = time.monotonic()
         self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
+        verify_inputs(self.input_records, self.upstream)
         return self
 
     def output(self, name: str, path: str | os.PathLike) -> Path:

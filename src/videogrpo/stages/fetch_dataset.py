@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     d = cfg.data
     inputs = {"task_list": d.task_list} if d.source == "synthetic" else {}
-    with StageRun("fetch_dataset", args.manifest, inputs=inputs, params=sections) as stage:
+    with StageRun("fetch_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         if d.source == "synthetic":
             from videogrpo.data import synthetic
 

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     m = cfg.model
-    with StageRun("fetch_model", args.manifest, inputs={}, params=sections) as stage:
+    with StageRun("fetch_model", args.manifest, inputs={}, params=sections, upstream=args.upstream) as stage:
         if m.source == "tiny":
             from videogrpo.models.tiny import save_tiny_pipeline
 

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = read_task_list(d.task_list)
     pattern = d.archive_glob
     with StageRun("materialize_dataset", args.manifest, inputs={"archives": args.archives},
-                  params=sections) as stage:
+                  params=sections, upstream=args.upstream) as stage:
         archives = sorted(args.archives.glob(pattern))
         source = {"repo": d.repo_id if d.source == "hub" else "synthetic", "revision": d.revision
                   if d.source == "hub" else None, "archive_glob": pattern}

@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
-    inputs = {"model_manifest": args.model_manifest, "validation": args.validation,
+    inputs = {"model": args.model, "model_manifest": args.model_manifest, "validation": args.validation,
               "evalkit_fingerprint": args.evalkit_fingerprint, "scorer_runtime": args.scorer_runtime}
-    with StageRun("preflight", args.manifest, inputs=inputs, params=sections) as stage:
+    with StageRun("preflight", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         checks = [preflight.check_config(cfg), preflight.check_trainer_support(cfg),
                   preflight.check_model_dir(args.model, args.model_manifest),
                   preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),

@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     _, sections = load_config(args)
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
     manifests = {name: Path(path) for name, path in manifests.items()}
+    # Every stage's manifest is upstream: the metrics and the table must be what train and evaluate made.
     with StageRun("report", args.manifest, inputs=dict(manifests, metrics=args.metrics, table=args.table),
-                  params=sections) as stage:
+                  params=sections, upstream=[*manifests.values(), *args.upstream]) as stage:
         provenance = build_provenance(manifests, args.repo, args.run_id)
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
         with open(args.table, newline="") as f:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         train_this_node(cfg, args, input_digests(args))  # a manual launch, machine 1 and up
         return 0
     inputs = dict(inputs_of(args), preflight=args.preflight)
-    with StageRun("train", args.manifest, inputs=inputs, params=sections) as stage:
+    with StageRun("train", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         digests = input_digests(args, stage.input_records)
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)

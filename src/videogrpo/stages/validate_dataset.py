@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     d = cfg.data
     inputs = {"dataset_index": args.dataset / "dataset.json", "splits": args.dataset / "splits.json",
               "raw": args.dataset / "raw"}
-    with StageRun("validate_dataset", args.manifest, inputs=inputs, params=sections) as stage:
+    with StageRun("validate_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         workers = max(1, min(args.workers, len(os.sched_getaffinity(0))))
         report = validate(args.dataset, read_task_list(d.task_list), d.samples_per_task, d.gt_frames, d.gt_height,
                           d.gt_width, workers=workers)
