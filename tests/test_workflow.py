@@ -133,7 +133,8 @@ def test_readme_commands_are_all_exercised_here(repo):
                 for line in block.splitlines()]
     for command in filter(None, commands):
         if command != "make test":
-            assert json.dumps(shlex.split(command))[1:-1] in here, f"README command not tested: {command}"
+            as_argv, as_shell = json.dumps(shlex.split(command))[1:-1], json.dumps(command)  # or run by bash -c
+            assert as_argv in here or as_shell in here, f"README command not tested: {command}"
 
 
 def resources_of(dry_run: str, rule: str) -> dict[str, str]:
@@ -257,6 +258,7 @@ def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir
 
 
 def test_a_tampered_output_never_reaches_the_next_stage(demo, workdir):
+    run(["snakemake", "--cores", "2"], workdir)  # up to date first: only the tampering is left to find
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     table = run_dir / "evaluate/per_task.csv"
     original = table.read_text()
@@ -278,6 +280,40 @@ def test_a_tampered_output_never_reaches_the_next_stage(demo, workdir):
         assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
     finally:
         weights.write_bytes(good)
+
+
+def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
+    run(["snakemake", "--cores", "2"], workdir)
+    run_dir = f"results/runs/{first_run_id(workdir)}"
+    out = run(["bash", "-c", "videogrpo verify results/runs/$(videogrpo config --run-id)"], workdir)
+    assert re.search(r"\d+ manifests, \d+ files checked, 0 problems", out.stdout + out.stderr)
+    videos = workdir / run_dir / "evaluate/videos"
+    (victim,) = sorted(videos.rglob("*.mp4"))[:1]
+    good = victim.read_bytes()
+    victim.write_bytes(good + b"\0")
+    (videos / "stray.txt").write_text("added by hand")
+    index = next(workdir.glob("results/data/*/materialized/dataset.json"))
+    index_text = index.read_text()
+    index.unlink()
+    try:
+        out = run(["videogrpo", "verify", run_dir], workdir, check=False)
+        text = out.stdout + out.stderr
+        assert out.returncode == 4
+        assert f"CHANGED {victim.relative_to(workdir)} (evaluate output videos): recorded " in text
+        assert f"ADDED   {run_dir}/evaluate/videos/stray.txt (evaluate output videos)" in text
+        assert f"MISSING {index.relative_to(workdir)} (materialize_dataset output dataset.json)" in text
+        assert "3 problems" in text
+    finally:
+        victim.write_bytes(good)
+        (videos / "stray.txt").unlink()
+        index.write_text(index_text)
+    out = run(["bash", "-c", "videogrpo diff $(ls -d results/runs/tiny-* | head -2)"], workdir, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "config: 2 differ:" in text  # the two runs of this checkout differ in lr and max_steps only
+    assert re.search(r"train\.lr \(contract\): (0\.0001  \|  0\.0002|0\.0002  \|  0\.0001)", text), text
+    assert re.search(r"train\.max_steps \(contract\): (4  \|  2|2  \|  4)", text), text
+    assert re.search(r"digests: \d+ differ", text) and "train.final:" in text
 
 
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):

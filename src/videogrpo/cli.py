@@ -1,7 +1,8 @@
 """`videogrpo`: one sub-command per workflow rule, plus config and schema helpers.
 
 Exit codes: 0 success, 1 unexpected error (a bug: traceback printed), 2 a user-facing failure,
-3 invalid configuration, 4 digest mismatch, 5 bad data, 130 interrupted.
+3 invalid configuration, 4 digest mismatch (also `verify` finding a changed, missing or added file),
+5 bad data, 130 interrupted. `diff` exits 1 when the runs differ, as diff(1) does.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ def _schema_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_command(args: argparse.Namespace) -> int:
+    from videogrpo.provenance.verify import verify_run
+
+    return 0 if not verify_run(args.run_dir).problems else 4
+
+
+def _diff_command(args: argparse.Namespace) -> int:
+    from videogrpo.provenance.verify import diff_runs
+
+    return diff_runs(args.run_a, args.run_b)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="videogrpo", description="GRPO for Wan2.2 video models, one sub-command "
                                      "per workflow rule (see the Snakefile).",
@@ -70,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_config_command)
     schema = sub.add_parser("schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)")
     schema.set_defaults(handler=_schema_command)
+    verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
+    verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
+    verify.set_defaults(handler=_verify_command)
+    diff = sub.add_parser("diff", help="the config fields, output digests and final metrics two runs differ in")
+    diff.add_argument("run_a", type=Path)
+    diff.add_argument("run_b", type=Path)
+    diff.set_defaults(handler=_diff_command)
     return parser
 
 

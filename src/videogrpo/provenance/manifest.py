@@ -166,6 +166,7 @@ class StageRun:
             "host": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "inputs": self.input_records,
+            "upstream": [str(p) for p in self.upstream],
             "outputs": {name: describe(p, list_files=True) for name, p in self.outputs.items()},
             "params": self.params,
             "versions": package_versions(),

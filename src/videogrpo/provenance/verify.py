@@ -1,0 +1,124 @@
+"""`videogrpo verify` and `videogrpo diff`: a run's recorded digests checked again, and two runs compared.
+
+verify starts from the manifests in a run directory, follows each manifest's upstream manifests (the
+shared downloads, dataset and EvalKit records), re-hashes every output they name and lists what
+changed, is missing or was added. diff compares two runs' config fields (by class), output digests
+and final metrics.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from videogrpo.errors import VideoGRPOError
+from videogrpo.progress import Progress
+from videogrpo.provenance import digest
+from videogrpo.provenance.manifest import read_manifest
+
+
+def run_manifests(run_dir: Path) -> dict[Path, dict[str, Any]]:
+    """The manifests of a run directory and, transitively, every upstream manifest they name."""
+    todo = sorted(run_dir.glob("*.manifest.json"))
+    if not todo:
+        raise VideoGRPOError(f"{run_dir}: no stage manifests here; give a run directory (results/runs/<run>)")
+    found: dict[Path, dict[str, Any]] = {}
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        found[path] = read_manifest(path)
+        todo += [Path(p) for p in found[path].get("upstream", []) if Path(p) not in found]
+    return found
+
+
+@dataclass
+class Verification:
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def verify_run(run_dir: Path, log=print) -> Verification:
+    """Re-hash every output the run's manifests record; a problem per changed, missing or added file."""
+    result = Verification()
+    manifests = run_manifests(run_dir)
+    progress = Progress("verify", total=len(manifests), unit="manifests")
+    for path, manifest in sorted(manifests.items()):
+        for name, record in sorted(manifest["outputs"].items()):
+            where = f"{manifest['stage']} output {name}"
+            target = Path(record["path"])
+            if record["kind"] == "file":
+                result.checked += 1
+                if not target.is_file():
+                    result.problems.append(f"MISSING {target} ({where})")
+                elif (found := digest.sha256_file(target)) != record["sha256"]:
+                    result.problems.append(f"CHANGED {target} ({where}): recorded {record['sha256']}, found {found}")
+                continue
+            if not target.is_dir():
+                result.problems.append(f"MISSING {target}/ ({where})")
+                continue
+            recorded = record.get("entries", {})
+            current = digest.tree_entries(target)
+            result.checked += len(current)
+            for rel in sorted(set(recorded) | set(current)):
+                if rel not in current:
+                    result.problems.append(f"MISSING {target / rel} ({where})")
+                elif rel not in recorded:
+                    result.problems.append(f"ADDED   {target / rel} ({where})")
+                elif list(current[rel]) != list(recorded[rel]):
+                    result.problems.append(f"CHANGED {target / rel} ({where}): recorded {recorded[rel][0]}, "
+                                           f"found {current[rel][0]}")
+        progress.update()
+    progress.finish()
+    for line in result.problems:
+        log(line)
+    log(f"{len(manifests)} manifests, {result.checked} files checked, {len(result.problems)} problems")
+    return result
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else key))
+        return out
+    return {prefix: value}
+
+
+def _final_metrics(run_dir: Path) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    metrics = run_dir / "train/metrics.jsonl"
+    if metrics.is_file() and (lines := metrics.read_text().splitlines()):
+        last = json.loads(lines[-1])
+        found.update({f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float))
+                      and not k.startswith("time_")})
+    table = run_dir / "evaluate/per_task.csv"
+    if table.is_file():
+        with open(table, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["task"] == "ALL":
+                    found.update({f"evaluate.{k}": v for k, v in row.items() if k != "task"})
+    return found
+
+
+def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
+    """Print the config fields (with their class), output digests and final metrics that differ; 1 if any."""
+    from videogrpo.config import field_class
+
+    sides = [run_manifests(run) for run in (run_a, run_b)]
+    params = [_flatten(next((m["params"] for m in side.values() if m["stage"] == "train"), {})) for side in sides]
+    outputs = [{f"{m['stage']}.{name}": rec.get("sha256") or rec.get("tree_sha256")
+                for m in side.values() for name, rec in m["outputs"].items()} for side in sides]
+    metrics = [_final_metrics(run) for run in (run_a, run_b)]
+    differences = 0
+    for title, (a, b), label in (("config", params, lambda k: f"{k} ({field_class(k)})"),
+                                 ("digests", outputs, str), ("final metrics", metrics, str)):
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        log(f"{title}: {len(keys)} differ" + (":" if keys else ""))
+        for key in keys:
+            log(f"  {label(key)}: {a.get(key, '-')}  |  {b.get(key, '-')}")
+        differences += len(keys)
+    return 1 if differences else 0
