@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env demo test test-unit test-e2e clean
+.PHONY: env demo test test-unit test-e2e lint format clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,16 @@ demo: env
 
 test: env
 	pytest
+
+lint: env   # also run by `make test` (tests/test_lint.py)
+	ruff check .
+	ruff format --check .
+	snakefmt --check Snakefile workflow/
+
+format: env
+	ruff check --fix .
+	ruff format .
+	snakefmt Snakefile workflow/
 
 test-unit: env
 	pytest -m "not e2e and not cluster"

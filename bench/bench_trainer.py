@@ -42,16 +42,28 @@ def build_inputs(root: Path) -> tuple[Path, Path, Path]:
     tasks = list(synthetic.TASKS)
     synthetic.generate(root / "archives", tasks, 6, seed=0, frames=17, height=64, width=64, fps=16)
     dataset = root / "dataset"
-    materialize(sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz")), dataset, tasks, 6, 2, 42, "bench",
-                {"repo": "synthetic"}, log=lambda _: None)
+    materialize(
+        sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz")),
+        dataset,
+        tasks,
+        6,
+        2,
+        42,
+        "bench",
+        {"repo": "synthetic"},
+        log=lambda _: None,
+    )
     # The reference EvalKit with a known, CPU-free latency in front of every score.
     kit = root / "evalkit"
     shutil.copytree(REPO / "src/videogrpo/rewards/reference_evalkit", kit)
     entry = kit / "run_evaluation.py"
-    entry.write_text(entry.read_text().replace(
-        '    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]',
-        f'    import os, time\n    time.sleep(float(os.environ.get("{LATENCY_VAR}", "0")))\n'
-        '    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]'))
+    entry.write_text(
+        entry.read_text().replace(
+            "    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
+            f'    import os, time\n    time.sleep(float(os.environ.get("{LATENCY_VAR}", "0")))\n'
+            "    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
+        )
+    )
     return model, dataset, kit
 
 
@@ -79,11 +91,31 @@ def torchrun(module: str, args: list[str], latency: float, log: Path) -> None:
 
 def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path, latency: float) -> list[dict]:
     out = root / name
-    torchrun("videogrpo.grpo.worker", ["--config-json", json.dumps(cfg), "--run-id", name, "--model", str(model),
-                                       "--dataset", str(dataset), "--evalkit", cfg["evalkit"]["path"],
-                                       "--checkpoints", str(out / "ckpt"), "--final", str(out / "final"),
-                                       "--metrics", str(out / "metrics.jsonl"), "--run-dir", str(out)],
-             latency, root / f"{name}.log")
+    torchrun(
+        "videogrpo.grpo.worker",
+        [
+            "--config-json",
+            json.dumps(cfg),
+            "--run-id",
+            name,
+            "--model",
+            str(model),
+            "--dataset",
+            str(dataset),
+            "--evalkit",
+            cfg["evalkit"]["path"],
+            "--checkpoints",
+            str(out / "ckpt"),
+            "--final",
+            str(out / "final"),
+            "--metrics",
+            str(out / "metrics.jsonl"),
+            "--run-dir",
+            str(out),
+        ],
+        latency,
+        root / f"{name}.log",
+    )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -98,8 +130,23 @@ def spread(values: list[float]) -> float:
 
 def raw(root: Path, name: str, cfg: dict, model: Path, dataset: Path, kit: Path, updates: int) -> list[dict]:
     log = root / f"{name}.log"
-    torchrun("bench.raw_compute", ["--config-json", json.dumps(cfg), "--model", str(model), "--dataset",
-                                   str(dataset), "--evalkit", str(kit), "--updates", str(updates)], 0.0, log)
+    torchrun(
+        "bench.raw_compute",
+        [
+            "--config-json",
+            json.dumps(cfg),
+            "--model",
+            str(model),
+            "--dataset",
+            str(dataset),
+            "--evalkit",
+            str(kit),
+            "--updates",
+            str(updates),
+        ],
+        0.0,
+        log,
+    )
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
@@ -125,18 +172,24 @@ def main() -> None:
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
             for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
-                runs.setdefault(f"sync-{name}", []).append(train(root, f"sync-{name}-{rep}", sync_cfg, model,
-                                                                 dataset, lat))
-                runs.setdefault(f"delayed-{name}", []).append(train(root, f"delayed-{name}-{rep}", delayed_cfg,
-                                                                    model, dataset, lat))
+                runs.setdefault(f"sync-{name}", []).append(
+                    train(root, f"sync-{name}-{rep}", sync_cfg, model, dataset, lat)
+                )
+                runs.setdefault(f"delayed-{name}", []).append(
+                    train(root, f"delayed-{name}-{rep}", delayed_cfg, model, dataset, lat)
+                )
             runs.setdefault("raw", []).append(raw(root, f"raw-{rep}", sync_cfg, model, dataset, kit, args.updates))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"tiny model, 17 frames 64x64, 8 sampling steps, 2 ranks x {per_rank} rollouts, {workers} scorer "
-          f"workers per rank, {args.updates} updates per run, {args.repeats} identical runs per configuration; "
-          f"per run the median over updates after the first 2, then the median over runs")
-    print("\n| reward | latency/video | R rollout | T replay | W reward wait | sync step | delayed step | delayed/sync "
-          "| spread of identical runs (sync, delayed) | ideal |")
+    print(
+        f"tiny model, 17 frames 64x64, 8 sampling steps, 2 ranks x {per_rank} rollouts, {workers} scorer "
+        f"workers per rank, {args.updates} updates per run, {args.repeats} identical runs per configuration; "
+        f"per run the median over updates after the first 2, then the median over runs"
+    )
+    print(
+        "\n| reward | latency/video | R rollout | T replay | W reward wait | sync step | delayed step | delayed/sync "
+        "| spread of identical runs (sync, delayed) | ideal |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
         sync, delayed = runs[f"sync-{name}"], runs[f"delayed-{name}"]
@@ -145,24 +198,34 @@ def main() -> None:
         t_delayed = [steady([m["time_step_s"] for m in run if m["delayed_replay_staleness"] > 0]) for run in delayed]
         rollout, replay, reward = window["time_rollout_s"], window["time_replay_s"], window["time_reward_wait_s"]
         ideal = max(rollout + replay, reward) / (rollout + reward + replay)
-        print(f"| {name} | {lat:.3f} s | {rollout:.3f} | {replay:.3f} | {reward:.3f} | {statistics.median(t_sync):.3f} "
-              f"| {statistics.median(t_delayed):.3f} | {statistics.median(t_delayed) / statistics.median(t_sync):.3f} "
-              f"| {spread(t_sync):.1%}, {spread(t_delayed):.1%} | {ideal:.3f} |")
-    print("\nTrainer overhead: synchronous updates with an instant reward, the trainer against the plain loop doing the "
-          "same work (seconds per update, medians)")
-    print("\n| window (what is timed) | trainer | plain loop | trainer / plain | spread of identical trainer runs "
-          "| spread of identical plain runs |")
+        print(
+            f"| {name} | {lat:.3f} s | {rollout:.3f} | {replay:.3f} | {reward:.3f} | {statistics.median(t_sync):.3f} "
+            f"| {statistics.median(t_delayed):.3f} | {statistics.median(t_delayed) / statistics.median(t_sync):.3f} "
+            f"| {spread(t_sync):.1%}, {spread(t_delayed):.1%} | {ideal:.3f} |"
+        )
+    print(
+        "\nTrainer overhead: synchronous updates with an instant reward, the trainer against the plain loop doing the "
+        "same work (seconds per update, medians)"
+    )
+    print(
+        "\n| window (what is timed) | trainer | plain loop | trainer / plain | spread of identical trainer runs "
+        "| spread of identical plain runs |"
+    )
     print("|---|---|---|---|---|---|")
-    labels = {"time_rollout_s": "rollout: conditions, denoising, decode, submit to the scorer",
-              "time_reward_wait_s": "reward wait: collect scores, gather over ranks, advantages",
-              "time_replay_s": "replay: PPO loss over the trained timesteps, backward, all-reduce, clip, AdamW",
-              "time_step_s": "whole update (the three above)"}
+    labels = {
+        "time_rollout_s": "rollout: conditions, denoising, decode, submit to the scorer",
+        "time_reward_wait_s": "reward wait: collect scores, gather over ranks, advantages",
+        "time_replay_s": "replay: PPO loss over the trained timesteps, backward, all-reduce, clip, AdamW",
+        "time_step_s": "whole update (the three above)",
+    }
     for key, label in labels.items():
         trainer = [steady([m[key] for m in run]) for run in runs["sync-cpu-bound"]]
         plain = [steady([m[key] for m in run]) for run in runs["raw"]]
-        print(f"| {label} | {statistics.median(trainer):.3f} | {statistics.median(plain):.3f} "
-              f"| {statistics.median(trainer) / statistics.median(plain):.3f} | {spread(trainer):.1%} "
-              f"| {spread(plain):.1%} |")
+        print(
+            f"| {label} | {statistics.median(trainer):.3f} | {statistics.median(plain):.3f} "
+            f"| {statistics.median(trainer) / statistics.median(plain):.3f} | {spread(trainer):.1%} "
+            f"| {spread(plain):.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -52,16 +52,29 @@ def main() -> None:
             t0 = time.monotonic()
             _, prompts = batch_for_step(order, g.prompts_per_step, step)
             samples = [prompts[j] for j, _ in rows]
-            embeds, condition = model.encode_conditions([s.prompt for s in samples], [s.first_frame for s in samples],
-                                                        cfg.video.height, cfg.video.width)
+            embeds, condition = model.encode_conditions(
+                [s.prompt for s in samples], [s.first_frame for s in samples], cfg.video.height, cfg.video.width
+            )
             init = torch.stack([seeded_normal(shape, ctx.device, seed, step, j, 0, 0x1A17) for j, _ in rows])
             etas = torch.full((len(rows),), g.eta)
             with torch.no_grad():
-                traj = rollout(model, model.transformer, embeds, condition, init, sigmas, g.sampler, etas,
-                               lambda i: torch.stack([seeded_normal(shape, ctx.device, seed, step, j, m, i)
-                                                      for j, m in rows]))
-            futures = [scorer.submit(score_request(cfg.evalkit, cfg.video.fps, video, s.task, str(s.directory)))
-                       for video, s in zip(model.decode(traj.latents[:, -1]), samples)]
+                traj = rollout(
+                    model,
+                    model.transformer,
+                    embeds,
+                    condition,
+                    init,
+                    sigmas,
+                    g.sampler,
+                    etas,
+                    lambda i, step=step: torch.stack(
+                        [seeded_normal(shape, ctx.device, seed, step, j, m, i) for j, m in rows]
+                    ),
+                )
+            futures = [
+                scorer.submit(score_request(cfg.evalkit, cfg.video.fps, video, s.task, str(s.directory)))
+                for video, s in zip(model.decode(traj.latents[:, -1]), samples)
+            ]
             t1 = time.monotonic()
             mine = [(j, m, r["score"]) for (j, m), r in zip(rows, RuleScorer.collect(futures))]
             table = torch.zeros(g.prompts_per_step, g.group_size)
@@ -83,8 +96,17 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             t3 = time.monotonic()
             if ctx.is_main:
-                print(json.dumps({"time_rollout_s": t1 - t0, "time_reward_wait_s": t2 - t1, "time_replay_s": t3 - t2,
-                                  "time_step_s": t3 - t0}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "time_rollout_s": t1 - t0,
+                            "time_reward_wait_s": t2 - t1,
+                            "time_replay_s": t3 - t2,
+                            "time_step_s": t3 - t0,
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         scorer.close()
         distributed.shutdown()

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = ["S-1_move_red_square_data-generator", "S-2_fill_circle_blue_data-generator",
-         "S-3_grow_bar_to_line_data-generator"]
+TASKS = [
+    "S-1_move_red_square_data-generator",
+    "S-2_fill_circle_blue_data-generator",
+    "S-3_grow_bar_to_line_data-generator",
+]
 SAMPLES = 3
 FRAMES, SIDE = 17, 64
 
@@ -44,8 +47,17 @@ def dataset(archives, tmp_path_factory) -> Path:
     from videogrpo.data.materialize import materialize
 
     out = tmp_path_factory.mktemp("dataset")
-    materialize(sorted((archives / "VBVR-Pro-RL-Video").glob("*.tar.gz")), out, TASKS, SAMPLES, 1, 42, "synthetic_3",
-                {"repo": "synthetic"}, log=lambda _: None)
+    materialize(
+        sorted((archives / "VBVR-Pro-RL-Video").glob("*.tar.gz")),
+        out,
+        TASKS,
+        SAMPLES,
+        1,
+        42,
+        "synthetic_3",
+        {"repo": "synthetic"},
+        log=lambda _: None,
+    )
     return out
 
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from conftest import REPO
 
 TINY = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -38,14 +37,37 @@ def solo_config(**sections) -> dict:
 
 def launch(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cfg['parallel']['procs_per_node']}", "-m", "videogrpo.grpo.worker",
-            "--config-json", json.dumps(cfg), "--run-id", "test", "--model", str(tiny_model), "--dataset", str(dataset),
-            "--evalkit", cfg["evalkit"]["path"], "--checkpoints", str(out / "checkpoints"), "--final", str(out / "final"),
-            "--metrics", str(out / "metrics.jsonl"), "--run-dir", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={cfg['parallel']['procs_per_node']}",
+        "-m",
+        "videogrpo.grpo.worker",
+        "--config-json",
+        json.dumps(cfg),
+        "--run-id",
+        "test",
+        "--model",
+        str(tiny_model),
+        "--dataset",
+        str(dataset),
+        "--evalkit",
+        cfg["evalkit"]["path"],
+        "--checkpoints",
+        str(out / "checkpoints"),
+        "--final",
+        str(out / "final"),
+        "--metrics",
+        str(out / "metrics.jsonl"),
+        "--run-dir",
+        str(out),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen(args, env=env, stdout=open(out / "log.txt", "a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        args, env=env, stdout=open(out / "log.txt", "a"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def train(cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None) -> bool:
@@ -76,8 +98,16 @@ def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path, in
 
     resolved = config.from_dict(cfg)
     torch.set_num_threads(resolved.parallel.cpu_threads)  # what distributed.init does in a worker
-    paths = TrainPaths(tiny_model, dataset, Path(cfg["evalkit"]["path"]), out / "checkpoints", out / "final",
-                       out / "metrics.jsonl", out, inputs or {})
+    paths = TrainPaths(
+        tiny_model,
+        dataset,
+        Path(cfg["evalkit"]["path"]),
+        out / "checkpoints",
+        out / "final",
+        out / "metrics.jsonl",
+        out,
+        inputs or {},
+    )
     return Trainer(resolved, paths, distributed.Context(0, 1, 0, torch.device("cpu")), "test")
 
 

@@ -64,8 +64,11 @@ class HubHandler(BaseHTTPRequestHandler):
             files = self._files(kind[:-1], repo_id, revision)
             if files is None:
                 return
-            entries = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                       for name, data in sorted(files.items()) if not prefix or name.startswith(prefix + "/")]
+            entries = [
+                {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                for name, data in sorted(files.items())
+                if not prefix or name.startswith(prefix + "/")
+            ]
             body = json.dumps(entries).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -109,7 +112,7 @@ class HubServer:
         self.handler = handler
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from test_workflow import copy_checkout, jobs_run, run
 from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive
+from test_workflow import copy_checkout, jobs_run, run
 
 pytestmark = pytest.mark.cluster
 TEST_PROFILE = ["--profile", "profiles/slurm", "--workflow-profile", "tests/cluster/profile"]
@@ -41,8 +40,12 @@ def test_harness_starts_two_idle_nodes_and_stops_everything(tmp_path):
     cluster = start_or_skip(tmp_path / "slurm")
     pids = list(cluster.pids)
     try:
-        out = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", "echo $SLURMD_NODENAME"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", "echo $SLURMD_NODENAME"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
     finally:
         cluster.stop()
@@ -103,15 +106,23 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
     override = ["--config", "train={max_steps: 10, save_steps: 2, epochs: 2}"]
     env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     driver_log = checkout / "driver.log"  # a file, not a pipe: nobody reads a pipe while we poll
-    driver = subprocess.Popen(["snakemake", *TEST_PROFILE, *override], cwd=checkout, env=env,
-                              stdout=open(driver_log, "w"), stderr=subprocess.STDOUT)
+    driver = subprocess.Popen(
+        ["snakemake", *TEST_PROFILE, *override],
+        cwd=checkout,
+        env=env,
+        stdout=open(driver_log, "w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 300
         cancelled, seen = None, []
         while time.monotonic() < deadline and driver.poll() is None:
             # Complete checkpoints of a run still training (the earlier test's finished run has a final).
-            marks = [m for m in checkout.glob("results/runs/*/checkpoints/step-*/COMPLETE")
-                     if not (m.parents[2] / "train/final").exists()]
+            marks = [
+                m
+                for m in checkout.glob("results/runs/*/checkpoints/step-*/COMPLETE")
+                if not (m.parents[2] / "train/final").exists()
+            ]
             job = squeue_train_job()
             seen.append((len(marks), job))
             if marks and job:
@@ -127,8 +138,11 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
             driver.kill()
     assert driver.returncode != 0 and "Error in rule train" in output
     # The killed job left no output that looks complete: its run is the one with checkpoints and no final.
-    (run_dir,) = {p.parents[1] for p in checkout.glob("results/runs/*/checkpoints/step-*")
-                  if not (p.parents[1] / "train/final").exists()}
+    (run_dir,) = {
+        p.parents[1]
+        for p in checkout.glob("results/runs/*/checkpoints/step-*")
+        if not (p.parents[1] / "train/final").exists()
+    }
     out = run(["snakemake", *TEST_PROFILE, *override], checkout)
     assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
     log = (run_dir / "logs/train.log").read_text()

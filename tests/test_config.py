@@ -24,10 +24,16 @@ def test_default_config_is_valid_and_names_its_run(repo, monkeypatch):
 
 
 def test_snakemake_config_strings_are_coerced():
-    cfg = config.from_dict({"recipe": "x", "model": {"source": "tiny"}, "data": {"source": "synthetic"},
-                            "evalkit": {"path": "kit", "digest": "a" * 64},
-                            "train": {"lr": "1e-5", "max_steps": "7", "auto_resume": "False"},
-                            "grpo": {"eta_range": ["0", "1"]}})
+    cfg = config.from_dict(
+        {
+            "recipe": "x",
+            "model": {"source": "tiny"},
+            "data": {"source": "synthetic"},
+            "evalkit": {"path": "kit", "digest": "a" * 64},
+            "train": {"lr": "1e-5", "max_steps": "7", "auto_resume": "False"},
+            "grpo": {"eta_range": ["0", "1"]},
+        }
+    )
     assert cfg.train.lr == 1e-5 and cfg.train.max_steps == 7 and cfg.train.auto_resume is False
     assert cfg.grpo.eta_range == [0.0, 1.0]
 
@@ -42,15 +48,18 @@ def test_wrong_type_names_the_field():
         config.from_dict({"grpo": {"group_size": "many"}}, partial=True)
 
 
-@pytest.mark.parametrize("section,field,value,rule", [
-    ("model", "revision", "main", "40-hex commit"),
-    ("data", "revision", "v1.0", "40-hex commit"),
-    ("evalkit", "digest", "abc", "64-hex"),
-    ("grpo", "sampler", "ddim", "must be one of flowcps, dancegrpo, flowgrpo"),
-    ("video", "num_frames", 80, "4k \\+ 1"),
-    ("video", "height", 500, "multiple of 32"),
-    ("train", "lr", 0, "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "section,field,value,rule",
+    [
+        ("model", "revision", "main", "40-hex commit"),
+        ("data", "revision", "v1.0", "40-hex commit"),
+        ("evalkit", "digest", "abc", "64-hex"),
+        ("grpo", "sampler", "ddim", "must be one of flowcps, dancegrpo, flowgrpo"),
+        ("video", "num_frames", 80, "4k \\+ 1"),
+        ("video", "height", 500, "multiple of 32"),
+        ("train", "lr", 0, "must be > 0"),
+    ],
+)
 def test_field_rules_name_field_value_and_rule(section, field, value, rule):
     data = {"model": {"revision": "a" * 40}, "evalkit": {"path": "k", "digest": "b" * 64}}
     data.setdefault(section, {})[field] = value
@@ -78,14 +87,19 @@ def test_recipes_set_every_field_the_default_sets(repo, recipe):
 def test_5b_cps_at_100_ranks_is_rejected_with_the_numbers(repo, monkeypatch):
     monkeypatch.chdir(repo)
     with pytest.raises(ConfigError) as err:
-        config.load(["config/config.yaml", "config/recipes/rl_5b_cps.yaml"],
-                    {"parallel": {"nodes": 25, "procs_per_node": 4}})
-    assert "world size 100 (= nodes 25 x procs_per_node 4) must be a multiple of the prompts per wave 32" in str(err.value)
+        config.load(
+            ["config/config.yaml", "config/recipes/rl_5b_cps.yaml"], {"parallel": {"nodes": 25, "procs_per_node": 4}}
+        )
+    assert "world size 100 (= nodes 25 x procs_per_node 4) must be a multiple of the prompts per wave 32" in str(
+        err.value
+    )
 
 
 def test_group_size_must_split_over_the_ranks_of_a_prompt(repo, monkeypatch):
     monkeypatch.chdir(repo)
-    with pytest.raises(ConfigError, match=r"grpo.group_size = 30: must be a multiple of the 4 ranks sharing each prompt"):
+    with pytest.raises(
+        ConfigError, match=r"grpo.group_size = 30: must be a multiple of the 4 ranks sharing each prompt"
+    ):
         config.load(["config/recipes/rl_5b_cps.yaml"], {"grpo": {"group_size": 30}})
 
 
@@ -102,21 +116,28 @@ def test_a14b_batch_must_match_data_replicas(repo, monkeypatch):
         config.load(["config/recipes/rl_a14b_rule.yaml"], {"grpo": {"prompts_per_step": 32}})
 
 
-@pytest.mark.parametrize("grpo,message", [
-    ({"sampler": "flowcps", "eta": 0.0}, r"grpo\.eta = 0\.0: Flow-CPS needs 0 < eta <= 1"),
-    ({"sampler": "flowcps", "eta": 1.5}, r"grpo\.eta = 1\.5: Flow-CPS needs 0 < eta <= 1"),
-    ({"sampler": "dancegrpo", "eta": 0.0}, r"grpo\.eta = 0\.0: DanceGRPO needs eta > 0"),
-    ({"eta_range": [0.5, 0.5]}, r"grpo\.eta_range = \[0\.5, 0\.5\]: must be \[lo, hi\] with 0 <= lo < hi <= 1"),
-    ({"sampler": "dancegrpo", "eta_range": [0.0, 1.0]}, r"grpo\.eta_range = .*need grpo\.sampler = 'flowcps'"),
-])
+@pytest.mark.parametrize(
+    "grpo,message",
+    [
+        ({"sampler": "flowcps", "eta": 0.0}, r"grpo\.eta = 0\.0: Flow-CPS needs 0 < eta <= 1"),
+        ({"sampler": "flowcps", "eta": 1.5}, r"grpo\.eta = 1\.5: Flow-CPS needs 0 < eta <= 1"),
+        ({"sampler": "dancegrpo", "eta": 0.0}, r"grpo\.eta = 0\.0: DanceGRPO needs eta > 0"),
+        ({"eta_range": [0.5, 0.5]}, r"grpo\.eta_range = \[0\.5, 0\.5\]: must be \[lo, hi\] with 0 <= lo < hi <= 1"),
+        ({"sampler": "dancegrpo", "eta_range": [0.0, 1.0]}, r"grpo\.eta_range = .*need grpo\.sampler = 'flowcps'"),
+    ],
+)
 def test_the_reference_sampler_rules(grpo, message):
     with pytest.raises(ConfigError, match=message):
         config.from_dict({"grpo": grpo}, partial=True)
 
 
 def test_sampler_settings_the_reference_accepts():
-    for grpo in ({"sampler": "flowcps", "eta": 1.0}, {"sampler": "flowcps", "eta": 0.0, "eta_range": [0.0, 1.0]},
-                 {"sampler": "dancegrpo", "eta": 0.3}, {"sampler": "flowgrpo", "eta": 0.0}):
+    for grpo in (
+        {"sampler": "flowcps", "eta": 1.0},
+        {"sampler": "flowcps", "eta": 0.0, "eta_range": [0.0, 1.0]},
+        {"sampler": "dancegrpo", "eta": 0.3},
+        {"sampler": "flowgrpo", "eta": 0.0},
+    ):
         config.from_dict({"grpo": grpo}, partial=True)
     assert config.from_dict({"train": {"save_steps": 0}}, partial=True).train.save_steps == 0  # no periodic save
 
@@ -140,8 +161,10 @@ def test_the_5b_recipes_train_on_all_50000_samples_in_7728_updates(repo, monkeyp
     cfg = config.load(["config/config.yaml", f"config/recipes/{recipe}.yaml"])
     tasks = config.read_task_list(cfg.data.task_list)
     index = {task: [f"{task}_{i:05d}" for i in range(cfg.data.samples_per_task)] for task in tasks}
-    manifest = [{"task": task, "source": task, "split": cfg.data.split_name, **ids}
-                for task, ids in split(index, cfg.data.heldout_per_task, cfg.data.shuffle_seed).items()]
+    manifest = [
+        {"task": task, "source": task, "split": cfg.data.split_name, **ids}
+        for task, ids in split(index, cfg.data.heldout_per_task, cfg.data.shuffle_seed).items()
+    ]
     (tmp_path / "dataset.json").write_text(json.dumps({"root": "raw"}))
     (tmp_path / "splits.json").write_text(json.dumps(manifest))
     train = load_split(tmp_path, "rl")
@@ -163,15 +186,30 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
 
 
 IDENTITY_CASES = {
-    config.CONTRACT: [("train", "lr", 2e-4), ("grpo", "sampler", "dancegrpo"), ("model", "tiny_seed", 1),
-                      ("data", "synthetic_seed", 3), ("evalkit", "digest", "c" * 64), ("reward", "judge_frames", 8),
-                      ("parallel", "param_dtype", "bfloat16"), ("train", "save_steps", 3)],
-    config.EXECUTION: [("parallel", "master_port", 29600), ("parallel", "cpu_threads", 2),
-                       ("parallel", "attention_backend", "_native_math"), ("evalkit", "workers", 1),
-                       ("evalkit", "path", "elsewhere"), ("train", "keep_checkpoints", 5),
-                       ("train", "resume_from", "/ckpt/step-00000100"), ("train", "gradient_checkpointing", True),
-                       ("train", "resume_across_code_changes", True), ("logging", "wandb_mode", "disabled"),
-                       ("slurm", "partition", "gpu"), ("reward", "judge_port", 1)],
+    config.CONTRACT: [
+        ("train", "lr", 2e-4),
+        ("grpo", "sampler", "dancegrpo"),
+        ("model", "tiny_seed", 1),
+        ("data", "synthetic_seed", 3),
+        ("evalkit", "digest", "c" * 64),
+        ("reward", "judge_frames", 8),
+        ("parallel", "param_dtype", "bfloat16"),
+        ("train", "save_steps", 3),
+    ],
+    config.EXECUTION: [
+        ("parallel", "master_port", 29600),
+        ("parallel", "cpu_threads", 2),
+        ("parallel", "attention_backend", "_native_math"),
+        ("evalkit", "workers", 1),
+        ("evalkit", "path", "elsewhere"),
+        ("train", "keep_checkpoints", 5),
+        ("train", "resume_from", "/ckpt/step-00000100"),
+        ("train", "gradient_checkpointing", True),
+        ("train", "resume_across_code_changes", True),
+        ("logging", "wandb_mode", "disabled"),
+        ("slurm", "partition", "gpu"),
+        ("reward", "judge_port", 1),
+    ],
     config.EVALUATION: [("evaluate", "seed", 7), ("evaluate", "split", "rl"), ("evaluate", "sampling_steps", 4)],
     config.COSMETIC: [("data", "split_name", "renamed"), ("logging", "wandb_project", "elsewhere")],
 }
@@ -208,9 +246,15 @@ def test_download_params_are_what_they_download(repo, monkeypatch):
         cfg = config.from_dict(base)
         views = {stage: config.stage_view(cfg, stage) for stage in ("fetch_model", "fetch_dataset")}
         keys = (layout.model_key(cfg), layout.data_key(cfg, tasks))
-        other = config.from_dict(config.deep_merge(base, {"model": {"max_text_tokens": 16},
-                                                          "data": {"heldout_per_task": 1, "split_name": "x",
-                                                                   "shuffle_seed": 7}}))
+        other = config.from_dict(
+            config.deep_merge(
+                base,
+                {
+                    "model": {"max_text_tokens": 16},
+                    "data": {"heldout_per_task": 1, "split_name": "x", "shuffle_seed": 7},
+                },
+            )
+        )
         assert {stage: config.stage_view(other, stage) for stage in views} == views, source
         assert (layout.model_key(other), layout.data_key(other, tasks)) == keys, source
     assert set(views["fetch_dataset"]["data"]) == {"source", "repo_id", "revision", "archive_glob"}
@@ -219,7 +263,9 @@ def test_download_params_are_what_they_download(repo, monkeypatch):
 
 def test_schema_file_is_generated_from_the_dataclasses(repo):
     on_disk = json.loads((repo / "workflow/schemas/config.schema.json").read_text())
-    assert on_disk == json.loads(json.dumps(config.json_schema())), "run: videogrpo schema > workflow/schemas/config.schema.json"
+    assert on_disk == json.loads(json.dumps(config.json_schema())), (
+        "run: videogrpo schema > workflow/schemas/config.schema.json"
+    )
 
 
 def test_schema_accepts_the_resolved_default_and_rejects_unknown_fields(repo):
@@ -238,12 +284,16 @@ def test_every_field_has_a_docstring():
 
     from videogrpo.config.types import field_docs
 
-    sections = [config.Config] + [tp for tp in typing.get_type_hints(config.Config).values()
-                                  if dataclasses.is_dataclass(tp)]
+    sections = [config.Config] + [
+        tp for tp in typing.get_type_hints(config.Config).values() if dataclasses.is_dataclass(tp)
+    ]
     for section in sections:
         hints = typing.get_type_hints(section)
-        missing = [f.name for f in dataclasses.fields(section)
-                   if f.name not in field_docs(section) and not dataclasses.is_dataclass(hints[f.name])]
+        missing = [
+            f.name
+            for f in dataclasses.fields(section)
+            if f.name not in field_docs(section) and not dataclasses.is_dataclass(hints[f.name])
+        ]
         assert not missing, f"{section.__name__}: {missing}"
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import FRAMES, SAMPLES, SIDE, TASKS
+
 from videogrpo.data import synthetic
 from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.data.materialize import FIELDS, materialize
@@ -37,8 +37,9 @@ def one_sample(index=0) -> dict[str, bytes]:
 
 
 def unpack(tmp_path, archives, tasks=(TASK,), per_task=1, **kw):
-    return materialize(archives, tmp_path / "out", list(tasks), per_task, 0, 42, "s", {"repo": "t"},
-                       log=lambda _: None, **kw)
+    return materialize(
+        archives, tmp_path / "out", list(tasks), per_task, 0, 42, "s", {"repo": "t"}, log=lambda _: None, **kw
+    )
 
 
 def test_archives_hold_exactly_the_vbvr_member_layout(archives):
@@ -96,11 +97,14 @@ def test_materialize_resumes_and_verifies(tmp_path):
     assert prompt.read_bytes() == one_sample()[next(k for k in one_sample() if k.endswith("prompt.txt"))]
 
 
-@pytest.mark.parametrize("name,message", [
-    ("/abs/x/y/first_frame.png", "absolute path"),
-    (f"{TASK}/d/../../escape/first_frame.png", "'..'"),
-    (f"{TASK}/./s/first_frame.png", "'.'"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("/abs/x/y/first_frame.png", "absolute path"),
+        (f"{TASK}/d/../../escape/first_frame.png", "'..'"),
+        (f"{TASK}/./s/first_frame.png", "'.'"),
+    ],
+)
 def test_materialize_refuses_escaping_member_names(tmp_path, name, message):
     archive = write_tar(tmp_path / "a.tar.gz", {name: b"x"})
     with pytest.raises(DataError, match=message):

@@ -37,8 +37,13 @@ def make_kit(root: Path) -> None:
 def test_evalkit_files_sort_by_path_components_and_skip_non_python(tmp_path):
     make_kit(tmp_path)
     assert digest.evalkit_files(tmp_path) == [
-        "run_evaluation.py", "vbvr_bench/a/b.py", "vbvr_bench/a-b/c.py", "vbvr_bench/z.py",
-        "annotations/a.json", "annotations/b/x.json", "requirements.txt",
+        "run_evaluation.py",
+        "vbvr_bench/a/b.py",
+        "vbvr_bench/a-b/c.py",
+        "vbvr_bench/z.py",
+        "annotations/a.json",
+        "annotations/b/x.json",
+        "requirements.txt",
     ]
 
 

@@ -27,20 +27,20 @@ def reference(sampler, x, v, eps, s, s_next, eta):
     if sampler == "flowcps":
         std = s_next * np.sin(eta * math.pi / 2)
         x0, x1 = x - s * v, x + (1 - s) * v
-        mu = (1 - s_next) * x0 + np.sqrt(s_next ** 2 - std ** 2) * x1
+        mu = (1 - s_next) * x0 + np.sqrt(s_next**2 - std**2) * x1
     elif sampler == "dancegrpo":
         std = eta * math.sqrt(s - s_next)
-        mu = x + d * (v + eta ** 2 * (x + (1 - s) * v) / (2 * s))
+        mu = x + d * (v + eta**2 * (x + (1 - s) * v) / (2 * s))
     else:
         st = s
-        mu = x * (1 + st ** 2 * d / (2 * s)) + v * (1 + st ** 2 * (1 - s) / (2 * s)) * d
+        mu = x * (1 + st**2 * d / (2 * s)) + v * (1 + st**2 * (1 - s) / (2 * s)) * d
         std = np.full_like(eta, st * math.sqrt(-d))
     xn = mu + std * eps
     diff = (xn - mu)[:, :, 1:]
     if sampler == "flowcps":
-        logp = -(diff ** 2).reshape(len(x), -1).mean(1)
+        logp = -(diff**2).reshape(len(x), -1).mean(1)
     else:
-        logp = (-(diff ** 2) / (2 * std ** 2) - np.log(std) - math.log(math.sqrt(2 * math.pi))).reshape(len(x), -1).mean(1)
+        logp = (-(diff**2) / (2 * std**2) - np.log(std) - math.log(math.sqrt(2 * math.pi))).reshape(len(x), -1).mean(1)
     return xn, mu, std, logp
 
 
@@ -59,8 +59,16 @@ def t(a):
     return torch.tensor(a, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("flowcps", [0.1, 0.5, 1.0]), ("dancegrpo", 0.3),
-                                         ("dancegrpo", [0.2, 0.3, 0.9]), ("flowgrpo", 0.0)])
+@pytest.mark.parametrize(
+    "sampler,eta",
+    [
+        ("flowcps", 0.7),
+        ("flowcps", [0.1, 0.5, 1.0]),
+        ("dancegrpo", 0.3),
+        ("dancegrpo", [0.2, 0.3, 0.9]),
+        ("flowgrpo", 0.0),
+    ],
+)
 @pytest.mark.parametrize("index", [0, 5, 28])
 def test_transition_mean_std_and_log_prob_match_the_closed_form(sampler, eta, index):
     sigmas = samplers.sigma_schedule(30, 5.0)
@@ -108,8 +116,9 @@ def test_a_bfloat16_trajectory_stores_bf16_and_scores_the_stored_latent():
     """The reference keeps the trajectory in bf16 and takes log p of the rounded x' (so replay sees the same)."""
     sigmas = samplers.sigma_schedule(30, 5.0)
     x, v, eps = draw(5)
-    xn, mu, logp = samplers.step("dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3, t(eps),
-                                 frame_mask(), torch.bfloat16)
+    xn, mu, logp = samplers.step(
+        "dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3, t(eps), frame_mask(), torch.bfloat16
+    )
     assert xn.dtype == torch.bfloat16
     _, std = samplers.transition("dancegrpo", t(x), t(v), float(sigmas[3]), float(sigmas[4]), 0.3)
     torch.testing.assert_close(logp, samplers.log_prob("dancegrpo", xn.float(), mu, std, frame_mask()))
@@ -184,7 +193,8 @@ def test_learning_rate_warms_up_from_zero_then_decays_by_cosine():
     assert learning_rate(0, warmup, total, peak) == 0.0  # the first update does not move the weights
     k = 3000
     assert learning_rate(k, warmup, total, peak) == pytest.approx(
-        peak * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup))), rel=1e-12)
+        peak * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup))), rel=1e-12
+    )
     assert 0 < learning_rate(total - 1, warmup, total, peak) < peak * 1e-6  # nearly 0 at the last update
     assert learning_rate(0, 0, 4, 1.0) == 1.0  # no warm-up: the cosine starts at the peak
 
@@ -207,10 +217,13 @@ def test_shared_prompt_assignment_of_the_5b_reference_topology():
     assert len(owned) == prompts * group  # every member of every group exactly once
 
 
-@pytest.mark.parametrize("world,prompts,group,message", [
-    (100, 32, 32, "world size 100 is not a multiple of the 32 prompts"),
-    (128, 32, 30, "group size 30 is not a multiple of the 4 ranks per prompt"),
-])
+@pytest.mark.parametrize(
+    "world,prompts,group,message",
+    [
+        (100, 32, 32, "world size 100 is not a multiple of the 32 prompts"),
+        (128, 32, 30, "group size 30 is not a multiple of the 4 ranks per prompt"),
+    ],
+)
 def test_inconsistent_topologies_are_rejected(world, prompts, group, message):
     with pytest.raises(ValueError, match=message):
         assignment.shared_prompt_work(0, world, prompts, group)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hub_server import HubServer, files_of
+
 from videogrpo.errors import ConfigError
 from videogrpo.provenance.digest import tree_digest
 
@@ -18,12 +18,23 @@ OTHER = "f" * 40
 
 def run_snapshot(endpoint, repo_id, revision, out, repo_type="model", allow=None):
     """In a subprocess: huggingface_hub reads HF_ENDPOINT when it is imported."""
-    code = ("import sys, json; from pathlib import Path; from videogrpo import hub; "
-            "a = json.loads(sys.argv[1]); hub.snapshot(a[0], a[1], Path(a[2]), repo_type=a[3], allow_patterns=a[4])")
-    env = dict(os.environ, HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_ETAG_TIMEOUT="5",
-               HF_HOME=str(out.parent / "hf-home"))
-    return subprocess.run([sys.executable, "-c", code, json.dumps([repo_id, revision, str(out), repo_type, allow])],
-                          env=env, capture_output=True, text=True)
+    code = (
+        "import sys, json; from pathlib import Path; from videogrpo import hub; "
+        "a = json.loads(sys.argv[1]); hub.snapshot(a[0], a[1], Path(a[2]), repo_type=a[3], allow_patterns=a[4])"
+    )
+    env = dict(
+        os.environ,
+        HF_ENDPOINT=endpoint,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_ETAG_TIMEOUT="5",
+        HF_HOME=str(out.parent / "hf-home"),
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, json.dumps([repo_id, revision, str(out), repo_type, allow])],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_snapshot_of_a_pinned_commit_is_byte_identical(tiny_model, tmp_path):
@@ -40,7 +51,9 @@ def test_dataset_snapshot_takes_only_the_archives(archives, tmp_path):
     files = files_of(archives)
     files["README.md"] = b"# card\n"
     with HubServer({("dataset", "org/vbvr"): {COMMIT: files}}) as hub:
-        result = run_snapshot(hub.endpoint, "org/vbvr", COMMIT, tmp_path / "data", "dataset", ["VBVR-Pro-RL-Video/*.tar.gz"])
+        result = run_snapshot(
+            hub.endpoint, "org/vbvr", COMMIT, tmp_path / "data", "dataset", ["VBVR-Pro-RL-Video/*.tar.gz"]
+        )
         assert result.returncode == 0, result.stderr
     got = sorted(p.relative_to(tmp_path / "data").as_posix() for p in (tmp_path / "data").rglob("*") if p.is_file())
     assert got == sorted(name for name in files if name.endswith(".tar.gz"))
@@ -66,9 +79,21 @@ def test_fetch_model_stage_from_the_hub_writes_a_manifest(tiny_model, tmp_path):
     sections = {"model": {"source": "hub", "repo_id": "org/tiny-wan", "revision": COMMIT}}
     with HubServer({("model", "org/tiny-wan"): {COMMIT: files_of(tiny_model)}}) as hub:
         env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf-home"))
-        result = subprocess.run([str(Path(sys.executable).parent / "videogrpo"), "fetch-model", "--config-json", json.dumps(sections), "--out",
-                                 str(tmp_path / "model"), "--manifest", str(tmp_path / "m.json")],
-                                env=env, capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "videogrpo"),
+                "fetch-model",
+                "--config-json",
+                json.dumps(sections),
+                "--out",
+                str(tmp_path / "model"),
+                "--manifest",
+                str(tmp_path / "m.json"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "m.json").read_text())
     assert manifest["summary"] == {"source": "hub", "repo_id": "org/tiny-wan", "revision": COMMIT}

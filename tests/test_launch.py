@@ -5,8 +5,9 @@ from videogrpo.errors import ConfigError
 
 
 def cfg(nodes=1, procs=2):
-    return config.from_dict({"parallel": {"nodes": nodes, "procs_per_node": procs, "device": "cpu",
-                                          "backend": "gloo"}}, partial=True)
+    return config.from_dict(
+        {"parallel": {"nodes": nodes, "procs_per_node": procs, "device": "cpu", "backend": "gloo"}}, partial=True
+    )
 
 
 def test_local_defaults_when_the_contract_is_absent():
@@ -24,11 +25,17 @@ def test_manual_multi_machine_contract():
     assert "--nnodes=2" in argv and "--rdzv-conf=is_host=false" in argv and "--rdzv-endpoint=10.0.0.1:29600" in argv
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"MASTER_ADDR": "h"}, "WORLD_SIZE, RANK missing"),
-    ({"MASTER_ADDR": "h", "WORLD_SIZE": "2", "RANK": "2"}, r"RANK=2 must be in \[0, WORLD_SIZE=2\)"),
-    ({"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"}, r"parallel.nodes = 2 but this launch has 3 machines \(manual\)"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"MASTER_ADDR": "h"}, "WORLD_SIZE, RANK missing"),
+        ({"MASTER_ADDR": "h", "WORLD_SIZE": "2", "RANK": "2"}, r"RANK=2 must be in \[0, WORLD_SIZE=2\)"),
+        (
+            {"MASTER_ADDR": "h", "WORLD_SIZE": "3", "RANK": "0"},
+            r"parallel.nodes = 2 but this launch has 3 machines \(manual\)",
+        ),
+    ],
+)
 def test_contract_errors_name_the_variables(env, message):
     with pytest.raises(ConfigError, match=message):
         launch.from_environment(cfg(nodes=2), env=env)
@@ -48,6 +55,7 @@ def test_srun_fans_out_only_from_the_rule_shell_of_a_multi_node_allocation():
     assert not launch.needs_srun(cfg(nodes=2), env={})
     argv = launch.srun_argv(cfg(nodes=2), ["videogrpo", "train"])
     assert argv[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"] and "--gres=gpu:2" not in argv
-    gpu = config.from_dict({"parallel": {"nodes": 2, "procs_per_node": 8, "device": "cuda", "backend": "nccl"}},
-                           partial=True)
+    gpu = config.from_dict(
+        {"parallel": {"nodes": 2, "procs_per_node": 8, "device": "cuda", "backend": "nccl"}}, partial=True
+    )
     assert "--gres=gpu:8" in launch.srun_argv(gpu, ["x"])

@@ -79,7 +79,10 @@ def test_inputs_are_checked_against_the_upstream_manifest(tmp_path):
     assert f"recorded {recorded}" in message and f"found    {sha256_file(table)}" in message
     assert "snakemake --forcerun evaluate" in message and not (tmp_path / "m.json").exists()
     (tree / "weights.bin").write_bytes(b"\x00" * 63 + b"\x01")  # one flipped byte in a directory output
-    with pytest.raises(DigestMismatch, match=r"input final is not what evaluate made.*\n.*\n.*\n  files that differ: "
-                                             r"weights.bin\n"):
+    with pytest.raises(
+        DigestMismatch,
+        match=r"input final is not what evaluate made.*\n.*\n.*\n  files that differ: "
+        r"weights.bin\n",
+    ):
         with StageRun("evaluate", tmp_path / "m.json", inputs={"final": tree}, upstream=[up]):
             pass

@@ -25,8 +25,9 @@ def test_tiny_pipeline_loads_in_the_diffusers_ti2v_pipelines(tiny_model):
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     assert WanPipeline.from_pretrained(str(tiny_model)).config.expand_timesteps
-    i2v = WanImageToVideoPipeline.from_pretrained(str(tiny_model), image_encoder=None, image_processor=None,
-                                                  expand_timesteps=True)
+    i2v = WanImageToVideoPipeline.from_pretrained(
+        str(tiny_model), image_encoder=None, image_processor=None, expand_timesteps=True
+    )
     assert i2v.transformer.config.in_channels == 48 and i2v.vae.config.z_dim == 48
 
 
@@ -53,8 +54,17 @@ def rollout_of(wan, dataset, sampler, eta, steps=4):
     shape = wan.geometry(17, 64, 64).shape
     init = torch.stack([seeded_normal(shape, wan.device, 0, i) for i in range(2)])
     sigmas = sigma_schedule(steps, 5.0)
-    traj = rollout(wan, wan.transformer, embeds, cond, init, sigmas, sampler, torch.full((2,), eta),
-                   lambda i: torch.stack([seeded_normal(shape, wan.device, 1, i, j) for j in range(2)]))
+    traj = rollout(
+        wan,
+        wan.transformer,
+        embeds,
+        cond,
+        init,
+        sigmas,
+        sampler,
+        torch.full((2,), eta),
+        lambda i: torch.stack([seeded_normal(shape, wan.device, 1, i, j) for j in range(2)]),
+    )
     return traj, embeds, cond, sigmas
 
 
@@ -88,8 +98,9 @@ def test_bf16_compute_keeps_float32_master_weights_and_a_bf16_trajectory(wan_bf1
 
 def timesteps_seen(wan, x):
     seen = []
-    hook = wan.transformer.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["timestep"]),
-                                                     with_kwargs=True)
+    hook = wan.transformer.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["timestep"]), with_kwargs=True
+    )
     try:
         wan.velocity(wan.transformer, x, 0.9375, torch.zeros(1, 32, 32, dtype=wan.compute_dtype))
     finally:

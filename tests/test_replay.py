@@ -43,7 +43,10 @@ def test_a_flush_with_an_empty_slot_rolls_out_and_replays_synchronously():
     # save_steps 1: every update flushes, so the slot is always empty at a flush.
     actions = plan(batches_per_epoch=3, epochs=1, save_steps=1, max_steps=None, delayed=True)
     assert [(a.prepare, a.replay, a.update, a.staleness) for a in actions] == [
-        (True, 0, 1, 0.0), (True, 1, 2, 0.0), (True, 2, 3, 0.0)]
+        (True, 0, 1, 0.0),
+        (True, 1, 2, 0.0),
+        (True, 2, 3, 0.0),
+    ]
 
 
 def test_delayed_plan_drains_before_every_checkpoint():
@@ -68,10 +71,11 @@ def test_delayed_plan_stops_at_max_steps_with_the_slot_empty():
     assert total_updates(actions) == 7 and actions[-1].update == 7 and actions[-1].flush
 
 
-@pytest.mark.parametrize("per_epoch,epochs,save,max_steps", [(1, 3, 1, None), (2, 2, 1, None), (7, 3, 5, 11),
-                                                             (3, 1, 2, None), (16, 5, 100, None), (9, 2, 0, None)])
-def test_every_update_replays_exactly_one_rolled_out_batch_and_skipped_ones_never(per_epoch, epochs, save,
-                                                                                   max_steps):
+@pytest.mark.parametrize(
+    "per_epoch,epochs,save,max_steps",
+    [(1, 3, 1, None), (2, 2, 1, None), (7, 3, 5, 11), (3, 1, 2, None), (16, 5, 100, None), (9, 2, 0, None)],
+)
+def test_every_update_replays_exactly_one_rolled_out_batch_and_skipped_ones_never(per_epoch, epochs, save, max_steps):
     actions = plan(per_epoch, epochs, save, max_steps, delayed=True)
     rolled_out = [a.batch for a in actions if a.prepare]
     replayed = [a.replay for a in updates_of(actions)]

@@ -15,8 +15,9 @@ from videogrpo.rewards.rule import RuleScorer, ScoreRequest
 def request(sample, frames, **kw):
     args = dict(fps=16, video_size=128, max_seconds=5.0, crf=12, unsupported_score=0.0)
     args.update(kw)
-    return ScoreRequest(frames, kw.pop("task", sample.task), str(sample.directory), **{
-        k: v for k, v in args.items() if k != "task"})
+    return ScoreRequest(
+        frames, kw.pop("task", sample.task), str(sample.directory), **{k: v for k, v in args.items() if k != "task"}
+    )
 
 
 def test_fingerprint_matches_the_pin(evalkit):
@@ -84,8 +85,11 @@ def test_ground_truth_scores_high_and_a_blank_video_low(scorer, dataset):
 def test_unknown_task_scores_unsupported_with_a_warning(scorer, dataset):
     sample = load_split(dataset, "rl")[0]
     frames = np.zeros((5, 64, 64, 3), np.uint8)
-    future = scorer.submit(ScoreRequest(frames, "Z-99_unknown_data-generator", str(sample.directory), 16, 64, 5.0,
-                                        12, unsupported_score=0.25))
+    future = scorer.submit(
+        ScoreRequest(
+            frames, "Z-99_unknown_data-generator", str(sample.directory), 16, 64, 5.0, 12, unsupported_score=0.25
+        )
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         (result,) = RuleScorer.collect([future])
@@ -113,7 +117,7 @@ def test_scorer_keeps_the_video_it_scored(scorer, dataset, tmp_path):
     assert read_video(keep).shape == (gt.shape[0], 128, 128, 3)
 
 
-FRAME_PROBE = '''"""An EvalKit entry point that reports what reached it: frame count, frame rate, size, the last frame."""
+FRAME_PROBE = '''"""An EvalKit entry point that reports what reached it: frames, frame rate, size, the last frame."""
 import av
 
 
@@ -161,5 +165,5 @@ def test_scorer_frames_are_lanczos_scaled_to_fit_and_padded():
     inner_h = round(64 * 128 / 96) // 2 * 2  # 85 rounded down to even, as ffmpeg's force_divisible_by=2
     top = (128 - inner_h) // 2
     expected = np.asarray(Image.fromarray(frames[1]).resize((128, inner_h), Image.LANCZOS))
-    assert np.array_equal(out[1, top:top + inner_h], expected)
-    assert not out[:, :top].any() and not out[:, top + inner_h:].any()
+    assert np.array_equal(out[1, top : top + inner_h], expected)
+    assert not out[:, :top].any() and not out[:, top + inner_h :].any()

@@ -7,12 +7,25 @@ import math
 
 import pytest
 import torch
+from harness import (
+    adam_tolerance,
+    layout,
+    metrics,
+    solo_config,
+    tensors,
+    train,
+    train_in_process,
+    trainer_config,
+    weights,
+)
 
-from harness import (adam_tolerance, layout, metrics, solo_config, tensors, train, train_in_process, trainer_config,
-                     weights)
 from videogrpo import config
 from videogrpo.grpo import replay
 from videogrpo.grpo.trainer import run_plan
+
+
+def without_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 def checkpoint_exists(update: int):
@@ -26,8 +39,11 @@ def metric_lines_at_least(n: int):
 
 # One prompt per step shared by both ranks: 6 batches per epoch, so the plan has prefills, steady
 # one-stale updates, flushes at checkpoints (every 3 updates) and at epoch ends that skip a batch.
-DELAYED_FSDP = dict(grpo={"delayed_replay": True, "prompts_per_step": 1}, parallel={"data_parallel": "fsdp"},
-                    train={"max_steps": None, "epochs": 2, "save_steps": 3, "warmup_steps": 2})
+DELAYED_FSDP = dict(
+    grpo={"delayed_replay": True, "prompts_per_step": 1},
+    parallel={"data_parallel": "fsdp"},
+    train={"max_steps": None, "epochs": 2, "save_steps": 3, "warmup_steps": 2},
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +75,9 @@ def test_the_learning_rate_of_every_update_is_warm_up_then_cosine(uninterrupted)
     peak, warmup, total = 1e-4, 2, len(lines)
     for m in lines:
         k = m["step"] - 1
-        expected = peak * k / warmup if k < warmup else \
-            peak * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup)))
+        expected = (
+            peak * k / warmup if k < warmup else peak * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (total - warmup)))
+        )
         assert m["learning_rate"] == pytest.approx(expected, rel=1e-12, abs=1e-20), m["step"]
 
 
@@ -82,8 +99,9 @@ def test_the_ppo_ratio_is_exactly_one_on_policy_and_only_then(uninterrupted):
         assert m["ppo_ratio_abs_max"] > 0.0 and m["ppo_ratio_mean"] != 1.0
 
 
-@pytest.mark.parametrize("kill_when", [checkpoint_exists(3), metric_lines_at_least(5)],
-                         ids=["after-first-checkpoint", "between-checkpoints"])
+@pytest.mark.parametrize(
+    "kill_when", [checkpoint_exists(3), metric_lines_at_least(5)], ids=["after-first-checkpoint", "between-checkpoints"]
+)
 def test_sigkill_then_rerun_resumes_and_ends_bit_identical(uninterrupted, tiny_model, dataset, tmp_path, kill_when):
     cfg = trainer_config(**DELAYED_FSDP)
     assert not train(cfg, tmp_path, tiny_model, dataset, kill_when=kill_when)
@@ -91,8 +109,7 @@ def test_sigkill_then_rerun_resumes_and_ends_bit_identical(uninterrupted, tiny_m
     assert train(cfg, tmp_path, tiny_model, dataset)
     assert "resumed from" in (tmp_path / "log.txt").read_text()
     assert weights(tmp_path) == weights(uninterrupted)
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
-    assert strip(metrics(tmp_path)) == strip(metrics(uninterrupted))
+    assert without_times(metrics(tmp_path)) == without_times(metrics(uninterrupted))
 
 
 def test_fsdp_shards_every_parameter_and_trains_what_replicate_trains(uninterrupted, tiny_model, dataset, tmp_path):
@@ -127,8 +144,9 @@ def test_metrics_are_reduced_over_all_ranks(uninterrupted, tiny_model, dataset, 
 
 def test_hsdp_shards_within_groups_of_two_and_matches_replicate(tiny_model, dataset, tmp_path):
     """HSDP: 2 shard groups of 2 ranks (a 2-D mesh) against plain replication, 4 gloo processes."""
-    four = dict(parallel={"procs_per_node": 4, "shard_group_size": 2},
-                train={"max_steps": 3, "epochs": 2, "save_steps": 1000})
+    four = dict(
+        parallel={"procs_per_node": 4, "shard_group_size": 2}, train={"max_steps": 3, "epochs": 2, "save_steps": 1000}
+    )
     runs = {}
     for mode in ("hsdp", "replicate"):
         cfg = trainer_config(**four)
@@ -184,14 +202,17 @@ def test_grpo_learns_the_synthetic_tasks_beyond_a_placebo(tiny_model, dataset, t
     """
     gains = {}
     for name, shuffle in (("grpo", False), ("placebo", True)):
-        cfg = trainer_config(train={"lr": 2e-2, "epochs": 20, "max_steps": None, "save_steps": 1000},
-                             grpo={"group_size": 8, "shuffle_advantages": shuffle},
-                             video={"num_frames": 5, "height": 32, "width": 32}, evalkit={"video_size": 64})
+        cfg = trainer_config(
+            train={"lr": 2e-2, "epochs": 20, "max_steps": None, "save_steps": 1000},
+            grpo={"group_size": 8, "shuffle_advantages": shuffle},
+            video={"num_frames": 5, "height": 32, "width": 32},
+            evalkit={"video_size": 64},
+        )
         assert train(cfg, tmp_path / name, tiny_model, dataset)
         rewards = [m["reward_mean"] for m in metrics(tmp_path / name)]
         per_epoch = len(rewards) // 20
-        first = sum(rewards[:2 * per_epoch]) / (2 * per_epoch)
-        last = sum(rewards[-2 * per_epoch:]) / (2 * per_epoch)
+        first = sum(rewards[: 2 * per_epoch]) / (2 * per_epoch)
+        last = sum(rewards[-2 * per_epoch :]) / (2 * per_epoch)
         gains[name] = last - first
         print(f"LEARN {name}: first two epochs {first:.4f}, last two {last:.4f}, gain {last - first:+.4f}")
     assert gains["grpo"] > 0.02 and gains["grpo"] > gains["placebo"] + 0.015, gains

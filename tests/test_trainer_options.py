@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from harness import metrics, solo_config, tensors, train_in_process, trainer_in_process, weights
 
 BASE = dict(train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3})
@@ -103,8 +102,9 @@ def test_waves_roll_out_and_train_what_one_batch_of_whole_groups_does(tiny_model
 
 def test_resume_from_with_full_state_continues_the_run_bit_identically(baseline, tiny_model, dataset, tmp_path):
     source = baseline / "checkpoints/step-00000001"
-    out = train_in_process(options(train={"resume_from": str(source), "reset_dataloader": False}), tmp_path,
-                           tiny_model, dataset)
+    out = train_in_process(
+        options(train={"resume_from": str(source), "reset_dataloader": False}), tmp_path, tiny_model, dataset
+    )
     assert weights(out) == weights(baseline)
     assert strip_times(metrics(out)) == strip_times(metrics(baseline)[1:])
 
@@ -113,8 +113,12 @@ def test_resume_from_weights_only_restarts_optimizer_schedule_and_data(baseline,
     source = str(baseline / "checkpoints/step-00000001")
     starts, trainers = {}, {}
     for reset in (True, False):
-        trainer = trainer_in_process(options(train={"resume_from": source, "reset_dataloader": reset}),
-                                     tmp_path / str(reset), tiny_model, dataset)
+        trainer = trainer_in_process(
+            options(train={"resume_from": source, "reset_dataloader": reset}),
+            tmp_path / str(reset),
+            tiny_model,
+            dataset,
+        )
         trainer.scorer.close()
         starts[reset], trainers[reset] = trainer._resume(), trainer
     assert starts == {True: 0, False: 1}  # weights only: from the first batch again
@@ -161,7 +165,10 @@ def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, 
     real = checkpoint.trainer_math()
     assert "grpo/loss.py" in real and "grpo/tracking.py" not in real  # logging is not math
     monkeypatch.setattr(checkpoint, "trainer_math", lambda: dict(real, **{"grpo/loss.py": "0" * 64}))
-    with pytest.raises(ConfigError, match=r"trainer's math changed since it was written \(grpo/loss.py\); set "
-                                          r"train.resume_across_code_changes: true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer's math changed since it was written \(grpo/loss.py\); set "
+        r"train.resume_across_code_changes: true",
+    ):
         resume_in(guarded, tiny_model, dataset)
     assert resume_in(guarded, tiny_model, dataset, resume_across_code_changes=True) == 1

@@ -11,19 +11,33 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.e2e
 VENV = Path(sys.executable).parent.parent
-RULES = ["fetch_model", "fetch_dataset", "materialize_dataset", "validate_dataset", "fingerprint_evalkit",
-         "check_scorer_runtime", "preflight", "train", "evaluate", "report"]
+RULES = [
+    "fetch_model",
+    "fetch_dataset",
+    "materialize_dataset",
+    "validate_dataset",
+    "fingerprint_evalkit",
+    "check_scorer_runtime",
+    "preflight",
+    "train",
+    "evaluate",
+    "report",
+]
 
 
 def copy_checkout(dest: Path) -> Path:
     """The files of the checkout (tracked and not ignored), with their mtimes, as a fresh clone would have."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         if (REPO / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +91,9 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
             assert re.fullmatch(r"[0-9a-f]{64}", digest), (path, name)
             assert Path(workdir, record["path"]).exists(), (path, name)
             if record["kind"] == "directory":
-                assert record["entries"] and all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values())
+                assert record["entries"] and all(
+                    re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values()
+                )
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
     assert set(provenance["stages"]) == set(RULES) - {"report"}
     assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2
@@ -87,12 +103,24 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
 def test_training_ran_two_processes_and_logged_metrics(demo, workdir):
     log = next(workdir.glob("results/runs/*/logs/train.log")).read_text()
     assert "[rank 0/2]" in log and "[rank 1/2]" in log
-    metrics = [json.loads(line) for line in next(workdir.glob("results/runs/*/train/metrics.jsonl")).read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in next(workdir.glob("results/runs/*/train/metrics.jsonl")).read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
         assert 0 <= m["reward_mean"] <= 1 and m["ppo_ratio_mean"] == 1.0
-        assert {"policy_loss", "kl_loss", "reward_std", "advantage_mean", "ppo_clip_fraction", "ppo_approx_kl",
-                "grad_norm", "learning_rate", "delayed_replay_staleness", "time_rollout_s"} <= set(m)
+        assert {
+            "policy_loss",
+            "kl_loss",
+            "reward_std",
+            "advantage_mean",
+            "ppo_clip_fraction",
+            "ppo_approx_kl",
+            "grad_norm",
+            "learning_rate",
+            "delayed_replay_staleness",
+            "time_rollout_s",
+        } <= set(m)
     assert list(workdir.glob("results/runs/*/wandb/offline-run-*"))
     assert list(workdir.glob("results/runs/*/checkpoints/step-00000004/COMPLETE"))
 
@@ -129,8 +157,11 @@ def test_readme_commands_are_all_exercised_here(repo):
 
     readme = (repo / "README.md").read_text()
     here = Path(__file__).read_text().replace('f"', '"').replace("{recipe}", "rl_5b_cps")
-    commands = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
-                for line in block.splitlines()]
+    commands = [
+        line.split("  #")[0].strip()
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+    ]
     for command in filter(None, commands):
         if command != "make test":
             as_argv, as_shell = json.dumps(shlex.split(command))[1:-1], json.dumps(command)  # or run by bash -c
@@ -162,7 +193,12 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
     assert (train["nodes"], train["gres"], train["mem_mb"], train["cpus_per_task"]) == ("16", "gpu:8", "900000", "96")
     for stage, minutes in ((preflight, "30"), (evaluate, "600")):
         assert (stage["nodes"], stage["gres"], stage["mem_mb"], stage["cpus_per_task"], stage["runtime"]) == (
-            "1", "gpu:1", "64000", "16", minutes)
+            "1",
+            "gpu:1",
+            "64000",
+            "16",
+            minutes,
+        )
     assert "mpi" in train and "mpi" not in evaluate
 
 
@@ -172,16 +208,20 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
 
     override = ["--config", "parallel={nodes: 2, procs_per_node: 1}"]
     printed = run(["snakemake", "-n", "-p", "train", *override], workdir)
-    (command,) = [line.removeprefix("Shell command: ").strip() for line in printed.stdout.splitlines()
-                  if line.startswith("Shell command: videogrpo train")]
-    command = command.split(" > ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
+    (command,) = [
+        line.removeprefix("Shell command: ").strip()
+        for line in printed.stdout.splitlines()
+        if line.startswith("Shell command: videogrpo train")
+    ]
+    command = command.split(" 2>&1 | tee ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     contract = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
     env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", RANK="1", **contract)
-    machine1 = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    machine1 = subprocess.Popen(
+        ["bash", "-c", command], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         run(["snakemake", "--cores", "2", *override], workdir, RANK="0", **contract)
         output, _ = machine1.communicate(timeout=300)
@@ -192,8 +232,11 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     runs = sorted(workdir.glob("results/runs/*/train.manifest.json"), key=lambda p: p.stat().st_mtime)
     manual = json.loads(runs[-1].read_text())
     assert manual["summary"]["launch"] == {"nnodes": 2, "nproc": 1, "slurm": False}
-    weights = {json.loads(p.read_text())["outputs"]["final"]["entries"]["transformer/diffusion_pytorch_model.safetensors"][0]
-               for p in runs if json.loads(p.read_text())["summary"]["updates"] == 4}
+    weights = {
+        json.loads(p.read_text())["outputs"]["final"]["entries"]["transformer/diffusion_pytorch_model.safetensors"][0]
+        for p in runs
+        if json.loads(p.read_text())["summary"]["updates"] == 4
+    }
     assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
 
 
@@ -214,8 +257,13 @@ def test_an_evaluation_setting_reruns_only_evaluate_and_report(demo, workdir):
 def test_an_execution_setting_reruns_training_which_resumes(demo, workdir):
     run_id = first_run_id(workdir)
     before = train_digest(workdir, run_id)
-    override = ["--config", "logging={wandb_mode: disabled}", "train={keep_checkpoints: 3}",
-                "parallel={master_port: 29871}", "evalkit={workers: 1}"]
+    override = [
+        "--config",
+        "logging={wandb_mode: disabled}",
+        "train={keep_checkpoints: 3}",
+        "parallel={master_port: 29871}",
+        "evalkit={workers: 1}",
+    ]
     out = run(["snakemake", "--cores", "2", *override], workdir)
     jobs = jobs_run(out.stdout + out.stderr)
     assert jobs["train"] == 1 and "fingerprint_evalkit" not in jobs  # evalkit.workers is not what it checks
@@ -238,7 +286,8 @@ def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, w
     out = run(["snakemake", "--cores", "2", "--config", "evalkit={path: no/such/checkout}"], workdir, check=False)
     assert out.returncode != 0
     assert "evalkit.path = 'no/such/checkout': no such directory; point it at an EvalKit checkout" in (
-        out.stdout + out.stderr)
+        out.stdout + out.stderr
+    )
     assert sorted(workdir.glob("results/evalkit/*/fingerprint.json")) == good
     assert "Nothing to be done" in run(["snakemake", "-n", "fingerprint_evalkit"], workdir).stdout
 
@@ -329,9 +378,12 @@ def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, w
         assert jobs_run(out.stdout + out.stderr)["train"] == 1
         log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
         assert "resumed from" in log and "(update 4 of 4)" in log
-        (package / "grpo/loss.py").write_text(originals["grpo/loss.py"].replace(
-            "    log_ratio = logp_new - logp_old.detach()\n",
-            "    log_ratio = logp_new - logp_old.detach()\n    clip_range = float(clip_range)\n"))
+        (package / "grpo/loss.py").write_text(
+            originals["grpo/loss.py"].replace(
+                "    log_ratio = logp_new - logp_old.detach()\n",
+                "    log_ratio = logp_new - logp_old.detach()\n    clip_range = float(clip_range)\n",
+            )
+        )
         out = run(["snakemake", "--cores", "2"], workdir, check=False, **env)
         assert out.returncode != 0 and "Error in rule train" in out.stdout + out.stderr
         log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()

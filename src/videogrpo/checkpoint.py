@@ -32,9 +32,23 @@ MARKER = "COMPLETE"
 
 # The package code whose change alters what training computes. Edits elsewhere (logging, launch,
 # provenance, the CLI) never block a resume; docstrings, comments and layout never count (code_digest).
-TRAINER_MATH = ("grpo/advantages.py", "grpo/assignment.py", "grpo/loss.py", "grpo/lr_schedule.py", "grpo/replay.py",
-                "grpo/rollout.py", "grpo/samplers.py", "grpo/trainer.py", "models", "rewards/rule.py",
-                "data/dataset.py", "data/video.py", "parallelize.py", "distributed.py", "checkpoint.py")
+TRAINER_MATH = (
+    "grpo/advantages.py",
+    "grpo/assignment.py",
+    "grpo/loss.py",
+    "grpo/lr_schedule.py",
+    "grpo/replay.py",
+    "grpo/rollout.py",
+    "grpo/samplers.py",
+    "grpo/trainer.py",
+    "models",
+    "rewards/rule.py",
+    "data/dataset.py",
+    "data/video.py",
+    "parallelize.py",
+    "distributed.py",
+    "checkpoint.py",
+)
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -80,8 +94,10 @@ def resume_problems(saved: dict[str, Any], current: dict[str, Any], allow_code_c
     old, new = saved.get("trainer_math", {}), current["trainer_math"]
     changed = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
     if changed and not allow_code_change:
-        found.append(f"the trainer's math changed since it was written ({', '.join(changed)}); set "
-                     f"train.resume_across_code_changes: true to resume with the new code")
+        found.append(
+            f"the trainer's math changed since it was written ({', '.join(changed)}); set "
+            f"train.resume_across_code_changes: true to resume with the new code"
+        )
     return found
 
 
@@ -109,15 +125,24 @@ def _all_finite(model: torch.nn.Module) -> bool:
     return all(distributed.all_gather_objects(finite))
 
 
-def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         state: dict[str, Any], rank: int, keep: int) -> Path:
+def save(
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    rank: int,
+    keep: int,
+) -> Path:
     """Save model, optimizer, per-rank RNG and the JSON `state`; refuse if any weight is not finite."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     if not _all_finite(model):
-        raise VideoGRPOError(f"step {step}: the model has non-finite weights; refusing to write a checkpoint "
-                             f"under {root} (lower train.lr or check the rewards)")
+        raise VideoGRPOError(
+            f"step {step}: the model has non-finite weights; refusing to write a checkpoint "
+            f"under {root} (lower train.lr or check the rewards)"
+        )
     target = step_dir(root, step)
     if rank == 0:
         if target.exists():  # an incomplete attempt at this step
@@ -138,8 +163,9 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     return target
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, rank: int,
-         restore_rng: bool = True) -> dict[str, Any]:
+def load(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, rank: int, restore_rng: bool = True
+) -> dict[str, Any]:
     """Restore a complete checkpoint into model (and optimizer); returns its JSON state."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import state_dict as sd

@@ -65,23 +65,34 @@ def _diff_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="videogrpo", description="GRPO for Wan2.2 video models, one sub-command "
-                                     "per workflow rule (see the Snakefile).",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        prog="videogrpo",
+        description="GRPO for Wan2.2 video models, one sub-command per workflow rule (see the Snakefile).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("--version", action="version", version=f"videogrpo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=_stage_help(name))
         importlib.import_module(f"videogrpo.stages.{name}").add_arguments(stage)
-        stage.set_defaults(handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args))
+        stage.set_defaults(
+            handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args)
+        )
     show = sub.add_parser("config", help="print the resolved config and its run identity, or the first error")
-    show.add_argument("--configfile", nargs="+", default=["config/config.yaml"], type=Path,
-                      help="YAML layers, later ones win (default: config/config.yaml)")
+    show.add_argument(
+        "--configfile",
+        nargs="+",
+        default=["config/config.yaml"],
+        type=Path,
+        help="YAML layers, later ones win (default: config/config.yaml)",
+    )
     show.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5")
     show.add_argument("--run-id", action="store_true", help="print only the run identity (the run directory's name)")
     show.set_defaults(handler=_config_command)
-    schema = sub.add_parser("schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)")
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)"
+    )
     schema.set_defaults(handler=_schema_command)
     verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")

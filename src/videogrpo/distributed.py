@@ -35,8 +35,11 @@ def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = 1800
     else:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device_kind == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device_kind == "cuda" else None,
+        )
     return Context(rank, world, local_rank, device)
 
 
@@ -79,7 +82,7 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
     flat /= dist.get_world_size()
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 

@@ -33,8 +33,10 @@ def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> l
     """The first max_per_task samples of each task in `split` (task-grouped order)."""
     samples = load_split(dataset, split)
     if not samples:
-        raise ConfigError(f"{dataset}: the {split!r} split is empty (evaluate.split = {split!r}); hold samples out "
-                          f"with data.heldout_per_task or evaluate the 'rl' split")
+        raise ConfigError(
+            f"{dataset}: the {split!r} split is empty (evaluate.split = {split!r}); hold samples out "
+            f"with data.heldout_per_task or evaluate the 'rl' split"
+        )
     if max_per_task is None:
         return samples
     kept, seen = [], {}
@@ -43,8 +45,6 @@ def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> l
         if seen[s.task] <= max_per_task:
             kept.append(s)
     return kept
-
-
 
 
 @torch.no_grad()
@@ -56,13 +56,14 @@ def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, sam
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     dev = model.device
     for first in range(0, len(samples), BATCH):
-        batch = samples[first:first + BATCH]
+        batch = samples[first : first + BATCH]
         keys = [first + i for i in range(len(batch))]
-        embeds, condition = model.encode_conditions([s.prompt for s in batch], [s.first_frame for s in batch],
-                                                    cfg.video.height, cfg.video.width)
+        embeds, condition = model.encode_conditions(
+            [s.prompt for s in batch], [s.first_frame for s in batch], cfg.video.height, cfg.video.width
+        )
         init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
 
-        def step_noise(i: int) -> torch.Tensor:
+        def step_noise(i: int, keys: list[int] = keys) -> torch.Tensor:
             return torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k, i + 1) for k in keys])
 
         etas = torch.full((len(batch),), e.eta, device=dev)
@@ -70,8 +71,9 @@ def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, sam
         yield from zip(batch, model.decode(trajectory.latents[:, -1]))
 
 
-def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalkit: Path, videos_dir: Path,
-             device: torch.device) -> tuple[pd.DataFrame, pd.DataFrame]:
+def evaluate(
+    cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalkit: Path, videos_dir: Path, device: torch.device
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Score the evaluation samples, keeping each scored video under videos_dir; returns (scores, per-task table)."""
     samples = evaluation_samples(dataset, cfg.evaluate.split, cfg.evaluate.max_samples_per_task)
     model = WanTI2V.from_config(model_dir, device, cfg)
@@ -86,12 +88,21 @@ def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalk
             for sample, video in sample_videos(cfg, model, transformer, samples):
                 keep = videos_dir / variant / sample.task / f"{sample.sample_id}.mp4"
                 keep.parent.mkdir(parents=True, exist_ok=True)
-                request = score_request(cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep))
+                request = score_request(
+                    cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep)
+                )
                 futures.append((sample, scorer.submit(request)))
                 progress.update()
             for (sample, _), result in zip(futures, scorer.collect([f for _, f in futures])):
-                rows.append({"variant": variant, "task": sample.task, "sample_id": sample.sample_id,
-                             "score": result["score"], **{f"dim_{k}": v for k, v in result["dimensions"].items()}})
+                rows.append(
+                    {
+                        "variant": variant,
+                        "task": sample.task,
+                        "sample_id": sample.sample_id,
+                        "score": result["score"],
+                        **{f"dim_{k}": v for k, v in result["dimensions"].items()},
+                    }
+                )
             progress.finish()
     scores = pd.DataFrame(rows)
     return scores, per_task_table(scores)
@@ -99,6 +110,7 @@ def evaluate(cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalk
 
 def per_task_table(scores: pd.DataFrame) -> pd.DataFrame:
     """Mean score per task and variant, the trained - base difference, and an ALL row over every sample."""
+
     def summarise(frame: pd.DataFrame) -> dict:
         means = frame.groupby("variant").score.mean()
         row = {"samples": int((frame.variant == "trained").sum())}

@@ -52,8 +52,14 @@ def from_environment(cfg: Config, env: dict[str, str] | None = None) -> Launch:
     env = dict(os.environ if env is None else env)
     nproc = cfg.parallel.procs_per_node
     if env.get("SLURM_NNODES") and env.get("SLURM_NODEID") and env.get("SLURM_LAUNCH_NODE_IPADDR"):
-        launch = Launch(int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_LAUNCH_NODE_IPADDR"],
-                        slurm_port(cfg, env), nproc, "slurm")
+        launch = Launch(
+            int(env["SLURM_NNODES"]),
+            int(env["SLURM_NODEID"]),
+            env["SLURM_LAUNCH_NODE_IPADDR"],
+            slurm_port(cfg, env),
+            nproc,
+            "slurm",
+        )
     else:
         given = [v for v in CONTRACT_VARS if env.get(v)]
         port = int(env.get("MASTER_PORT") or cfg.parallel.master_port)
@@ -61,20 +67,25 @@ def from_environment(cfg: Config, env: dict[str, str] | None = None) -> Launch:
             launch = Launch(1, 0, "127.0.0.1", port, nproc, "local")
         elif len(given) < len(CONTRACT_VARS):
             missing = [v for v in CONTRACT_VARS if v not in given]
-            raise ConfigError(f"launch contract: {', '.join(given)} set but {', '.join(missing)} missing; set all "
-                              f"of MASTER_ADDR, WORLD_SIZE (machines) and RANK (this machine), or none for a local run")
+            raise ConfigError(
+                f"launch contract: {', '.join(given)} set but {', '.join(missing)} missing; set all "
+                f"of MASTER_ADDR, WORLD_SIZE (machines) and RANK (this machine), or none for a local run"
+            )
         else:
             try:
                 nnodes, node_rank = int(env["WORLD_SIZE"]), int(env["RANK"])
             except ValueError:
-                raise ConfigError(f"launch contract: WORLD_SIZE={env['WORLD_SIZE']!r} and RANK={env['RANK']!r} "
-                                  f"must be integers") from None
+                raise ConfigError(
+                    f"launch contract: WORLD_SIZE={env['WORLD_SIZE']!r} and RANK={env['RANK']!r} must be integers"
+                ) from None
             if not 0 <= node_rank < nnodes:
                 raise ConfigError(f"launch contract: RANK={node_rank} must be in [0, WORLD_SIZE={nnodes})")
             launch = Launch(nnodes, node_rank, env["MASTER_ADDR"], port, nproc, "manual")
     if launch.nnodes != cfg.parallel.nodes:
-        raise ConfigError(f"parallel.nodes = {cfg.parallel.nodes} but this launch has {launch.nnodes} machines "
-                          f"({launch.source}); the run identity includes the topology, so they must agree")
+        raise ConfigError(
+            f"parallel.nodes = {cfg.parallel.nodes} but this launch has {launch.nnodes} machines "
+            f"({launch.source}); the run identity includes the topology, so they must agree"
+        )
     return launch
 
 
@@ -86,9 +97,14 @@ def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[s
     else:
         # is_host pins the rendezvous store to the first machine; left to torchrun's hostname match,
         # every launcher on a host that answers to MASTER_ADDR would race to bind the port.
-        argv += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}", "--rdzv-id=videogrpo",
-                 f"--rdzv-conf=is_host={'true' if launch.node_rank == 0 else 'false'}", "--max-restarts=0"]
+        argv += [
+            f"--nnodes={launch.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}",
+            "--rdzv-id=videogrpo",
+            f"--rdzv-conf=is_host={'true' if launch.node_rank == 0 else 'false'}",
+            "--max-restarts=0",
+        ]
     return argv + ["-m", module] + module_args
 
 
@@ -111,8 +127,15 @@ def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:
 def srun_argv(cfg: Config, command: list[str]) -> list[str]:
     """One launcher per node of the allocation (the rule's shell runs once, on the first node)."""
     nodes = cfg.parallel.nodes
-    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            "--cpu-bind=none", "--export=ALL"]
+    argv = [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+        "--export=ALL",
+    ]
     gpus = cfg.slurm.gpus_per_node
     if gpus is None:
         gpus = cfg.parallel.procs_per_node if cfg.parallel.device == "cuda" else 0
@@ -127,11 +150,14 @@ def run_srun(cfg: Config, command: list[str]) -> int:
     try:
         return subprocess.run(argv, check=False).returncode
     except FileNotFoundError:
-        raise VideoGRPOError("srun not found inside a SLURM allocation; is the SLURM client on the compute "
-                             "nodes' PATH?") from None
+        raise VideoGRPOError(
+            "srun not found inside a SLURM allocation; is the SLURM client on the compute nodes' PATH?"
+        ) from None
 
 
 def describe(launch: Launch) -> str:
     node = os.environ.get("SLURMD_NODENAME", "")
-    return (f"node {launch.node_rank}/{launch.nnodes} on {socket.gethostname()}{' (' + node + ')' if node else ''}, "
-            f"{launch.nproc} processes, rendezvous {launch.master_addr}:{launch.master_port} ({launch.source})")
+    return (
+        f"node {launch.node_rank}/{launch.nnodes} on {socket.gethostname()}{' (' + node + ')' if node else ''}, "
+        f"{launch.nproc} processes, rendezvous {launch.master_addr}:{launch.master_port} ({launch.source})"
+    )

@@ -36,8 +36,9 @@ def apply_data_parallel(model: torch.nn.Module, cfg: Config, world: int, device:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = device_mesh(cfg, world, device.type)
-    policy = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.parallel.param_dtype],
-                                  reduce_dtype=DTYPES[cfg.parallel.reduce_dtype])
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[cfg.parallel.param_dtype], reduce_dtype=DTYPES[cfg.parallel.reduce_dtype]
+    )
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -82,13 +83,19 @@ def describe_layout(model: torch.nn.Module) -> dict:
 
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = [p for p in params if isinstance(p, DTensor)]
-    layout = {"parameters": len(params), "sharded": len(sharded),
-              "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params})}
+    layout = {
+        "parameters": len(params),
+        "sharded": len(sharded),
+        "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params}),
+    }
     if sharded:
         mesh = sharded[0].device_mesh
-        layout.update(mesh_shape=list(mesh.shape), mesh_dims=list(mesh.mesh_dim_names or ()),
-                      placements=sorted({str(p.placements) for p in sharded}),
-                      local_fraction=sum(p.to_local().numel() for p in sharded) / sum(p.numel() for p in sharded))
+        layout.update(
+            mesh_shape=list(mesh.shape),
+            mesh_dims=list(mesh.mesh_dim_names or ()),
+            placements=sorted({str(p.placements) for p in sharded}),
+            local_fraction=sum(p.to_local().numel() for p in sharded) / sum(p.numel() for p in sharded),
+        )
     return layout
 
 

@@ -19,9 +19,15 @@ from videogrpo.provenance import digest
 
 # diffusers attention backends that need an extra package (the rest ship with torch).
 BACKEND_PACKAGES = {
-    "flash": "flash_attn", "flash_varlen": "flash_attn", "_flash_3": "flash_attn_interface",
-    "_flash_3_hub": "kernels", "flash_hub": "kernels", "_flash_3_varlen_hub": "kernels",
-    "sage": "sageattention", "sage_varlen": "sageattention", "xformers": "xformers",
+    "flash": "flash_attn",
+    "flash_varlen": "flash_attn",
+    "_flash_3": "flash_attn_interface",
+    "_flash_3_hub": "kernels",
+    "flash_hub": "kernels",
+    "_flash_3_varlen_hub": "kernels",
+    "sage": "sageattention",
+    "sage_varlen": "sageattention",
+    "xformers": "xformers",
 }
 
 
@@ -41,9 +47,13 @@ def check_trainer_support(cfg: Config) -> Check:
     from videogrpo.grpo.trainer import unsupported
 
     missing = unsupported(cfg)
-    return Check("trainer_support", not missing,
-                 "the trainer implements every selected feature" if not missing
-                 else "not implemented yet: " + "; ".join(missing))
+    return Check(
+        "trainer_support",
+        not missing,
+        "the trainer implements every selected feature"
+        if not missing
+        else "not implemented yet: " + "; ".join(missing),
+    )
 
 
 def check_model_dir(model_dir: Path, manifest: Path) -> Check:
@@ -54,8 +64,12 @@ def check_model_dir(model_dir: Path, manifest: Path) -> Check:
     recorded = json.loads(manifest.read_text())["outputs"]["model"]["tree_sha256"]
     found = digest.tree_digest(model_dir)
     if found != recorded:
-        return Check("model_dir", False, f"{model_dir}: tree digest {found} differs from {recorded} recorded by "
-                                         f"fetch_model; the directory was modified: rerun fetch_model")
+        return Check(
+            "model_dir",
+            False,
+            f"{model_dir}: tree digest {found} differs from {recorded} recorded by "
+            f"fetch_model; the directory was modified: rerun fetch_model",
+        )
     return Check("model_dir", True, f"{model_dir}: complete, tree digest {found} as recorded")
 
 
@@ -63,9 +77,12 @@ def check_evalkit(cfg: Config, fingerprint_file: Path) -> Check:
     record = json.loads(fingerprint_file.read_text())
     found = digest.evalkit_source_digest(cfg.evalkit.path)
     ok = found == record["source_sha256"] == cfg.evalkit.digest
-    detail = (f"{cfg.evalkit.path}: source digest {found} = evalkit.digest" if ok else
-              f"{cfg.evalkit.path}: source digest {found}, fingerprinted {record['source_sha256']}, "
-              f"pinned evalkit.digest {cfg.evalkit.digest}; restore the checkout or pin the new digest")
+    detail = (
+        f"{cfg.evalkit.path}: source digest {found} = evalkit.digest"
+        if ok
+        else f"{cfg.evalkit.path}: source digest {found}, fingerprinted {record['source_sha256']}, "
+        f"pinned evalkit.digest {cfg.evalkit.digest}; restore the checkout or pin the new digest"
+    )
     return Check("evalkit_digest", ok, detail)
 
 
@@ -74,10 +91,18 @@ def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: in
     splits = json.loads((dataset_dir / "splits.json").read_text())
     train = sum(len(entry["rl"]) for entry in splits)
     if train < prompts_per_step:
-        return Check("dataset", False, f"{dataset_dir}: {train} training samples, fewer than grpo.prompts_per_step "
-                                       f"= {prompts_per_step}; lower it or add data")
-    return Check("dataset", True, f"{report['samples']} samples validated, {train} for training, "
-                                  f"{sum(len(e['heldout']) for e in splits)} held out")
+        return Check(
+            "dataset",
+            False,
+            f"{dataset_dir}: {train} training samples, fewer than grpo.prompts_per_step "
+            f"= {prompts_per_step}; lower it or add data",
+        )
+    return Check(
+        "dataset",
+        True,
+        f"{report['samples']} samples validated, {train} for training, "
+        f"{sum(len(e['heldout']) for e in splits)} held out",
+    )
 
 
 def check_video_io() -> Check:
@@ -102,12 +127,19 @@ def check_attention_backend(name: str) -> Check:
 
     known = {b.value for b in AttentionBackendName}
     if name not in known:
-        return Check("attention_backend", False, f"parallel.attention_backend = {name!r}: unknown to diffusers; "
-                                                 f"known: {sorted(known)}")
+        return Check(
+            "attention_backend",
+            False,
+            f"parallel.attention_backend = {name!r}: unknown to diffusers; known: {sorted(known)}",
+        )
     package = BACKEND_PACKAGES.get(name)
     if package and importlib.util.find_spec(package) is None:
-        return Check("attention_backend", False, f"parallel.attention_backend = {name!r} needs the {package!r} "
-                                                 f"package, which is not installed here; install it or use 'native'")
+        return Check(
+            "attention_backend",
+            False,
+            f"parallel.attention_backend = {name!r} needs the {package!r} "
+            f"package, which is not installed here; install it or use 'native'",
+        )
     return Check("attention_backend", True, f"{name} available")
 
 
@@ -121,8 +153,12 @@ def check_devices(cfg: Config) -> Check:
     if cfg.parallel.device == "cuda":
         visible = torch.cuda.device_count()
         if visible < cfg.parallel.procs_per_node:
-            return Check("devices", False, f"parallel.procs_per_node = {cfg.parallel.procs_per_node} but {visible} "
-                                           f"CUDA devices are visible on {socket.gethostname()}")
+            return Check(
+                "devices",
+                False,
+                f"parallel.procs_per_node = {cfg.parallel.procs_per_node} but {visible} "
+                f"CUDA devices are visible on {socket.gethostname()}",
+            )
         return Check("devices", True, f"{visible} CUDA devices visible, backend {cfg.parallel.backend}")
     return Check("devices", True, f"CPU, backend {cfg.parallel.backend}")
 
@@ -132,8 +168,11 @@ def check_port_free(port: int, host: str = "") -> Check:
         try:
             sock.bind((host, port))
         except OSError as err:
-            return Check("rendezvous_port", False, f"port {port} on {socket.gethostname()} is in use ({err}); "
-                                                   f"set parallel.master_port to a free port")
+            return Check(
+                "rendezvous_port",
+                False,
+                f"port {port} on {socket.gethostname()} is in use ({err}); set parallel.master_port to a free port",
+            )
     return Check("rendezvous_port", True, f"port {port} free on {socket.gethostname()}")
 
 

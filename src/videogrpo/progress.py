@@ -18,8 +18,7 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Prints `label: done/total (pct) rate, ETA` at most every `interval` seconds, and once at the end."""
 
-    def __init__(self, label: str, total: float | None = None, unit: str = "", interval: float = 5.0,
-                 stream=None):
+    def __init__(self, label: str, total: float | None = None, unit: str = "", interval: float = 5.0, stream=None):
         self.label, self.total, self.unit, self.interval = label, total, unit, interval
         self.stream = stream or sys.stderr
         self.done = 0.0

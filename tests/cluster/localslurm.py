@@ -107,8 +107,9 @@ class LocalSlurm:
 
     def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> int:
         log = open(self.root / "log" / f"{Path(args[0]).name}-{len(self.pids)}.out", "wb")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})), start_new_session=True
+        )
         self.pids.append(proc.pid)
         (self.root / "pids.json").write_text(json.dumps(self.pids))
         return proc.pid
@@ -124,19 +125,38 @@ class LocalSlurm:
         munge_key.chmod(0o400)
         os.chmod(self.root / "munge", 0o700)
         socket_path = self.root / "munge/munge.socket"
-        self._spawn(["munged", "--foreground", "--force", f"--key-file={munge_key}", f"--socket={socket_path}",
-                     f"--pid-file={self.root}/munge/munged.pid", f"--log-file={self.root}/log/munged.log",
-                     f"--seed-file={self.root}/munge/munged.seed"])
+        self._spawn(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={munge_key}",
+                f"--socket={socket_path}",
+                f"--pid-file={self.root}/munge/munged.pid",
+                f"--log-file={self.root}/log/munged.log",
+                f"--seed-file={self.root}/munge/munged.seed",
+            ]
+        )
         self._wait(lambda: socket_path.exists(), timeout, "munged socket")
         node_ports = [free_port() for _ in self.node_names]
-        nodes = "\n".join(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
-                          f"RealMemory=4000 State=UNKNOWN" for name, port in zip(self.node_names, node_ports))
-        text = SLURM_CONF.format(ctld_port=free_port(), munge_socket=socket_path, root=self.root, nodes=nodes,
-                                 partition=self.partition, node_list=",".join(self.node_names))
+        nodes = "\n".join(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
+            f"RealMemory=4000 State=UNKNOWN"
+            for name, port in zip(self.node_names, node_ports)
+        )
+        text = SLURM_CONF.format(
+            ctld_port=free_port(),
+            munge_socket=socket_path,
+            root=self.root,
+            nodes=nodes,
+            partition=self.partition,
+            node_list=",".join(self.node_names),
+        )
         self.conf.write_text(f"{OWNER_MARK} ({self.root})\n{text}")
         if SYSTEM_CONF.exists() and not SYSTEM_CONF.read_text().startswith(OWNER_MARK):
-            raise ClusterUnavailable(f"{SYSTEM_CONF} exists and is not the harness's; refusing to replace a real "
-                                     f"cluster's configuration")
+            raise ClusterUnavailable(
+                f"{SYSTEM_CONF} exists and is not the harness's; refusing to replace a real cluster's configuration"
+            )
         SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.conf, SYSTEM_CONF)
 
@@ -147,8 +167,9 @@ class LocalSlurm:
         self._wait(self._all_idle, timeout, "both nodes idle")
 
     def _all_idle(self) -> bool:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=dict(os.environ, **self.env),
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], env=dict(os.environ, **self.env), capture_output=True, text=True
+        )
         states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
         return all(states.get(n, "").startswith("idle") for n in self.node_names)
 

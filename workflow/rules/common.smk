@@ -86,6 +86,16 @@ STAGE_MANIFESTS = {
 }
 
 
+def directory_of_input(name):
+    """A params function: the directory holding input `name` (not a hard-coded path prefix)."""
+    return lambda wildcards, input: str(Path(input[name]).parent)
+
+
+def directory_of_output(name):
+    """A params function: the directory holding output `name`."""
+    return lambda wildcards, output: str(Path(output[name]).parent)
+
+
 def upstream(*stages):
     """Named inputs: the manifests of the stages whose outputs a rule reads. The stage checks each input
     against them (`--upstream`) and fails, naming the file and both digests, when one was changed."""
@@ -116,11 +126,21 @@ def cluster_resources(kind):
     if kind == "cpu":
         return dict(res, cpus_per_task=s.data_cpus, mem_mb=s.data_mem_mb, runtime=s.data_minutes)
     if kind == "train":
-        res.update(nodes=CFG.parallel.nodes, tasks=CFG.parallel.nodes, cpus_per_task=s.cpus_per_node,
-                   mem_mb=s.mem_mb_per_node, runtime=s.train_minutes)
+        res.update(
+            nodes=CFG.parallel.nodes,
+            tasks=CFG.parallel.nodes,
+            cpus_per_task=s.cpus_per_node,
+            mem_mb=s.mem_mb_per_node,
+            runtime=s.train_minutes,
+        )
     else:
-        res.update(nodes=1, tasks=1, cpus_per_task=s.stage_cpus, mem_mb=s.stage_mem_mb,
-                   runtime=s.preflight_minutes if kind == "preflight" else s.evaluate_minutes)
+        res.update(
+            nodes=1,
+            tasks=1,
+            cpus_per_task=s.stage_cpus,
+            mem_mb=s.stage_mem_mb,
+            runtime=s.preflight_minutes if kind == "preflight" else s.evaluate_minutes,
+        )
         gpus = min(gpus, 1)
     if gpus:
         res["gres"] = f"gpu:{gpus}"

@@ -4,12 +4,12 @@ rule fetch_dataset:
     output:
         archives=directory(ARCHIVES),
         manifest=f"{DATA}/fetch_dataset.manifest.json",
-    params:
-        config=stage_config("fetch_dataset"),
-        code=download_code("fetch_dataset"),
     log:
         f"{DATA}/fetch_dataset.log",
     localrule: True
+    params:
+        config=stage_config("fetch_dataset"),
+        code=download_code("fetch_dataset"),
     shell:
         "videogrpo fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
@@ -19,22 +19,22 @@ rule fetch_dataset:
 # interrupted unpack must resume. The manifest records it file by file.
 rule materialize_dataset:
     input:
-        archives=ARCHIVES,
         **upstream("fetch_dataset"),
+        archives=ARCHIVES,
     output:
         index=f"{DATASET}/dataset.json",
         splits=f"{DATASET}/splits.json",
         materialization=f"{DATASET}/materialization.json",
         manifest=f"{DATA}/materialize_dataset.manifest.json",
+    log:
+        f"{DATA}/materialize_dataset.log",
+    resources:
+        **cluster_resources("cpu"),
     params:
         config=stage_config("materialize_dataset"),
         code=code("materialize_dataset"),
-        out=DATASET,
+        out=directory_of_output("index"),
         upstream=upstream_args,
-    resources:
-        **cluster_resources("cpu"),
-    log:
-        f"{DATA}/materialize_dataset.log",
     shell:
         "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
         " --out {params.out:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
@@ -47,15 +47,15 @@ rule validate_dataset:
     output:
         validation=f"{DATA}/validation.json",
         manifest=f"{DATA}/validate_dataset.manifest.json",
+    log:
+        f"{DATA}/validate_dataset.log",
+    resources:
+        **cluster_resources("cpu"),
     params:
         config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
-        dataset=DATASET,
+        dataset=directory_of_input("index"),
         upstream=upstream_args,
-    resources:
-        **cluster_resources("cpu"),
-    log:
-        f"{DATA}/validate_dataset.log",
     shell:
         "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
         " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"

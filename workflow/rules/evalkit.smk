@@ -4,12 +4,12 @@ rule fingerprint_evalkit:
     output:
         fingerprint=f"{EVALKIT}/fingerprint.json",
         manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
-    params:
-        config=stage_config("fingerprint_evalkit"),
-        code=code("fingerprint_evalkit"),
     log:
         f"{EVALKIT}/fingerprint_evalkit.log",
     localrule: True
+    params:
+        config=stage_config("fingerprint_evalkit"),
+        code=code("fingerprint_evalkit"),
     shell:
         "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
@@ -17,19 +17,19 @@ rule fingerprint_evalkit:
 
 rule check_scorer_runtime:
     input:
-        fingerprint=f"{EVALKIT}/fingerprint.json",
         **upstream("fingerprint_evalkit"),
+        fingerprint=f"{EVALKIT}/fingerprint.json",
     output:
         runtime=f"{EVALKIT}/scorer_runtime.json",
         manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+    log:
+        f"{EVALKIT}/check_scorer_runtime.log",
+    resources:
+        **cluster_resources("cpu"),
     params:
         config=stage_config("check_scorer_runtime"),
         code=code("check_scorer_runtime"),
         upstream=upstream_args,
-    resources:
-        **cluster_resources("cpu"),
-    log:
-        f"{EVALKIT}/check_scorer_runtime.log",
     shell:
         "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
         " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -1,9 +1,9 @@
 rule evaluate:
     input:
+        **upstream("fetch_model", "materialize_dataset", "train"),
         final=f"{RUN}/train/final",
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",
-        **upstream("fetch_model", "materialize_dataset", "train"),
     output:
         scores=f"{RUN}/evaluate/scores.csv",
         table=report(
@@ -13,16 +13,16 @@ rule evaluate:
         ),
         videos=directory(f"{RUN}/evaluate/videos"),
         manifest=f"{RUN}/evaluate.manifest.json",
+    log:
+        f"{RUN}/logs/evaluate.log",
+    resources:
+        **cluster_resources("evaluate"),
     params:
         config=stage_config("evaluate"),
         code=code("evaluate"),
-        dataset=DATASET,
+        dataset=directory_of_input("index"),
         evalkit=CFG.evalkit.path,
         upstream=upstream_args,
-    resources:
-        **cluster_resources("evaluate"),
-    log:
-        f"{RUN}/logs/evaluate.log",
     shell:
         "videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"

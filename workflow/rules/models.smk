@@ -2,12 +2,12 @@ rule fetch_model:
     output:
         model=directory(MODEL_DIR),
         manifest=f"{MODEL}/fetch_model.manifest.json",
-    params:
-        config=stage_config("fetch_model"),
-        code=download_code("fetch_model"),
     log:
         f"{MODEL}/fetch_model.log",
     localrule: True
+    params:
+        config=stage_config("fetch_model"),
+        code=download_code("fetch_model"),
     shell:
         "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -1,15 +1,19 @@
 rule preflight:
     input:
-        model=MODEL_DIR,
-        validation=f"{DATA}/validation.json",
         **upstream("fetch_model", "validate_dataset", "fingerprint_evalkit", "check_scorer_runtime"),
         **rule_reward_inputs(
             evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
             scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
         ),
+        model=MODEL_DIR,
+        validation=f"{DATA}/validation.json",
     output:
         report=f"{RUN}/preflight.json",
         manifest=f"{RUN}/preflight.manifest.json",
+    log:
+        f"{RUN}/logs/preflight.log",
+    resources:
+        **cluster_resources("preflight"),
     params:
         config=stage_config("preflight"),
         code=code("preflight"),
@@ -20,10 +24,6 @@ rule preflight:
             if RULE_REWARD
             else ""
         ),
-    resources:
-        **cluster_resources("preflight"),
-    log:
-        f"{RUN}/logs/preflight.log",
     shell:
         "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
         " --model-manifest {input.fetch_model_manifest:q} --dataset {params.dataset:q}"

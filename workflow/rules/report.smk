@@ -1,8 +1,8 @@
 rule report:
     input:
+        **STAGE_MANIFESTS,
         metrics=f"{RUN}/train/metrics.jsonl",
         table=f"{RUN}/evaluate/per_task.csv",
-        **STAGE_MANIFESTS,
     output:
         provenance=report(
             f"{RUN}/report/provenance.json",
@@ -15,14 +15,14 @@ rule report:
             category="Report",
         ),
         manifest=f"{RUN}/report.manifest.json",
+    log:
+        f"{RUN}/logs/report.log",
+    localrule: True
     params:
         config=stage_config("report"),
         code=code("report"),
         run_id=RUN_ID,
         manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
-    log:
-        f"{RUN}/logs/report.log",
-    localrule: True
     shell:
         "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"

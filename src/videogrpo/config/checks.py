@@ -28,21 +28,62 @@ CHOICES = {
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 POSITIVE = {
-    "model.max_text_tokens", "data.samples_per_task", "video.num_frames", "video.height", "video.width",
-    "video.fps", "evalkit.workers", "evalkit.threads_per_worker", "evalkit.video_size", "evalkit.max_seconds",
-    "reward.judge_frames", "reward.judge_concurrency", "grpo.sampling_steps", "grpo.shift", "grpo.group_size",
-    "grpo.prompts_per_step", "grpo.prompts_per_wave", "grpo.clip_range", "grpo.delayed_clip_range",
-    "train.lr", "train.epochs", "train.max_steps", "train.batch_size",
-    "train.keep_checkpoints", "train.max_grad_norm", "parallel.nodes", "parallel.procs_per_node",
-    "slurm.cpus_per_node", "slurm.mem_mb_per_node", "slurm.train_minutes", "slurm.evaluate_minutes",
-    "slurm.data_cpus", "slurm.data_mem_mb", "slurm.data_minutes", "slurm.preflight_minutes",
-    "slurm.stage_cpus", "slurm.stage_mem_mb",
-    "parallel.shard_group_size", "parallel.tensor_parallel", "parallel.cpu_threads", "evaluate.sampling_steps",
+    "model.max_text_tokens",
+    "data.samples_per_task",
+    "video.num_frames",
+    "video.height",
+    "video.width",
+    "video.fps",
+    "evalkit.workers",
+    "evalkit.threads_per_worker",
+    "evalkit.video_size",
+    "evalkit.max_seconds",
+    "reward.judge_frames",
+    "reward.judge_concurrency",
+    "grpo.sampling_steps",
+    "grpo.shift",
+    "grpo.group_size",
+    "grpo.prompts_per_step",
+    "grpo.prompts_per_wave",
+    "grpo.clip_range",
+    "grpo.delayed_clip_range",
+    "train.lr",
+    "train.epochs",
+    "train.max_steps",
+    "train.batch_size",
+    "train.keep_checkpoints",
+    "train.max_grad_norm",
+    "parallel.nodes",
+    "parallel.procs_per_node",
+    "slurm.cpus_per_node",
+    "slurm.mem_mb_per_node",
+    "slurm.train_minutes",
+    "slurm.evaluate_minutes",
+    "slurm.data_cpus",
+    "slurm.data_mem_mb",
+    "slurm.data_minutes",
+    "slurm.preflight_minutes",
+    "slurm.stage_cpus",
+    "slurm.stage_mem_mb",
+    "parallel.shard_group_size",
+    "parallel.tensor_parallel",
+    "parallel.cpu_threads",
+    "evaluate.sampling_steps",
 }
 NON_NEGATIVE = {
-    "data.heldout_per_task", "train.save_steps", "grpo.eta", "grpo.kl_coeff", "grpo.guidance_scale", "train.warmup_steps",
-    "train.weight_decay", "evaluate.eta", "evaluate.max_samples_per_task", "evalkit.crf", "model.tiny_seed",
-    "slurm.gpus_per_node", "slurm.train_retries",
+    "data.heldout_per_task",
+    "train.save_steps",
+    "grpo.eta",
+    "grpo.kl_coeff",
+    "grpo.guidance_scale",
+    "train.warmup_steps",
+    "train.weight_decay",
+    "evaluate.eta",
+    "evaluate.max_samples_per_task",
+    "evalkit.crf",
+    "model.tiny_seed",
+    "slurm.gpus_per_node",
+    "slurm.train_retries",
 }
 
 
@@ -127,14 +168,19 @@ def _grpo_problems(cfg: Config) -> list[str]:
         if len(g.eta_range) != 2 or not 0 <= g.eta_range[0] < g.eta_range[1] <= 1:
             found.append(f"grpo.eta_range = {g.eta_range}: must be [lo, hi] with 0 <= lo < hi <= 1")
         if g.sampler != "flowcps":
-            found.append(f"grpo.eta_range = {g.eta_range}: per-prompt noise levels need grpo.sampler = 'flowcps', "
-                         f"not {g.sampler!r}")
+            found.append(
+                f"grpo.eta_range = {g.eta_range}: per-prompt noise levels need grpo.sampler = 'flowcps', "
+                f"not {g.sampler!r}"
+            )
     elif g.sampler == "flowcps" and not 0 < g.eta <= 1:
-        found.append(f"grpo.eta = {g.eta}: Flow-CPS needs 0 < eta <= 1 (0 is the deterministic Euler step, which "
-                     f"has no log-probability to train)")
+        found.append(
+            f"grpo.eta = {g.eta}: Flow-CPS needs 0 < eta <= 1 (0 is the deterministic Euler step, which "
+            f"has no log-probability to train)"
+        )
     if g.sampler == "dancegrpo" and g.eta <= 0:
-        found.append(f"grpo.eta = {g.eta}: DanceGRPO needs eta > 0 (its noise std eta sqrt(sigma - sigma') "
-                     f"must not vanish)")
+        found.append(
+            f"grpo.eta = {g.eta}: DanceGRPO needs eta > 0 (its noise std eta sqrt(sigma - sigma') must not vanish)"
+        )
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
     if g.sampling_steps < 2:
@@ -146,8 +192,10 @@ def _grpo_problems(cfg: Config) -> list[str]:
 
 def _evaluate_problems(cfg: Config) -> list[str]:
     if cfg.evaluate.split == "heldout" and cfg.data.heldout_per_task == 0:
-        return ["evaluate.split = 'heldout': data.heldout_per_task is 0, so no sample is held out; set "
-                "evaluate.split to 'rl' or hold samples out (which removes them from training)"]
+        return [
+            "evaluate.split = 'heldout': data.heldout_per_task is 0, so no sample is held out; set "
+            "evaluate.split to 'rl' or hold samples out (which removes them from training)"
+        ]
     return []
 
 
@@ -189,12 +237,16 @@ def topology_problems(cfg: Config) -> list[str]:
     world = cfg.world_size
     found = []
     if g.tensor_parallel > 1 and world % g.tensor_parallel:
-        found.append(f"parallel.tensor_parallel = {g.tensor_parallel}: must divide the world size {world} "
-                     f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})")
+        found.append(
+            f"parallel.tensor_parallel = {g.tensor_parallel}: must divide the world size {world} "
+            f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
+        )
         return found
     if g.data_parallel == "hsdp" and world % g.shard_group_size:
-        found.append(f"parallel.shard_group_size = {g.shard_group_size}: must divide the world size {world} "
-                     f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})")
+        found.append(
+            f"parallel.shard_group_size = {g.shard_group_size}: must divide the world size {world} "
+            f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
+        )
     if p.shared_prompts:
         wave = p.prompts_per_wave or p.prompts_per_step
         if p.prompts_per_step % wave:
@@ -223,5 +275,3 @@ def validate(cfg: Config, sections: set[str] | None = None) -> None:
     found = problems(cfg, sections)
     if found:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
-
-

@@ -25,28 +25,81 @@ from videogrpo.errors import ConfigError
 CONTRACT, EXECUTION, EVALUATION, COSMETIC = "contract", "execution", "evaluation", "cosmetic"
 
 # Sections whose fields all share one class, then the fields of the mixed sections.
-_SECTION_CLASSES = {"model": CONTRACT, "video": CONTRACT, "grpo": CONTRACT, "evaluate": EVALUATION,
-                    "slurm": EXECUTION, "recipe": CONTRACT, "results": EXECUTION}
+_SECTION_CLASSES = {
+    "model": CONTRACT,
+    "video": CONTRACT,
+    "grpo": CONTRACT,
+    "evaluate": EVALUATION,
+    "slurm": EXECUTION,
+    "recipe": CONTRACT,
+    "results": EXECUTION,
+}
 _FIELD_CLASSES = {
-    **{f"data.{f}": CONTRACT for f in ("source", "repo_id", "revision", "archive_glob", "task_list",
-                                       "samples_per_task", "heldout_per_task", "gt_frames", "gt_height", "gt_width",
-                                       "shuffle_seed", "synthetic_seed")},
+    **{
+        f"data.{f}": CONTRACT
+        for f in (
+            "source",
+            "repo_id",
+            "revision",
+            "archive_glob",
+            "task_list",
+            "samples_per_task",
+            "heldout_per_task",
+            "gt_frames",
+            "gt_height",
+            "gt_width",
+            "shuffle_seed",
+            "synthetic_seed",
+        )
+    },
     "data.split_name": COSMETIC,
     "data.verify_existing": EXECUTION,
-    **{f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf",
-                                          "runtime")},
+    **{
+        f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf", "runtime")
+    },
     **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker")},
     **{f"reward.{f}": CONTRACT for f in ("kind", "judge_model", "judge_revision", "judge_frames")},
     **{f"reward.{f}": EXECUTION for f in ("judge_port", "judge_concurrency")},
-    **{f"train.{f}": CONTRACT for f in ("lr", "warmup_steps", "weight_decay", "max_grad_norm", "epochs",
-                                        "max_steps", "batch_size", "save_steps", "seed")},
+    **{
+        f"train.{f}": CONTRACT
+        for f in (
+            "lr",
+            "warmup_steps",
+            "weight_decay",
+            "max_grad_norm",
+            "epochs",
+            "max_steps",
+            "batch_size",
+            "save_steps",
+            "seed",
+        )
+    },
     # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
-    **{f"train.{f}": EXECUTION for f in ("keep_checkpoints", "auto_resume", "resume_from", "reset_dataloader",
-                                         "resume_across_code_changes", "gradient_checkpointing")},
-    **{f"parallel.{f}": CONTRACT for f in ("nodes", "procs_per_node", "data_parallel", "shard_group_size",
-                                           "tensor_parallel", "device", "param_dtype", "reduce_dtype")},
-    **{f"parallel.{f}": EXECUTION for f in ("backend", "attention_backend", "compile", "master_port",
-                                            "cpu_threads")},
+    **{
+        f"train.{f}": EXECUTION
+        for f in (
+            "keep_checkpoints",
+            "auto_resume",
+            "resume_from",
+            "reset_dataloader",
+            "resume_across_code_changes",
+            "gradient_checkpointing",
+        )
+    },
+    **{
+        f"parallel.{f}": CONTRACT
+        for f in (
+            "nodes",
+            "procs_per_node",
+            "data_parallel",
+            "shard_group_size",
+            "tensor_parallel",
+            "device",
+            "param_dtype",
+            "reduce_dtype",
+        )
+    },
+    **{f"parallel.{f}": EXECUTION for f in ("backend", "attention_backend", "compile", "master_port", "cpu_threads")},
     "logging.wandb_mode": EXECUTION,
     "logging.wandb_project": COSMETIC,
 }
@@ -99,8 +152,16 @@ def download_fields(cfg: Config, section: str) -> list[str]:
     if section == "model":
         names = ("source", "tiny_seed") if cfg.model.source == "tiny" else ("source", "repo_id", "revision")
     elif cfg.data.source == "synthetic":
-        names = ("source", "archive_glob", "task_list", "samples_per_task", "synthetic_seed", "gt_frames", "gt_height",
-                 "gt_width")
+        names = (
+            "source",
+            "archive_glob",
+            "task_list",
+            "samples_per_task",
+            "synthetic_seed",
+            "gt_frames",
+            "gt_height",
+            "gt_width",
+        )
     else:
         names = ("source", "repo_id", "revision", "archive_glob")
     return [f"{section}.{name}" for name in names]
@@ -158,5 +219,3 @@ def run_identity(cfg: Config, task_list_text: str | None = None) -> str:
         task_list_text = Path(cfg.data.task_list).read_text()
     digest = hashlib.sha256(canonical_json(training_contract(cfg, task_list_text)).encode()).hexdigest()
     return f"{cfg.recipe}-{digest[:12]}"
-
-

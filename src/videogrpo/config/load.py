@@ -8,8 +8,10 @@ from typing import Any
 
 from videogrpo.config.checks import CHOICES, validate
 from videogrpo.config.sections import Config
-from videogrpo.config.types import build, json_schema as _schema_of
+from videogrpo.config.types import build
+from videogrpo.config.types import json_schema as _schema_of
 from videogrpo.errors import ConfigError
+
 
 def from_dict(data: dict[str, Any], partial: bool = False) -> Config:
     """Fill defaults, coerce, and validate a merged config mapping.

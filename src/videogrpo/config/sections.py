@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+
 @dataclass
 class ModelConfig:
     source: str = "hub"
@@ -89,11 +90,21 @@ class EvalKitConfig:
     max(video.fps, ceil(frames / max_seconds)) (vbvr_reward_max_duration_seconds; 5.0625 in the 5B recipes)."""
     crf: int = 12
     """x264 quality of the video handed to the scorer."""
-    runtime: list[str] = field(default_factory=lambda: [
-        "easyocr==1.7.2", "imageio==2.37.3", "imageio-ffmpeg==0.6.0", "norfair==2.3.0", "numpy==2.4.4",
-        "opencv-python==4.13.0.92", "opencv-python-headless==4.13.0.92", "pillow==12.2.0",
-        "scikit-image==0.26.0", "scipy==1.17.1", "tifffile==2026.3.3",
-    ])
+    runtime: list[str] = field(
+        default_factory=lambda: [
+            "easyocr==1.7.2",
+            "imageio==2.37.3",
+            "imageio-ffmpeg==0.6.0",
+            "norfair==2.3.0",
+            "numpy==2.4.4",
+            "opencv-python==4.13.0.92",
+            "opencv-python-headless==4.13.0.92",
+            "pillow==12.2.0",
+            "scikit-image==0.26.0",
+            "scipy==1.17.1",
+            "tifffile==2026.3.3",
+        ]
+    )
     """Scorer runtime contract: `name==version` of every package the scorer processes must see (a list, so a
     recipe replaces it rather than merging into it)."""
 

@@ -22,9 +22,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
-                and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(getattr(nxt, "value", None), ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[node.target.id] = nxt.value.value.strip()
     return docs
 

@@ -46,8 +46,10 @@ def training_order(samples: list[SampleRef], shuffle_seed: int) -> list[SampleRe
 def steps_per_epoch(num_samples: int, prompts_per_step: int) -> int:
     steps = num_samples // prompts_per_step
     if steps == 0:
-        raise ConfigError(f"grpo.prompts_per_step = {prompts_per_step}: larger than the {num_samples} training "
-                          f"samples; lower it or add data")
+        raise ConfigError(
+            f"grpo.prompts_per_step = {prompts_per_step}: larger than the {num_samples} training "
+            f"samples; lower it or add data"
+        )
     return steps
 
 
@@ -55,4 +57,4 @@ def batch_for_step(order: list[SampleRef], prompts_per_step: int, step: int) -> 
     """(epoch, prompts) of global update `step` (0-based); the last partial batch of an epoch is dropped."""
     per_epoch = steps_per_epoch(len(order), prompts_per_step)
     epoch, index = divmod(step, per_epoch)
-    return epoch, order[index * prompts_per_step:(index + 1) * prompts_per_step]
+    return epoch, order[index * prompts_per_step : (index + 1) * prompts_per_step]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import tarfile
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 import numpy as np
 
@@ -70,8 +71,10 @@ def _copy_member(stream: BinaryIO, size: int, target: Path, name: str, archive: 
                 while remaining:
                     chunk = stream.read(min(_CHUNK, remaining))
                     if not chunk:
-                        raise DataError(f"{archive}: member {name!r} ended after {size - remaining} of {size} "
-                                        f"bytes (short read: the archive is truncated; download it again)")
+                        raise DataError(
+                            f"{archive}: member {name!r} ended after {size - remaining} of {size} "
+                            f"bytes (short read: the archive is truncated; download it again)"
+                        )
                     out.write(chunk)
                     if identical:
                         identical = chunk == existing.read(len(chunk))
@@ -90,17 +93,20 @@ class _Unchanged(Exception):
     """Raised inside atomic_path to discard the temporary copy of a file that is already in place."""
 
 
-def unpack_archive(archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool,
-                   progress: Progress) -> None:
+def unpack_archive(
+    archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool, progress: Progress
+) -> None:
     try:
         _unpack(archive, raw_dir, expected_tasks, tally, verify_existing, progress)
     except (EOFError, tarfile.TarError, OSError, ValueError) as err:
-        raise DataError(f"{archive}: unreadable or truncated archive ({type(err).__name__}: {err}); "
-                        f"download it again") from None
+        raise DataError(
+            f"{archive}: unreadable or truncated archive ({type(err).__name__}: {err}); download it again"
+        ) from None
 
 
-def _unpack(archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool,
-            progress: Progress) -> None:
+def _unpack(
+    archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool, progress: Progress
+) -> None:
     with open_gzip(archive) as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
         for member in tar:
             if member.isdir():
@@ -114,12 +120,16 @@ def _unpack(archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally
                 continue
             task, sample_id = parts[0], parts[2]
             if task not in expected_tasks:
-                raise DataError(f"{archive}: member {member.name!r} belongs to task {task!r}, which is not in "
-                                f"data.task_list; add it there or fix the archive")
+                raise DataError(
+                    f"{archive}: member {member.name!r} belongs to task {task!r}, which is not in "
+                    f"data.task_list; add it there or fix the archive"
+                )
             fields = tally.samples[(task, sample_id)]
             if field_name in fields:
-                raise DataError(f"{archive}: {task}/{sample_id}/{field_name} appears twice (also in "
-                                f"{fields[field_name]}); each sample field must appear once")
+                raise DataError(
+                    f"{archive}: {task}/{sample_id}/{field_name} appears twice (also in "
+                    f"{fields[field_name]}); each sample field must appear once"
+                )
             fields[field_name] = archive.name
             target = raw_dir / task / sample_id / field_name
             progress.update(member.size)
@@ -165,9 +175,18 @@ def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> di
     return result
 
 
-def materialize(archives: list[Path], out_dir: Path, tasks: list[str], samples_per_task: int,
-                heldout_per_task: int, seed: int, split_name: str, source: dict,
-                verify_existing: bool = False, log: Callable[[str], None] = print) -> dict:
+def materialize(
+    archives: list[Path],
+    out_dir: Path,
+    tasks: list[str],
+    samples_per_task: int,
+    heldout_per_task: int,
+    seed: int,
+    split_name: str,
+    source: dict,
+    verify_existing: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Unpack `archives` into out_dir/raw and write dataset.json, splits.json, materialization.json."""
     if not archives:
         raise DataError(f"no archives to unpack for {source}; check data.archive_glob")
@@ -183,8 +202,13 @@ def materialize(archives: list[Path], out_dir: Path, tasks: list[str], samples_p
     splits = split(samples, heldout_per_task, seed)
     archive_of = {key: next(iter(fields.values())) for key, fields in tally.samples.items()}
     split_manifest = [
-        {"task": task, "source": archive_of[(task, ids["rl"][0] if ids["rl"] else ids["heldout"][0])],
-         "split": split_name, "rl": ids["rl"], "heldout": ids["heldout"]}
+        {
+            "task": task,
+            "source": archive_of[(task, ids["rl"][0] if ids["rl"] else ids["heldout"][0])],
+            "split": split_name,
+            "rl": ids["rl"],
+            "heldout": ids["heldout"],
+        }
         for task, ids in splits.items()
     ]
     dataset = {
@@ -192,14 +216,25 @@ def materialize(archives: list[Path], out_dir: Path, tasks: list[str], samples_p
         "fields": list(FIELDS),
         "tasks": samples,
     }
-    counts = {"tasks": len(samples), "samples": sum(len(v) for v in samples.values()),
-              "files_written": tally.written, "files_kept": tally.kept, "members_ignored": tally.ignored,
-              "bytes_written": tally.bytes_written}
-    materialization = dict(source, archives=[{"name": a.name, "size": a.stat().st_size, "sha256": sha256_file(a)}
-                                             for a in archives], archive_bytes=total, counts=counts)
+    counts = {
+        "tasks": len(samples),
+        "samples": sum(len(v) for v in samples.values()),
+        "files_written": tally.written,
+        "files_kept": tally.kept,
+        "members_ignored": tally.ignored,
+        "bytes_written": tally.bytes_written,
+    }
+    materialization = dict(
+        source,
+        archives=[{"name": a.name, "size": a.stat().st_size, "sha256": sha256_file(a)} for a in archives],
+        archive_bytes=total,
+        counts=counts,
+    )
     atomic.write_json(out_dir / "dataset.json", dataset)
     atomic.write_json(out_dir / "splits.json", split_manifest)
     atomic.write_json(out_dir / "materialization.json", materialization)
-    log(f"materialized {counts['samples']} samples of {counts['tasks']} tasks into {raw_dir} "
-        f"({tally.written} files written, {tally.kept} kept, {tally.ignored} members ignored)")
+    log(
+        f"materialized {counts['samples']} samples of {counts['tasks']} tasks into {raw_dir} "
+        f"({tally.written} files written, {tally.kept} kept, {tally.ignored} members ignored)"
+    )
     return materialization

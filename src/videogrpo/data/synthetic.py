@@ -14,9 +14,9 @@ import io
 import json
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -60,19 +60,24 @@ def move_red_square(rng: np.random.Generator, frames: int, height: int, width: i
         base[k * ch, :] = GRID_LINE
         base[:, k * cw] = GRID_LINE
     ty, tx = target_rc[0] * ch, target_rc[1] * cw
-    base[ty:ty + ch, tx:tx + 2] = GREEN
-    base[ty:ty + ch, tx + cw - 2:tx + cw] = GREEN
-    base[ty:ty + 2, tx:tx + cw] = GREEN
-    base[ty + ch - 2:ty + ch, tx:tx + cw] = GREEN
+    base[ty : ty + ch, tx : tx + 2] = GREEN
+    base[ty : ty + ch, tx + cw - 2 : tx + cw] = GREEN
+    base[ty : ty + 2, tx : tx + cw] = GREEN
+    base[ty + ch - 2 : ty + ch, tx : tx + cw] = GREEN
     margin_y, margin_x = max(1, ch // 4), max(1, cw // 4)
     video = np.repeat(base[None], frames, axis=0)
     for i in range(frames):
         a = i / (frames - 1)
         y = round((1 - a) * start_rc[0] * ch + a * ty) + margin_y
         x = round((1 - a) * start_rc[1] * cw + a * tx) + margin_x
-        video[i, y:y + ch - 2 * margin_y, x:x + cw - 2 * margin_x] = RED
-    metadata = {"grid": [grid, grid], "start_cell": list(start_rc), "target_cell": list(target_rc),
-                "square_color": list(RED), "cell_size": [ch, cw]}
+        video[i, y : y + ch - 2 * margin_y, x : x + cw - 2 * margin_x] = RED
+    metadata = {
+        "grid": [grid, grid],
+        "start_cell": list(start_rc),
+        "target_cell": list(target_rc),
+        "square_color": list(RED),
+        "cell_size": [ch, cw],
+    }
     return Sample(video, "Move the red square into the cell outlined in green.", metadata)
 
 
@@ -103,7 +108,7 @@ def grow_bar_to_line(rng: np.random.Generator, frames: int, height: int, width: 
     dash = np.arange(width) % 6 < 4
     for i in range(frames):
         top = round(start_top + (target_top - start_top) * i / (frames - 1))
-        video[i, top:, x0:x0 + bar_w] = BAR
+        video[i, top:, x0 : x0 + bar_w] = BAR
         video[i, target_top - 1, dash] = RED
     metadata = {"bar_x": [x0, x0 + bar_w], "target_top": target_top, "bar_color": list(BAR)}
     return Sample(video, "Grow the green bar up to the dashed red line.", metadata)
@@ -135,8 +140,9 @@ def _mp4(frames: np.ndarray, fps: int) -> bytes:
         return path.read_bytes()
 
 
-def sample_members(task: str, index: int, seed: int, frames: int, height: int, width: int,
-                   fps: int) -> dict[str, bytes]:
+def sample_members(
+    task: str, index: int, seed: int, frames: int, height: int, width: int, fps: int
+) -> dict[str, bytes]:
     """The archive members of one sample, keyed by their path inside the archive."""
     # One generator per (seed, task, index): a sample does not depend on which others were made.
     task_key = int.from_bytes(hashlib.sha256(task.encode()).digest()[:8], "big")
@@ -166,9 +172,19 @@ def _write_archive(path: Path, members: dict[str, bytes]) -> None:
                     tar.addfile(info, io.BytesIO(members[name]))
 
 
-def generate(out_dir: str | Path, tasks: list[str], samples_per_task: int, seed: int, frames: int,
-             height: int, width: int, fps: int, archive_dir: str = "VBVR-Pro-RL-Video",
-             tasks_per_archive: int = 2, progress: Callable[[str], None] | None = None) -> list[Path]:
+def generate(
+    out_dir: str | Path,
+    tasks: list[str],
+    samples_per_task: int,
+    seed: int,
+    frames: int,
+    height: int,
+    width: int,
+    fps: int,
+    archive_dir: str = "VBVR-Pro-RL-Video",
+    tasks_per_archive: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> list[Path]:
     """Write the synthetic dataset as tar.gz archives under out_dir/archive_dir; return their paths."""
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -178,7 +194,7 @@ def generate(out_dir: str | Path, tasks: list[str], samples_per_task: int, seed:
     paths = []
     for part, first in enumerate(range(0, len(tasks), tasks_per_archive)):
         members: dict[str, bytes] = {}
-        for task in tasks[first:first + tasks_per_archive]:
+        for task in tasks[first : first + tasks_per_archive]:
             for index in range(samples_per_task):
                 members.update(sample_members(task, index, seed, frames, height, width, fps))
         path = out / f"VBVR-Pro-RL-Video_part{part:03d}.tar.gz"

@@ -7,9 +7,9 @@ tens of thousands of them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from videogrpo.data.materialize import FIELDS
 from videogrpo.errors import DataError
@@ -50,27 +50,37 @@ def check_sample(sample_dir: str, gt_frames: int | None, gt_height: int | None, 
         video = read_video(root / "video/ground_truth.mp4")
         shape = list(video.shape[:3])
         frames, height, width = shape
-        for label, want, got in (("frames", gt_frames, frames), ("height", gt_height, height),
-                                 ("width", gt_width, width)):
+        for label, want, got in (
+            ("frames", gt_frames, frames),
+            ("height", gt_height, height),
+            ("width", gt_width, width),
+        ):
             if want is not None and want != got:
-                problems.append(f"{root / 'video/ground_truth.mp4'}: {got} {label}, expected {want} "
-                                f"(data.gt_{label})")
+                problems.append(f"{root / 'video/ground_truth.mp4'}: {got} {label}, expected {want} (data.gt_{label})")
     except DataError as err:
         problems.append(str(err))
     return {"dir": sample_dir, "problems": problems, "shape": shape}
 
 
-def validate(materialized: Path, tasks: list[str], samples_per_task: int, gt_frames: int | None,
-             gt_height: int | None, gt_width: int | None, workers: int = 1,
-             log: Callable[[str], None] = print) -> dict:
+def validate(
+    materialized: Path,
+    tasks: list[str],
+    samples_per_task: int,
+    gt_frames: int | None,
+    gt_height: int | None,
+    gt_width: int | None,
+    workers: int = 1,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Check the materialized dataset against the config; raise DataError listing what is wrong."""
     dataset = json.loads((materialized / "dataset.json").read_text())
     raw = materialized / dataset["root"]
     found_tasks = dataset["tasks"]
     problems = []
     if sorted(found_tasks) != sorted(tasks):
-        problems.append(f"{materialized / 'dataset.json'}: tasks {sorted(found_tasks)} differ from data.task_list "
-                        f"{sorted(tasks)}")
+        problems.append(
+            f"{materialized / 'dataset.json'}: tasks {sorted(found_tasks)} differ from data.task_list {sorted(tasks)}"
+        )
     for task, ids in found_tasks.items():
         if len(ids) != samples_per_task:
             problems.append(f"{task}: {len(ids)} samples, expected data.samples_per_task = {samples_per_task}")
@@ -91,8 +101,16 @@ def validate(materialized: Path, tasks: list[str], samples_per_task: int, gt_fra
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise DataError(f"dataset {materialized} failed validation ({len(problems)} problems):\n  {shown}{more}")
-    report = {"tasks": len(found_tasks), "samples": len(dirs), "video_shapes_frames_h_w": shapes,
-              "expected": {"samples_per_task": samples_per_task, "gt_frames": gt_frames, "gt_height": gt_height,
-                           "gt_width": gt_width}}
+    report = {
+        "tasks": len(found_tasks),
+        "samples": len(dirs),
+        "video_shapes_frames_h_w": shapes,
+        "expected": {
+            "samples_per_task": samples_per_task,
+            "gt_frames": gt_frames,
+            "gt_height": gt_height,
+            "gt_width": gt_width,
+        },
+    }
     log(f"validated {len(dirs)} samples of {len(found_tasks)} tasks: all complete, all videos decode")
     return report

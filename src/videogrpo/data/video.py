@@ -34,8 +34,12 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
             stream.codec_context.thread_count = 1
             stream.codec_context.thread_type = "NONE"
             stream.codec_context.time_base = Fraction(1, fps)
-            stream.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
-                              "x264-params": "force-cfr=1:rc-lookahead=0:mbtree=0"}
+            stream.options = {
+                "crf": str(crf),
+                "preset": "veryfast",
+                "threads": "1",
+                "x264-params": "force-cfr=1:rc-lookahead=0:mbtree=0",
+            }
             for index, frame in enumerate(frames):
                 picture = av.VideoFrame.from_ndarray(frame, format="rgb24").reformat(format="yuv420p")
                 picture.pts, picture.time_base = index, Fraction(1, fps)
@@ -88,5 +92,5 @@ def fit_square(frames: np.ndarray, side: int) -> np.ndarray:
     out = np.zeros((len(frames), side, side, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
         resized = Image.fromarray(frame).resize((new_w, new_h), Image.LANCZOS)
-        out[i, top:top + new_h, left:left + new_w] = np.asarray(resized)
+        out[i, top : top + new_h, left : left + new_w] = np.asarray(resized)
     return out

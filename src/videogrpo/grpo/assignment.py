@@ -19,8 +19,10 @@ def shared_prompt_work(rank: int, world: int, prompts_per_wave: int, group_size:
         raise ValueError(f"world size {world} is not a multiple of the {prompts_per_wave} prompts per wave")
     ranks_per_prompt = world // prompts_per_wave
     if group_size % ranks_per_prompt:
-        raise ValueError(f"group size {group_size} is not a multiple of the {ranks_per_prompt} ranks per prompt "
-                         f"(world size {world} / {prompts_per_wave} prompts per wave)")
+        raise ValueError(
+            f"group size {group_size} is not a multiple of the {ranks_per_prompt} ranks per prompt "
+            f"(world size {world} / {prompts_per_wave} prompts per wave)"
+        )
     member = rank // prompts_per_wave
     return RankWork((rank % prompts_per_wave,), tuple(range(member, group_size, ranks_per_prompt)))
 

@@ -15,8 +15,9 @@ class PPOStats:
     approx_kl: float
 
 
-def ppo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-             clip_range: float) -> tuple[torch.Tensor, PPOStats]:
+def ppo_loss(
+    logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, PPOStats]:
     """mean(max(-A rho, -A clip(rho, 1 - c, 1 + c))) with rho = exp(logp_new - logp_old)."""
     log_ratio = logp_new - logp_old.detach()
     ratio = torch.exp(log_ratio)

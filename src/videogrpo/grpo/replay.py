@@ -37,12 +37,12 @@ class Action:
     """Updates the policy made between rolling out the replayed batch and replaying it."""
 
 
-def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | None,
-         delayed: bool) -> list[Action]:
+def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | None, delayed: bool) -> list[Action]:
     """Every action of a run, in order; the run ends after the update numbered max_steps (if set)."""
     if batches_per_epoch < 1 or epochs < 1 or save_steps < 0:
-        raise ValueError(f"batches_per_epoch {batches_per_epoch}, epochs {epochs} must be >= 1 and "
-                         f"save_steps {save_steps} >= 0")
+        raise ValueError(
+            f"batches_per_epoch {batches_per_epoch}, epochs {epochs} must be >= 1 and save_steps {save_steps} >= 0"
+        )
     actions: list[Action] = []
     updates = 0
     slot: int | None = None
@@ -57,8 +57,9 @@ def plan(batches_per_epoch: int, epochs: int, save_steps: int, max_steps: int | 
             updates = nxt
             continue
         last_of_epoch = (batch + 1) % batches_per_epoch == 0
-        flush = ((save_steps > 0 and nxt % save_steps == 0) or (max_steps is not None and nxt >= max_steps)
-                 or last_of_epoch)
+        flush = (
+            (save_steps > 0 and nxt % save_steps == 0) or (max_steps is not None and nxt >= max_steps) or last_of_epoch
+        )
         if slot is None:
             rolled_out_after[batch] = updates
             if not flush:

@@ -47,9 +47,18 @@ class Trajectory:
 
 
 @torch.no_grad()
-def rollout(model, transformer: torch.nn.Module, embeds: torch.Tensor, condition: torch.Tensor,
-            init_noise: torch.Tensor, sigmas: torch.Tensor, sampler: str, etas: torch.Tensor,
-            step_noise, guidance_scale: float = 1.0) -> Trajectory:
+def rollout(
+    model,
+    transformer: torch.nn.Module,
+    embeds: torch.Tensor,
+    condition: torch.Tensor,
+    init_noise: torch.Tensor,
+    sigmas: torch.Tensor,
+    sampler: str,
+    etas: torch.Tensor,
+    step_noise,
+    guidance_scale: float = 1.0,
+) -> Trajectory:
     """Denoise init_noise [N, C, F, h, w] conditioned on latent frame 0 = condition [N, C, 1, h, w].
 
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
@@ -83,8 +92,16 @@ class Replayed:
     """Transition noise std, broadcastable to mean."""
 
 
-def replay_log_prob(model, transformer: torch.nn.Module, trajectory: Trajectory, index: int, sigmas: torch.Tensor,
-                    sampler: str, embeds: torch.Tensor, guidance_scale: float = 1.0) -> Replayed:
+def replay_log_prob(
+    model,
+    transformer: torch.nn.Module,
+    trajectory: Trajectory,
+    index: int,
+    sigmas: torch.Tensor,
+    sampler: str,
+    embeds: torch.Tensor,
+    guidance_scale: float = 1.0,
+) -> Replayed:
     """Recompute log p of the recorded transition `index` under `transformer`."""
     x = trajectory.latents[:, index]
     x_next = trajectory.latents[:, index + 1]

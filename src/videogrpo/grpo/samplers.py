@@ -30,8 +30,9 @@ def _per_sample(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor
     return value.view(-1, *([1] * (like.ndim - 1)))
 
 
-def transition(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float,
-               eta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def transition(
+    sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float, eta: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and noise std of x' given x (std broadcastable to x; eta may be per sample)."""
     x, v = x.float(), v.float()
     eta = _per_sample(eta, x)
@@ -45,14 +46,14 @@ def transition(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sig
         return mean, std
     if sampler == "dancegrpo":
         std = eta * math.sqrt(sigma - sigma_next)
-        mean = x + d * (v + eta ** 2 * (x + (1 - sigma) * v) / (2 * sigma))
+        mean = x + d * (v + eta**2 * (x + (1 - sigma) * v) / (2 * sigma))
         return mean, std
     if sampler == "flowgrpo":
         # Wan ports of Flow-GRPO: s_t = sigma_min + (sigma_max - sigma_min) sigma with 0 and 1, i.e. sigma.
         s_t = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
         if sigma == 0:
             return x + d * v, torch.zeros((), device=x.device)
-        mean = x * (1 + s_t ** 2 * d / (2 * sigma)) + v * (1 + s_t ** 2 * (1 - sigma) / (2 * sigma)) * d
+        mean = x * (1 + s_t**2 * d / (2 * sigma)) + v * (1 + s_t**2 * (1 - sigma) / (2 * sigma)) * d
         return mean, s_t * math.sqrt(-d)
     raise ValueError(f"unknown sampler {sampler!r}; known: {SAMPLERS}")
 
@@ -65,8 +66,9 @@ def masked_mean(values: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.
     return values.flatten(1).mean(dim=1)
 
 
-def log_prob(sampler: str, x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-             frame_mask: torch.Tensor | None = None) -> torch.Tensor:
+def log_prob(
+    sampler: str, x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, frame_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-sample log-probability of x_next [B, C, F, h, w] (frames outside frame_mask left out)."""
     x_next, mean = x_next.float(), mean.float()
     if sampler == "flowcps":
@@ -75,12 +77,13 @@ def log_prob(sampler: str, x_next: torch.Tensor, mean: torch.Tensor, std: torch.
     std = torch.as_tensor(std, dtype=torch.float32, device=x_next.device)
     if std.ndim > 0:
         std = std.view(-1, *([1] * (x_next.ndim - 1)))
-    terms = -((x_next - mean) ** 2) / (2 * std ** 2) - torch.log(std) - math.log(math.sqrt(2 * math.pi))
+    terms = -((x_next - mean) ** 2) / (2 * std**2) - torch.log(std) - math.log(math.sqrt(2 * math.pi))
     return masked_mean(terms.expand_as(x_next), frame_mask)
 
 
-def kl_divergence(sampler: str, mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor,
-                  frame_mask: torch.Tensor | None = None) -> torch.Tensor:
+def kl_divergence(
+    sampler: str, mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor, frame_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """KL term to the frozen reference policy (scalar): mean((mu - mu_ref)^2), divided by 2 s^2 for the
     Gaussian samplers (Flow-CPS drops the variance, as its log-prob does); 0 where s vanishes."""
     mse = masked_mean((mean.float() - ref_mean.float()) ** 2, frame_mask)
@@ -88,12 +91,20 @@ def kl_divergence(sampler: str, mean: torch.Tensor, ref_mean: torch.Tensor, std:
         return mse.mean()
     std = torch.as_tensor(std, dtype=torch.float32, device=mean.device).flatten().expand(mse.shape)
     safe = torch.where(std > 1e-8, std, torch.ones_like(std))
-    return torch.where(std > 1e-8, mse / (2 * safe ** 2), torch.zeros_like(mse)).mean()
+    return torch.where(std > 1e-8, mse / (2 * safe**2), torch.zeros_like(mse)).mean()
 
 
-def step(sampler: str, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float,
-         eta: float | torch.Tensor, noise: torch.Tensor, frame_mask: torch.Tensor | None = None,
-         dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def step(
+    sampler: str,
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: float,
+    sigma_next: float,
+    eta: float | torch.Tensor,
+    noise: torch.Tensor,
+    frame_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample x' = mu + std eps, stored in `dtype`; returns (x', mu, log p(x')) with log p of the stored x'."""
     mean, std = transition(sampler, x, v, sigma, sigma_next, eta)
     x_next = (mean + std * noise.float()).to(dtype)

@@ -15,8 +15,17 @@ from videogrpo import atomic
 class Tracker:
     """Rank 0 only: call `record` once per optimizer update."""
 
-    def __init__(self, metrics_file: Path, total_updates: int, wandb_mode: str, project: str, run_id: str,
-                 run_dir: Path, config: dict, enabled: bool):
+    def __init__(
+        self,
+        metrics_file: Path,
+        total_updates: int,
+        wandb_mode: str,
+        project: str,
+        run_id: str,
+        run_dir: Path,
+        config: dict,
+        enabled: bool,
+    ):
         self.metrics_file, self.total, self.enabled = metrics_file, total_updates, enabled
         self.wandb = None
         self._started = time.monotonic()
@@ -25,15 +34,23 @@ class Tracker:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project=project, name=run_id, id=run_id, dir=str(run_dir), mode=wandb_mode,
-                                    resume="allow", config=config)
+            self.wandb = wandb.init(
+                project=project,
+                name=run_id,
+                id=run_id,
+                dir=str(run_dir),
+                mode=wandb_mode,
+                resume="allow",
+                config=config,
+            )
 
     def trim(self, upto: int) -> None:
         """Keep only the lines of updates a resumed run will not redo."""
         if not self.enabled or not self.metrics_file.exists():
             return
-        kept = [line for line in self.metrics_file.read_text().splitlines()
-                if line and json.loads(line)["step"] <= upto]
+        kept = [
+            line for line in self.metrics_file.read_text().splitlines() if line and json.loads(line)["step"] <= upto
+        ]
         atomic.write_text(self.metrics_file, "".join(line + "\n" for line in kept))
 
     def record(self, metrics: dict) -> None:
@@ -49,10 +66,12 @@ class Tracker:
             self._first = metrics["step"] - 1
         done = metrics["step"] - self._first
         eta = (time.monotonic() - self._started) / max(done, 1) * (self.total - metrics["step"])
-        log(f"step {metrics['step']}/{self.total} | reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f}"
+        log(
+            f"step {metrics['step']}/{self.total} | reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f}"
             f" | loss {metrics['policy_loss']:+.5f} | ratio {metrics['ppo_ratio_mean']:.6f}"
             f" | stale {metrics['delayed_replay_staleness']:.1f} | {metrics['time_step_s']:.2f} s/update"
-            f" | ETA {math.ceil(eta)} s")
+            f" | ETA {math.ceil(eta)} s"
+        )
 
     def close(self) -> None:
         if self.wandb is not None:

@@ -30,8 +30,16 @@ from videogrpo.grpo import assignment, replay
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
-from videogrpo.grpo.rollout import (Trajectory, counter_seed, frame_mask, replay_log_prob, rollout, seeded_normal,
-                                    seeded_uniform, trained_timesteps)
+from videogrpo.grpo.rollout import (
+    Trajectory,
+    counter_seed,
+    frame_mask,
+    replay_log_prob,
+    rollout,
+    seeded_normal,
+    seeded_uniform,
+    trained_timesteps,
+)
 from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
@@ -79,16 +87,23 @@ def waves(cfg: Config, rank: int, world: int) -> list[list[tuple[int, int]]]:
     if p.shared_prompts:
         size = p.prompts_per_wave or p.prompts_per_step
         work = assignment.shared_prompt_work(rank, world, size, p.group_size)
-        return [[(w * size + slot, g) for slot in work.prompt_slots for g in work.group_indices]
-                for w in range(p.prompts_per_step // size)]
+        return [
+            [(w * size + slot, g) for slot in work.prompt_slots for g in work.group_indices]
+            for w in range(p.prompts_per_step // size)
+        ]
     work = assignment.replica_work(rank, cfg.parallel.tensor_parallel, cfg.train.batch_size, p.group_size)
     return [[(slot, g) for slot in work.prompt_slots for g in work.group_indices]]
 
 
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
     t = cfg.train
-    return replay.plan(steps_per_epoch(num_samples, cfg.grpo.prompts_per_step), t.epochs, t.save_steps,
-                       t.max_steps, cfg.grpo.delayed_replay)
+    return replay.plan(
+        steps_per_epoch(num_samples, cfg.grpo.prompts_per_step),
+        t.epochs,
+        t.save_steps,
+        t.max_steps,
+        cfg.grpo.delayed_replay,
+    )
 
 
 def unsupported(cfg: Config) -> list[str]:
@@ -141,11 +156,16 @@ class Trainer:
     def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
         cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
         samples = [prompts[j] for j, _ in rows]
-        embeds, condition = self.model.encode_conditions([s.prompt for s in samples], [s.first_frame for s in samples],
-                                                         cfg.video.height, cfg.video.width)
+        embeds, condition = self.model.encode_conditions(
+            [s.prompt for s in samples], [s.first_frame for s in samples], cfg.video.height, cfg.video.width
+        )
         # Noise is keyed by (seed, batch, prompt, member, step): independent of ranks, waves and resumes.
-        init = torch.stack([seeded_normal(self.shape, dev, seed, batch_index, j,
-                                          0 if cfg.grpo.share_group_noise else g + 1, 0x1A17) for j, g in rows])
+        init = torch.stack(
+            [
+                seeded_normal(self.shape, dev, seed, batch_index, j, 0 if cfg.grpo.share_group_noise else g + 1, 0x1A17)
+                for j, g in rows
+            ]
+        )
         if cfg.grpo.eta_range:
             lo, hi = cfg.grpo.eta_range
             etas = torch.tensor([seeded_uniform(lo, hi, seed, batch_index, j, 0xE7A) for j, _ in rows], device=dev)
@@ -156,12 +176,24 @@ class Trainer:
             return torch.stack([seeded_normal(self.shape, dev, seed, batch_index, j, g, i) for j, g in rows])
 
         with torch.no_grad():
-            trajectory = rollout(self.model, self.transformer, embeds, condition, init, self.sigmas,
-                                 cfg.grpo.sampler, etas, step_noise, cfg.grpo.guidance_scale)
+            trajectory = rollout(
+                self.model,
+                self.transformer,
+                embeds,
+                condition,
+                init,
+                self.sigmas,
+                cfg.grpo.sampler,
+                etas,
+                step_noise,
+                cfg.grpo.guidance_scale,
+            )
         chunk = Chunk([j for j, _ in rows], [g for _, g in rows], samples, trajectory, embeds)
         videos = self.model.decode(trajectory.latents[:, -1])
-        chunk.futures = [self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
-                         for v, s in zip(videos, samples)]
+        chunk.futures = [
+            self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
+            for v, s in zip(videos, samples)
+        ]
         return chunk
 
     def prepare(self, batch_index: int) -> Prepared:
@@ -178,8 +210,9 @@ class Trainer:
         mine = []
         for chunk in prepared.chunks:
             results = RuleScorer.collect(chunk.futures)
-            mine += [(j, g, r["score"], s.task) for j, g, r, s in zip(chunk.prompts, chunk.members, results,
-                                                                          chunk.samples)]
+            mine += [
+                (j, g, r["score"], s.task) for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
+            ]
         everyone = [row for part in distributed.all_gather_objects(mine) for row in part]
         table = torch.full((self.cfg.grpo.prompts_per_step, self.cfg.grpo.group_size), float("nan"))
         for j, g, score, _ in everyone:
@@ -191,7 +224,8 @@ class Trainer:
             adv = shuffled_within_groups(adv, self.cfg.train.seed, prepared.batch)
         for chunk in prepared.chunks:
             chunk.advantages = torch.stack([adv[j, g] for j, g in zip(chunk.prompts, chunk.members)]).to(
-                self.ctx.device)
+                self.ctx.device
+            )
         per_task: dict[str, list[float]] = {}
         for _, _, score, task in everyone:
             per_task.setdefault(task, []).append(score)
@@ -214,20 +248,41 @@ class Trainer:
         for index in timesteps:
             for chunk in prepared.chunks:
                 rows = len(chunk.prompts)
-                new = replay_log_prob(self.model, self.transformer, chunk.trajectory, index, self.sigmas,
-                                      g.sampler, chunk.embeds, g.guidance_scale)
+                new = replay_log_prob(
+                    self.model,
+                    self.transformer,
+                    chunk.trajectory,
+                    index,
+                    self.sigmas,
+                    g.sampler,
+                    chunk.embeds,
+                    g.guidance_scale,
+                )
                 loss, stats = ppo_loss(new.log_prob, chunk.trajectory.log_probs[:, index], chunk.advantages, clip)
                 kl = torch.zeros((), device=loss.device)
                 if self.reference is not None:
                     with torch.no_grad():
-                        ref = replay_log_prob(self.model, self.reference, chunk.trajectory, index, self.sigmas,
-                                              g.sampler, chunk.embeds, g.guidance_scale)
-                    kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, frame_mask(new.mean.shape[2],
-                                                                                           new.mean.device))
+                        ref = replay_log_prob(
+                            self.model,
+                            self.reference,
+                            chunk.trajectory,
+                            index,
+                            self.sigmas,
+                            g.sampler,
+                            chunk.embeds,
+                            g.guidance_scale,
+                        )
+                    kl = kl_divergence(
+                        g.sampler, new.mean, ref.mean, new.std, frame_mask(new.mean.shape[2], new.mean.device)
+                    )
                 ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
-                for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()),
-                                   ("ppo_ratio_mean", stats.ratio_mean), ("ppo_clip_fraction", stats.clip_fraction),
-                                   ("ppo_approx_kl", stats.approx_kl)):
+                for key, value in (
+                    ("policy_loss", loss.item()),
+                    ("kl_loss", kl.item()),
+                    ("ppo_ratio_mean", stats.ratio_mean),
+                    ("ppo_clip_fraction", stats.clip_fraction),
+                    ("ppo_approx_kl", stats.approx_kl),
+                ):
                     sums[key] += value * rows
                 ratio_abs_max = max(ratio_abs_max, stats.ratio_abs_max)
         parallelize.reduce_gradients(self.transformer, self.params)
@@ -243,14 +298,26 @@ class Trainer:
         [ratio_abs_max] = distributed.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
         rewards = gathered["rewards"]
         peak = torch.cuda.max_memory_allocated() if self.ctx.device.type == "cuda" else 0
-        return dict(means, step=action.update, epoch=prepared.epoch, replayed_batch=prepared.batch,
-                    reward_mean=rewards.mean().item(), reward_std=rewards.std().item(),
-                    reward_std_within_group=rewards.std(dim=1).mean().item(),
-                    advantage_mean=gathered["advantages"].mean().item(),
-                    reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
-                    ppo_ratio_abs_max=ratio_abs_max, ppo_clip_range=clip, grad_norm=grad_norm, learning_rate=lr,
-                    delayed_replay_staleness=action.staleness, trained_timesteps=len(timesteps),
-                    peak_memory_bytes=peak, time_reward_wait_s=t1 - t0, time_replay_s=t2 - t1)
+        return dict(
+            means,
+            step=action.update,
+            epoch=prepared.epoch,
+            replayed_batch=prepared.batch,
+            reward_mean=rewards.mean().item(),
+            reward_std=rewards.std().item(),
+            reward_std_within_group=rewards.std(dim=1).mean().item(),
+            advantage_mean=gathered["advantages"].mean().item(),
+            reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
+            ppo_ratio_abs_max=ratio_abs_max,
+            ppo_clip_range=clip,
+            grad_norm=grad_norm,
+            learning_rate=lr,
+            delayed_replay_staleness=action.staleness,
+            trained_timesteps=len(timesteps),
+            peak_memory_bytes=peak,
+            time_reward_wait_s=t1 - t0,
+            time_replay_s=t2 - t1,
+        )
 
     # ---- the run -----------------------------------------------------------------------------------
 
@@ -262,16 +329,23 @@ class Trainer:
             saved = checkpoint.read_state(latest).get("guard", {})
             problems = checkpoint.resume_problems(saved, self.guard, cfg.train.resume_across_code_changes)
             if problems:
-                raise ConfigError(f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
-                                  f"the run over instead, remove {self.paths.checkpoints}.")
+                raise ConfigError(
+                    f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
+                    f"the run over instead, remove {self.paths.checkpoints}."
+                )
             state = checkpoint.load(latest, self.transformer, self.optimizer, self.ctx.rank)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
             source = Path(cfg.train.resume_from)
             weights_only = cfg.train.reset_dataloader
-            state = checkpoint.load(source, self.transformer, None if weights_only else self.optimizer,
-                                    self.ctx.rank, restore_rng=not weights_only)
+            state = checkpoint.load(
+                source,
+                self.transformer,
+                None if weights_only else self.optimizer,
+                self.ctx.rank,
+                restore_rng=not weights_only,
+            )
             self._log(f"initialised from {source} ({'weights only' if weights_only else 'full state'})")
             if not weights_only:
                 return state["next_action"]
@@ -282,21 +356,36 @@ class Trainer:
             log_line(message)
 
     def _checkpoint(self, action_index: int, update: int) -> None:
-        checkpoint.save(self.paths.checkpoints, update, self.transformer, self.optimizer,
-                        {"update": update, "next_action": action_index + 1, "run_id": self.run_id,
-                         "guard": self.guard}, self.ctx.rank, self.cfg.train.keep_checkpoints)
+        checkpoint.save(
+            self.paths.checkpoints,
+            update,
+            self.transformer,
+            self.optimizer,
+            {"update": update, "next_action": action_index + 1, "run_id": self.run_id, "guard": self.guard},
+            self.ctx.rank,
+            self.cfg.train.keep_checkpoints,
+        )
 
     def run(self) -> None:
         self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
         start = self._resume()
         done = self.actions[start - 1].update if start else 0
-        self.tracker = Tracker(self.paths.checkpoints / "metrics.jsonl", self.total, self.cfg.logging.wandb_mode,
-                               self.cfg.logging.wandb_project, self.run_id, self.paths.run_dir, to_dict(self.cfg),
-                               enabled=self.ctx.is_main)
+        self.tracker = Tracker(
+            self.paths.checkpoints / "metrics.jsonl",
+            self.total,
+            self.cfg.logging.wandb_mode,
+            self.cfg.logging.wandb_project,
+            self.run_id,
+            self.paths.run_dir,
+            to_dict(self.cfg),
+            enabled=self.ctx.is_main,
+        )
         self.tracker.trim(done)
         mode = "delayed replay" if self.cfg.grpo.delayed_replay else "synchronous"
-        self._log(f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
-                  f"{self.cfg.parallel.data_parallel}, starting at batch {start}")
+        self._log(
+            f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
+            f"{self.cfg.parallel.data_parallel}, starting at batch {start}"
+        )
         self._log(f"parameters: {json.dumps(self.layout)}")
         slot: Prepared | None = None
         try:
@@ -309,12 +398,16 @@ class Trainer:
                     continue
                 target = fresh if action.replay == action.batch else slot
                 if target is None or target.batch != action.replay:
-                    raise RuntimeError(f"action {index}: batch {action.replay} is not prepared (the plan and the "
-                                       f"trainer disagree)")
+                    raise RuntimeError(
+                        f"action {index}: batch {action.replay} is not prepared (the plan and the trainer disagree)"
+                    )
                 metrics = self.update(action, target)
                 slot = None if action.flush else fresh
-                metrics.update(rolled_out_batches=self.rolled_out, time_step_s=time.monotonic() - t0,
-                               time_rollout_s=fresh.time_rollout_s if fresh else 0.0)
+                metrics.update(
+                    rolled_out_batches=self.rolled_out,
+                    time_step_s=time.monotonic() - t0,
+                    time_rollout_s=fresh.time_rollout_s if fresh else 0.0,
+                )
                 self.rolled_out = []
                 self.tracker.record(metrics)
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
@@ -334,8 +427,9 @@ class Trainer:
             plain.load_state_dict(state)
             with atomic.atomic_directory(self.paths.final) as tmp:
                 plain.save_pretrained(str(tmp / "transformer"))
-                (tmp / "training_state.json").write_text(json.dumps(
-                    {"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n")
+                (tmp / "training_state.json").write_text(
+                    json.dumps({"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n"
+                )
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")
         distributed.barrier()

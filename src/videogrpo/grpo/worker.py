@@ -9,7 +9,8 @@ import socket
 import sys
 from pathlib import Path
 
-from videogrpo import config as config_mod, distributed
+from videogrpo import config as config_mod
+from videogrpo import distributed
 from videogrpo.errors import VideoGRPOError
 
 
@@ -26,11 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_mod.from_dict(json.loads(args.config_json), partial=True)
     ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend, cfg.parallel.cpu_threads)
     node = os.environ.get("SLURMD_NODENAME", "-")
-    print(f"[rank {ctx.rank}/{ctx.world_size}] host {socket.gethostname()} slurm node {node} device {ctx.device}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[rank {ctx.rank}/{ctx.world_size}] host {socket.gethostname()} slurm node {node} device {ctx.device}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        paths = TrainPaths(args.model, args.dataset, args.evalkit, args.checkpoints, args.final, args.metrics,
-                           args.run_dir, json.loads(args.input_digests))
+        paths = TrainPaths(
+            args.model,
+            args.dataset,
+            args.evalkit,
+            args.checkpoints,
+            args.final,
+            args.metrics,
+            args.run_dir,
+            json.loads(args.input_digests),
+        )
         Trainer(cfg, paths, ctx, args.run_id).run()
     except VideoGRPOError as err:
         print(f"[rank {ctx.rank}] error: {err}", file=sys.stderr)

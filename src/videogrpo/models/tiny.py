@@ -13,11 +13,33 @@ from pathlib import Path
 
 import torch
 
-TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=24, in_channels=48,
-                   out_channels=48, text_dim=32, freq_dim=32, ffn_dim=96, num_layers=2, rope_max_seq_len=64)
-VAE = dict(base_dim=4, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
-           in_channels=12, out_channels=12, patch_size=2, is_residual=True, scale_factor_spatial=16,
-           scale_factor_temporal=4, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=24,
+    in_channels=48,
+    out_channels=48,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=96,
+    num_layers=2,
+    rope_max_seq_len=64,
+)
+VAE = dict(
+    base_dim=4,
+    z_dim=48,
+    dim_mult=[1, 1, 1, 1],
+    num_res_blocks=1,
+    temperal_downsample=[False, True, True],
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    is_residual=True,
+    scale_factor_spatial=16,
+    scale_factor_temporal=4,
+    latents_mean=[0.0] * 48,
+    latents_std=[1.0] * 48,
+)
 TEXT_ENCODER = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, relative_attention_num_buckets=8)
 FLOW_SHIFT = 5.0
 
@@ -39,8 +61,14 @@ def build_tiny_pipeline(seed: int):
         transformer = WanTransformer3DModel(**TRANSFORMER)
         vae = AutoencoderKLWan(**VAE)
         text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TEXT_ENCODER))
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT), expand_timesteps=True)
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT),
+        expand_timesteps=True,
+    )
 
 
 def save_tiny_pipeline(out_dir: str | Path, seed: int) -> None:

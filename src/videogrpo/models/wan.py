@@ -67,9 +67,16 @@ class LatentGeometry:
 class WanTI2V:
     """The frozen parts (tokenizer, text encoder, VAE) and the trainable transformer of a TI2V pipeline."""
 
-    def __init__(self, model_dir: str | Path, device: torch.device, compute_dtype: str = "float32",
-                 attention_backend: str = "native", max_text_tokens: int = 512, kind: str = "ti2v",
-                 trajectory: str = "compute"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: torch.device,
+        compute_dtype: str = "float32",
+        attention_backend: str = "native",
+        max_text_tokens: int = 512,
+        kind: str = "ti2v",
+        trajectory: str = "compute",
+    ):
         if kind != "ti2v":
             raise ConfigError(f"model.kind = {kind!r}: only 'ti2v' (Wan2.2 TI2V-5B layout) is implemented so far")
         from diffusers import AutoencoderKLWan
@@ -95,15 +102,26 @@ class WanTI2V:
         self._prompt_cache: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def from_config(cls, model_dir: str | Path, device: torch.device, cfg) -> "WanTI2V":
+    def from_config(cls, model_dir: str | Path, device: torch.device, cfg) -> WanTI2V:
         """The model as a run's config sets it up (compute and trajectory dtypes, attention, prompt length)."""
-        return cls(model_dir, device, cfg.parallel.param_dtype, cfg.parallel.attention_backend,
-                   cfg.model.max_text_tokens, cfg.model.kind, cfg.grpo.trajectory_dtype)
+        return cls(
+            model_dir,
+            device,
+            cfg.parallel.param_dtype,
+            cfg.parallel.attention_backend,
+            cfg.model.max_text_tokens,
+            cfg.model.kind,
+            cfg.grpo.trajectory_dtype,
+        )
 
     def geometry(self, num_frames: int, height: int, width: int) -> LatentGeometry:
-        return LatentGeometry(self.vae.config.z_dim, (num_frames - 1) // self.temporal + 1,
-                              height // self.spatial, width // self.spatial,
-                              tuple(self.transformer.config.patch_size))
+        return LatentGeometry(
+            self.vae.config.z_dim,
+            (num_frames - 1) // self.temporal + 1,
+            height // self.spatial,
+            width // self.spatial,
+            tuple(self.transformer.config.patch_size),
+        )
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
@@ -112,8 +130,14 @@ class WanTI2V:
         prompts = [clean_prompt(p) for p in prompts]
         missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
         if missing:
-            tokens = self.tokenizer(missing, padding="max_length", max_length=self.max_text_tokens,
-                                    truncation=True, add_special_tokens=True, return_tensors="pt")
+            tokens = self.tokenizer(
+                missing,
+                padding="max_length",
+                max_length=self.max_text_tokens,
+                truncation=True,
+                add_special_tokens=True,
+                return_tensors="pt",
+            )
             ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
             hidden = self.text_encoder(ids, mask).last_hidden_state.float()
             hidden = hidden * mask.unsqueeze(-1)
@@ -129,8 +153,9 @@ class WanTI2V:
         latents = self.vae.encode(pixels).latent_dist.mode()
         return (latents.float() - self.latents_mean) / self.latents_std
 
-    def encode_conditions(self, prompts: list[str], first_frames: list[Path], height: int,
-                          width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_conditions(
+        self, prompts: list[str], first_frames: list[Path], height: int, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt embeddings, first-frame latents) of a batch: what every rollout is conditioned on."""
         return self.encode_prompts(prompts), self.encode_first_frames(load_first_frames(first_frames, height, width))
 
@@ -150,8 +175,14 @@ class WanTI2V:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def velocity(self, transformer: torch.nn.Module, x: torch.Tensor, sigma: float, embeds: torch.Tensor,
-                 guidance_scale: float = 1.0) -> torch.Tensor:
+    def velocity(
+        self,
+        transformer: torch.nn.Module,
+        x: torch.Tensor,
+        sigma: float,
+        embeds: torch.Tensor,
+        guidance_scale: float = 1.0,
+    ) -> torch.Tensor:
         """Flow velocity (float32) at noise level sigma; latent frame 0 gets timestep 0 (the clean condition).
 
         Classifier-free guidance only when the scale is > 1, with zero text embeddings as the
@@ -165,11 +196,16 @@ class WanTI2V:
         timestep = timestep.flatten(1).to(self.trajectory_dtype)
         hidden = x.to(self.compute_dtype)
         with self.autocast(transformer):
-            out = transformer(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds,
-                              return_dict=False)[0].float()
+            out = transformer(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds, return_dict=False)[
+                0
+            ].float()
             if guidance_scale > 1.0:
-                uncond = transformer(hidden_states=hidden, timestep=timestep,
-                                     encoder_hidden_states=torch.zeros_like(embeds), return_dict=False)[0].float()
+                uncond = transformer(
+                    hidden_states=hidden,
+                    timestep=timestep,
+                    encoder_hidden_states=torch.zeros_like(embeds),
+                    return_dict=False,
+                )[0].float()
                 out = uncond + guidance_scale * (out - uncond)
         return out
 

@@ -12,8 +12,8 @@ import ast
 import hashlib
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Iterable
 
 from videogrpo.errors import VideoGRPOError
 
@@ -39,8 +39,13 @@ def code_digest(path: str | os.PathLike) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list):
-            kept = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
-                                            and isinstance(n.value.value, str))]
+            kept = [
+                n
+                for n in body
+                if not (
+                    isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                )
+            ]
             node.body = kept or [ast.Pass()]
     return sha256_bytes(ast.dump(tree, include_attributes=False).encode())
 

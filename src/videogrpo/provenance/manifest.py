@@ -12,7 +12,7 @@ import platform
 import socket
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,24 @@ from videogrpo.provenance import digest
 MANIFEST_VERSION = 1
 SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 TRACKED_PACKAGES = (
-    "videogrpo", "torch", "diffusers", "transformers", "huggingface_hub", "safetensors", "av",
-    "numpy", "pillow", "pandas", "snakemake", "snakemake-executor-plugin-slurm", "wandb",
+    "videogrpo",
+    "torch",
+    "diffusers",
+    "transformers",
+    "huggingface_hub",
+    "safetensors",
+    "av",
+    "numpy",
+    "pillow",
+    "pandas",
+    "snakemake",
+    "snakemake-executor-plugin-slurm",
+    "wandb",
 )
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def package_versions() -> dict[str, str]:
@@ -71,7 +82,9 @@ def assert_no_secrets(text: str, where: str) -> None:
     for var in SECRET_ENV_VARS:
         value = os.environ.get(var, "")
         if len(value) >= 8 and value in text:
-            raise VideoGRPOError(f"{where}: refusing to write the value of ${var}; secrets travel only in the environment")
+            raise VideoGRPOError(
+                f"{where}: refusing to write the value of ${var}; secrets travel only in the environment"
+            )
 
 
 def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
@@ -90,7 +103,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         raise VideoGRPOError(f"{path}: manifest is not valid JSON ({err}); delete it and rerun its stage") from None
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise VideoGRPOError(
-            f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION}; rerun its stage"
+            f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION}; "
+            f"rerun its stage"
         )
     return manifest
 
@@ -116,13 +130,15 @@ def verify_inputs(records: dict[str, dict[str, Any]], upstream: list[Path]) -> N
         detail = ""
         if record["kind"] == "directory" and "entries" in expected:
             found = {rel: [sha, size] for rel, (sha, size) in digest.tree_entries(record["path"]).items()}
-            differ = sorted(rel for rel in set(found) | set(expected["entries"])
-                            if found.get(rel) != expected["entries"].get(rel))
+            differ = sorted(
+                rel for rel in set(found) | set(expected["entries"]) if found.get(rel) != expected["entries"].get(rel)
+            )
             detail = f"\n  files that differ: {', '.join(differ[:10])}" + (" ..." if len(differ) > 10 else "")
         raise DigestMismatch(
             f"{record['path']}: input {name} is not what {stage} made ({manifest_path})\n"
             f"  recorded {record_digest(expected)}\n  found    {record_digest(record)}{detail}\n"
-            f"Restore it, or rerun {stage} (snakemake --forcerun {stage}) to make it again.")
+            f"Restore it, or rerun {stage} (snakemake --forcerun {stage}) to make it again."
+        )
 
 
 class StageRun:
@@ -132,8 +148,14 @@ class StageRun:
     that an upstream stage made are checked against its manifest before the stage starts.
     """
 
-    def __init__(self, stage: str, manifest_path: str | os.PathLike, inputs: dict[str, str | os.PathLike],
-                 params: dict[str, Any] | None = None, upstream: list[str | os.PathLike] | None = None):
+    def __init__(
+        self,
+        stage: str,
+        manifest_path: str | os.PathLike,
+        inputs: dict[str, str | os.PathLike],
+        params: dict[str, Any] | None = None,
+        upstream: list[str | os.PathLike] | None = None,
+    ):
         self.stage = stage
         self.manifest_path = Path(manifest_path)
         self.inputs = {name: Path(p) for name, p in inputs.items() if p}
@@ -142,7 +164,7 @@ class StageRun:
         self.outputs: dict[str, Path] = {}
         self.summary: dict[str, Any] = {}
 
-    def __enter__(self) -> "StageRun":
+    def __enter__(self) -> StageRun:
         self.started_at = now_iso()
         self._t0 = time.monotonic()
         self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}

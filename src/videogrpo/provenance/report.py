@@ -33,8 +33,11 @@ def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dic
     digests = {}
     for name, manifest in stages.items():
         for output, record in manifest["outputs"].items():
-            digests[f"{name}.{output}"] = {"path": record["path"], "sha256": record_digest(record),
-                                           "size": record["size"]}
+            digests[f"{name}.{output}"] = {
+                "path": record["path"],
+                "sha256": record_digest(record),
+                "size": record["size"],
+            }
     versions: dict[str, set[str]] = {}
     for manifest in stages.values():
         for package, version in manifest["versions"].items():
@@ -48,8 +51,16 @@ def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dic
         "digests": digests,
         "versions": {p: sorted(v)[0] if len(v) == 1 else sorted(v) for p, v in sorted(versions.items())},
         "topology": train.get("summary", {}).get("launch"),
-        "timings": {name: {"started_at": m["started_at"], "ended_at": m["ended_at"], "duration_s": m["duration_s"],
-                           "host": m["host"], "slurm_job_id": m["slurm_job_id"]} for name, m in stages.items()},
+        "timings": {
+            name: {
+                "started_at": m["started_at"],
+                "ended_at": m["ended_at"],
+                "duration_s": m["duration_s"],
+                "host": m["host"],
+                "slurm_job_id": m["slurm_job_id"],
+            }
+            for name, m in stages.items()
+        },
         "stages": stages,
     }
 
@@ -112,21 +123,36 @@ def render_html(provenance: dict[str, Any], metrics: list[dict], table: list[dic
     ]
     if metrics:
         parts.append(f"<img alt='reward curve' src='data:image/png;base64,{reward_curve_png(metrics)}'>")
-        columns = ["step", "reward_mean", "reward_std", "policy_loss", "ppo_ratio_mean", "ppo_clip_fraction",
-                   "grad_norm", "learning_rate", "time_step_s"]
+        columns = [
+            "step",
+            "reward_mean",
+            "reward_std",
+            "policy_loss",
+            "ppo_ratio_mean",
+            "ppo_clip_fraction",
+            "grad_norm",
+            "learning_rate",
+            "time_step_s",
+        ]
         parts.append(_table(metrics, columns))
     parts.append("<h2>Evaluation: trained against base, same samples and noise (evaluate.split)</h2>")
     if table:
         parts.append(_table(table, list(table[0].keys())))
     parts.append("<h2>Stages</h2>")
-    parts.append(_table([{"stage": name, **t} for name, t in provenance["timings"].items()],
-                        ["stage", "started_at", "duration_s", "host", "slurm_job_id"]))
+    parts.append(
+        _table(
+            [{"stage": name, **t} for name, t in provenance["timings"].items()],
+            ["stage", "started_at", "duration_s", "host", "slurm_job_id"],
+        )
+    )
     parts.append("<h2>Artifact digests (SHA-256)</h2>")
-    parts.append(_table([{"artifact": k, **v} for k, v in provenance["digests"].items()],
-                        ["artifact", "path", "sha256", "size"]))
+    parts.append(
+        _table([{"artifact": k, **v} for k, v in provenance["digests"].items()], ["artifact", "path", "sha256", "size"])
+    )
     parts.append("<h2>Software</h2>")
-    parts.append(_table([{"package": k, "version": v} for k, v in provenance["versions"].items()],
-                        ["package", "version"]))
+    parts.append(
+        _table([{"package": k, "version": v} for k, v in provenance["versions"].items()], ["package", "version"])
+    )
     parts.append("<h2>Configuration</h2>")
     parts.append(f"<pre>{html.escape(json.dumps(provenance['config'], indent=2, sort_keys=True))}</pre>")
     parts.append("</body></html>\n")

@@ -46,7 +46,7 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     result = Verification()
     manifests = run_manifests(run_dir)
     progress = Progress("verify", total=len(manifests), unit="manifests")
-    for path, manifest in sorted(manifests.items()):
+    for _, manifest in sorted(manifests.items()):
         for name, record in sorted(manifest["outputs"].items()):
             where = f"{manifest['stage']} output {name}"
             target = Path(record["path"])
@@ -69,8 +69,9 @@ def verify_run(run_dir: Path, log=print) -> Verification:
                 elif rel not in recorded:
                     result.problems.append(f"ADDED   {target / rel} ({where})")
                 elif list(current[rel]) != list(recorded[rel]):
-                    result.problems.append(f"CHANGED {target / rel} ({where}): recorded {recorded[rel][0]}, "
-                                           f"found {current[rel][0]}")
+                    result.problems.append(
+                        f"CHANGED {target / rel} ({where}): recorded {recorded[rel][0]}, found {current[rel][0]}"
+                    )
         progress.update()
     progress.finish()
     for line in result.problems:
@@ -93,8 +94,9 @@ def _final_metrics(run_dir: Path) -> dict[str, Any]:
     metrics = run_dir / "train/metrics.jsonl"
     if metrics.is_file() and (lines := metrics.read_text().splitlines()):
         last = json.loads(lines[-1])
-        found.update({f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float))
-                      and not k.startswith("time_")})
+        found.update(
+            {f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float)) and not k.startswith("time_")}
+        )
     table = run_dir / "evaluate/per_task.csv"
     if table.is_file():
         with open(table, newline="") as f:
@@ -110,12 +112,21 @@ def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
 
     sides = [run_manifests(run) for run in (run_a, run_b)]
     params = [_flatten(next((m["params"] for m in side.values() if m["stage"] == "train"), {})) for side in sides]
-    outputs = [{f"{m['stage']}.{name}": rec.get("sha256") or rec.get("tree_sha256")
-                for m in side.values() for name, rec in m["outputs"].items()} for side in sides]
+    outputs = [
+        {
+            f"{m['stage']}.{name}": rec.get("sha256") or rec.get("tree_sha256")
+            for m in side.values()
+            for name, rec in m["outputs"].items()
+        }
+        for side in sides
+    ]
     metrics = [_final_metrics(run) for run in (run_a, run_b)]
     differences = 0
-    for title, (a, b), label in (("config", params, lambda k: f"{k} ({field_class(k)})"),
-                                 ("digests", outputs, str), ("final metrics", metrics, str)):
+    for title, (a, b), label in (
+        ("config", params, lambda k: f"{k} ({field_class(k)})"),
+        ("digests", outputs, str),
+        ("final metrics", metrics, str),
+    ):
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         log(f"{title}: {len(keys)} differ" + (":" if keys else ""))
         for key in keys:

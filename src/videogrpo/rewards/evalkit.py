@@ -20,8 +20,10 @@ def check_checkout(path: str | Path) -> Path:
     root = Path(path)
     if not (root / "run_evaluation.py").is_file():
         where = "no such directory" if not root.is_dir() else "no run_evaluation.py there"
-        raise ConfigError(f"evalkit.path = {str(root)!r}: {where}; point it at an EvalKit checkout "
-                          f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest")
+        raise ConfigError(
+            f"evalkit.path = {str(root)!r}: {where}; point it at an EvalKit checkout "
+            f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest"
+        )
     return root
 
 
@@ -30,13 +32,20 @@ def fingerprint(path: str | Path, expected: str) -> dict:
     root = check_checkout(path)
     files = digest.evalkit_files(root)
     found = digest.digest_length_prefixed(root, files)
-    record = {"path": str(root), "source_sha256": found, "expected_sha256": expected, "files": len(files),
-              "listing": {rel: digest.sha256_file(root / rel) for rel in files}}
+    record = {
+        "path": str(root),
+        "source_sha256": found,
+        "expected_sha256": expected,
+        "files": len(files),
+        "listing": {rel: digest.sha256_file(root / rel) for rel in files},
+    }
     if uses_easyocr(root, files):
         models = root / "easyocr_models"
         if not (models / "en_char.txt").is_file():
-            raise VideoGRPOError(f"{root}: the evaluators use easyocr.Reader but {models}/en_char.txt is missing; "
-                                 f"place the EasyOCR model directory there")
+            raise VideoGRPOError(
+                f"{root}: the evaluators use easyocr.Reader but {models}/en_char.txt is missing; "
+                f"place the EasyOCR model directory there"
+            )
         record["easyocr_models_tree_sha256"] = digest.tree_digest(models)
     if found != expected:
         raise DigestMismatch(
@@ -77,17 +86,33 @@ def check_runtime(contract: dict[str, str], python: str | None = None) -> dict:
     if out.returncode:
         raise VideoGRPOError(f"scorer runtime probe with {python} failed:\n{out.stderr}")
     probe = json.loads(out.stdout)
-    problems = [f"{name}: contract {want}, found {probe['found'][name] or 'not installed'}"
-                for name, want in sorted(contract.items()) if probe["found"][name] != want]
+    problems = [
+        f"{name}: contract {want}, found {probe['found'][name] or 'not installed'}"
+        for name, want in sorted(contract.items())
+        if probe["found"][name] != want
+    ]
     shape = probe["checks"].get("HoughLinesP_shape")
-    if "HoughLinesP_shape" in probe["checks"] and not (isinstance(shape, list) and len(shape) == 3
-                                                        and shape[1:] == [1, 4]):
+    if "HoughLinesP_shape" in probe["checks"] and not (
+        isinstance(shape, list) and len(shape) == 3 and shape[1:] == [1, 4]
+    ):
         problems.append(f"cv2.HoughLinesP returned shape {shape}, the evaluators need (N, 1, 4)")
-    canonical = json.dumps({"contract": contract, "found": probe["found"], "checks": probe["checks"]},
-                           sort_keys=True, separators=(",", ":"))
-    record = {"python": python, "python_version": probe["python"], "contract": contract, "found": probe["found"],
-              "checks": probe["checks"], "fingerprint": digest.sha256_bytes(canonical.encode())}
+    canonical = json.dumps(
+        {"contract": contract, "found": probe["found"], "checks": probe["checks"]},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    record = {
+        "python": python,
+        "python_version": probe["python"],
+        "contract": contract,
+        "found": probe["found"],
+        "checks": probe["checks"],
+        "fingerprint": digest.sha256_bytes(canonical.encode()),
+    }
     if problems:
-        raise VideoGRPOError("scorer runtime breaks evalkit.runtime:\n  " + "\n  ".join(problems)
-                             + f"\nInstall the pinned versions into the scorer environment ({python}) or fix the contract.")
+        raise VideoGRPOError(
+            "scorer runtime breaks evalkit.runtime:\n  "
+            + "\n  ".join(problems)
+            + f"\nInstall the pinned versions into the scorer environment ({python}) or fix the contract."
+        )
     return record

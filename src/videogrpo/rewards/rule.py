@@ -52,11 +52,21 @@ class ScoreRequest:
     """Where to keep the MP4 handed to the scorer (None: a temporary file)."""
 
 
-def score_request(evalkit, fps: int, frames: np.ndarray, task: str, sample_dir: str,
-                  keep_video: str | None = None) -> ScoreRequest:
+def score_request(
+    evalkit, fps: int, frames: np.ndarray, task: str, sample_dir: str, keep_video: str | None = None
+) -> ScoreRequest:
     """A request with the scorer settings of the `evalkit` config section."""
-    return ScoreRequest(frames, task, sample_dir, fps, evalkit.video_size, evalkit.max_seconds, evalkit.crf,
-                        evalkit.unsupported_score, keep_video)
+    return ScoreRequest(
+        frames,
+        task,
+        sample_dir,
+        fps,
+        evalkit.video_size,
+        evalkit.max_seconds,
+        evalkit.crf,
+        evalkit.unsupported_score,
+        keep_video,
+    )
 
 
 def gt_info(sample_dir: str) -> dict:
@@ -86,8 +96,10 @@ def score_one(request: ScoreRequest) -> dict:
         result = run_evaluation.evaluate_single_video(path, request.task, gt_info(request.sample_dir), device="cpu")
     score = result.get("score")
     if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0.0 <= score <= 1.0:
-        raise VideoGRPOError(f"EvalKit returned score {score!r} for task {request.task} ({request.sample_dir}); "
-                             f"the contract is a finite score in [0, 1]")
+        raise VideoGRPOError(
+            f"EvalKit returned score {score!r} for task {request.task} ({request.sample_dir}); "
+            f"the contract is a finite score in [0, 1]"
+        )
     return {"score": float(score), "dimensions": result.get("dimensions", {}), "error": result.get("error")}
 
 
@@ -97,8 +109,12 @@ class RuleScorer:
     def __init__(self, evalkit_path: str | Path, workers: int, threads_per_worker: int):
         self.evalkit_path = str(Path(evalkit_path).resolve())
         # spawn: the training process holds torch threads and maybe CUDA, which must not be forked.
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_init_worker, initargs=(self.evalkit_path, threads_per_worker))
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.evalkit_path, threads_per_worker),
+        )
 
     def submit(self, request: ScoreRequest) -> Future:
         return self.pool.submit(score_one, request)
@@ -108,8 +124,11 @@ class RuleScorer:
         results = [f.result() for f in futures]
         for r in results:
             if r.get("unsupported"):
-                warnings.warn(f"task {r['unsupported']} is unknown to the EvalKit: scored evalkit.unsupported_score "
-                              f"= {r['score']}", stacklevel=2)
+                warnings.warn(
+                    f"task {r['unsupported']} is unknown to the EvalKit: scored evalkit.unsupported_score "
+                    f"= {r['score']}",
+                    stacklevel=2,
+                )
             elif r.get("error"):
                 print(f"warning: EvalKit evaluator failed, score 0: {r['error']}", file=sys.stderr)
         return results
@@ -117,7 +136,7 @@ class RuleScorer:
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> "RuleScorer":
+    def __enter__(self) -> RuleScorer:
         return self
 
     def __exit__(self, *exc) -> None:

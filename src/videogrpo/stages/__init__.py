@@ -4,15 +4,34 @@ Each module has `add_arguments(parser)` and `run(args) -> int`; the logic lives 
 """
 
 STAGES = (
-    "fetch_model", "fetch_dataset", "materialize_dataset", "validate_dataset", "fingerprint_evalkit",
-    "check_scorer_runtime", "preflight", "train", "evaluate", "report",
+    "fetch_model",
+    "fetch_dataset",
+    "materialize_dataset",
+    "validate_dataset",
+    "fingerprint_evalkit",
+    "check_scorer_runtime",
+    "preflight",
+    "train",
+    "evaluate",
+    "report",
 )
 
 # Shared plumbing every stage uses; its changes do not rerun stages (their effects show in config
 # values or manifests).
-SHARED_CODE = ("__init__.py", "cli.py", "config", "errors.py", "atomic.py", "progress.py",
-               "provenance/__init__.py", "provenance/digest.py", "provenance/manifest.py", "stages/__init__.py",
-               "stages/common.py", "data/__init__.py")
+SHARED_CODE = (
+    "__init__.py",
+    "cli.py",
+    "config",
+    "errors.py",
+    "atomic.py",
+    "progress.py",
+    "provenance/__init__.py",
+    "provenance/digest.py",
+    "provenance/manifest.py",
+    "stages/__init__.py",
+    "stages/common.py",
+    "data/__init__.py",
+)
 
 # Package code each stage runs, beyond the shared plumbing.
 # Its digest is a param of the stage's rule: Snakemake sees a rule's own text, not imported modules.
@@ -23,11 +42,31 @@ CODE_PARTS = {
     "validate_dataset": ("stages/validate_dataset.py", "data/validate.py", "data/video.py", "data/materialize.py"),
     "fingerprint_evalkit": ("stages/fingerprint_evalkit.py", "rewards/evalkit.py"),
     "check_scorer_runtime": ("stages/check_scorer_runtime.py", "rewards/evalkit.py"),
-    "preflight": ("stages/preflight.py", "preflight.py", "data/video.py", "grpo", "models", "rewards",
-                  "data/dataset.py", "distributed.py", "checkpoint.py", "parallelize.py"),
-    "train": ("stages/train.py", "launch.py", "preflight.py", "grpo", "models", "rewards", "data/dataset.py",
-              "data/video.py", "distributed.py", "checkpoint.py", "parallelize.py"),
-    "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py",
-                 "data/video.py"),
+    "preflight": (
+        "stages/preflight.py",
+        "preflight.py",
+        "data/video.py",
+        "grpo",
+        "models",
+        "rewards",
+        "data/dataset.py",
+        "distributed.py",
+        "checkpoint.py",
+        "parallelize.py",
+    ),
+    "train": (
+        "stages/train.py",
+        "launch.py",
+        "preflight.py",
+        "grpo",
+        "models",
+        "rewards",
+        "data/dataset.py",
+        "data/video.py",
+        "distributed.py",
+        "checkpoint.py",
+        "parallelize.py",
+    ),
+    "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py"),
     "report": ("stages/report.py", "provenance/report.py"),
 }

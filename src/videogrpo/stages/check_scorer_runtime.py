@@ -20,8 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
-    with StageRun("check_scorer_runtime", args.manifest, inputs={"fingerprint": args.fingerprint},
-                  params=sections, upstream=args.upstream) as stage:
+    with StageRun(
+        "check_scorer_runtime",
+        args.manifest,
+        inputs={"fingerprint": args.fingerprint},
+        params=sections,
+        upstream=args.upstream,
+    ) as stage:
         record = check_runtime(runtime_contract(cfg))
         atomic.write_json(args.out, record)
         stage.output("runtime", args.out)

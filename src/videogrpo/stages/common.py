@@ -12,11 +12,20 @@ from videogrpo.errors import ConfigError
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config-json", required=True,
-                        help="the config sections this stage reads, as JSON (the Snakemake rule passes them)")
+    parser.add_argument(
+        "--config-json",
+        required=True,
+        help="the config sections this stage reads, as JSON (the Snakemake rule passes them)",
+    )
     parser.add_argument("--manifest", required=True, type=Path, help="where to write the stage manifest")
-    parser.add_argument("--upstream", action="append", default=[], type=Path, metavar="MANIFEST",
-                        help="manifest of a stage whose outputs this one reads: inputs are checked against it")
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="MANIFEST",
+        help="manifest of a stage whose outputs this one reads: inputs are checked against it",
+    )
 
 
 def load_config(args: argparse.Namespace) -> tuple[Config, dict]:

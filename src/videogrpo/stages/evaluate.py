@@ -29,8 +29,13 @@ def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     torch.set_num_threads(cfg.parallel.cpu_threads)  # CPU results depend on the thread count
     device = torch.device("cuda", 0) if cfg.parallel.device == "cuda" else torch.device("cpu")
-    inputs = {"model": args.model, "final": args.final, "dataset": args.dataset / "raw",
-              "splits": args.dataset / "splits.json", "evalkit": args.evalkit}
+    inputs = {
+        "model": args.model,
+        "final": args.final,
+        "dataset": args.dataset / "raw",
+        "splits": args.dataset / "splits.json",
+        "evalkit": args.evalkit,
+    }
     with StageRun("evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         with atomic.atomic_directory(args.videos) as videos_tmp:
             scores, table = evaluate(cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device)

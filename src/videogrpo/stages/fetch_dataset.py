@@ -28,12 +28,24 @@ def run(args: argparse.Namespace) -> int:
             tasks = read_task_list(d.task_list)
 
             if None in (d.gt_frames, d.gt_height, d.gt_width):
-                raise ConfigError("data.gt_frames, data.gt_height, data.gt_width: the synthetic generator needs "
-                                  "all three (they are the size of the videos it writes)")
+                raise ConfigError(
+                    "data.gt_frames, data.gt_height, data.gt_width: the synthetic generator needs "
+                    "all three (they are the size of the videos it writes)"
+                )
             archive_dir = d.archive_glob.split("/")[0]
             with atomic.atomic_directory(args.out) as tmp:
-                synthetic.generate(tmp, tasks, d.samples_per_task, d.synthetic_seed, d.gt_frames, d.gt_height,
-                                   d.gt_width, fps=synthetic.FPS, archive_dir=archive_dir, progress=print)
+                synthetic.generate(
+                    tmp,
+                    tasks,
+                    d.samples_per_task,
+                    d.synthetic_seed,
+                    d.gt_frames,
+                    d.gt_height,
+                    d.gt_width,
+                    fps=synthetic.FPS,
+                    archive_dir=archive_dir,
+                    progress=print,
+                )
             stage.summary = {"source": "synthetic", "tasks": len(tasks), "samples_per_task": d.samples_per_task}
         else:
             hub.snapshot(d.repo_id, d.revision, args.out, repo_type="dataset", allow_patterns=[d.archive_glob])

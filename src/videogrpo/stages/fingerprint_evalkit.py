@@ -19,8 +19,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     check_checkout(cfg.evalkit.path)  # before the manifest describes it: name the field, not a missing path
-    with StageRun("fingerprint_evalkit", args.manifest, inputs={"evalkit": cfg.evalkit.path},
-                  params=sections, upstream=args.upstream) as stage:
+    with StageRun(
+        "fingerprint_evalkit",
+        args.manifest,
+        inputs={"evalkit": cfg.evalkit.path},
+        params=sections,
+        upstream=args.upstream,
+    ) as stage:
         record = fingerprint(cfg.evalkit.path, cfg.evalkit.digest)
         atomic.write_json(args.out, record)
         stage.output("fingerprint", args.out)

@@ -25,13 +25,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
-    inputs = {"model": args.model, "model_manifest": args.model_manifest, "validation": args.validation,
-              "evalkit_fingerprint": args.evalkit_fingerprint, "scorer_runtime": args.scorer_runtime}
+    inputs = {
+        "model": args.model,
+        "model_manifest": args.model_manifest,
+        "validation": args.validation,
+        "evalkit_fingerprint": args.evalkit_fingerprint,
+        "scorer_runtime": args.scorer_runtime,
+    }
     with StageRun("preflight", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
-        checks = [preflight.check_config(cfg), preflight.check_trainer_support(cfg),
-                  preflight.check_model_dir(args.model, args.model_manifest),
-                  preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
-                  preflight.check_video_io()]
+        checks = [
+            preflight.check_config(cfg),
+            preflight.check_trainer_support(cfg),
+            preflight.check_model_dir(args.model, args.model_manifest),
+            preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
+            preflight.check_video_io(),
+        ]
         if cfg.reward.kind == "vbvr_rule":
             checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
         checks += preflight.node_checks(cfg)

@@ -16,8 +16,13 @@ from videogrpo.stages.common import add_config_argument, load_config
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--stage-manifest", action="append", default=[], metavar="STAGE=PATH",
-                        help="a stage's manifest (repeat for every stage)")
+    parser.add_argument(
+        "--stage-manifest",
+        action="append",
+        default=[],
+        metavar="STAGE=PATH",
+        help="a stage's manifest (repeat for every stage)",
+    )
     parser.add_argument("--metrics", required=True, type=Path, help="training metrics (JSON lines)")
     parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
@@ -30,8 +35,13 @@ def run(args: argparse.Namespace) -> int:
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
     manifests = {name: Path(path) for name, path in manifests.items()}
     # Every stage's manifest is upstream: the metrics and the table must be what train and evaluate made.
-    with StageRun("report", args.manifest, inputs=dict(manifests, metrics=args.metrics, table=args.table),
-                  params=sections, upstream=[*manifests.values(), *args.upstream]) as stage:
+    with StageRun(
+        "report",
+        args.manifest,
+        inputs=dict(manifests, metrics=args.metrics, table=args.table),
+        params=sections,
+        upstream=[*manifests.values(), *args.upstream],
+    ) as stage:
         provenance = build_provenance(manifests, args.repo, args.run_id)
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
         with open(args.table, newline="") as f:

@@ -24,7 +24,8 @@ from videogrpo import launch, preflight
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
-from videogrpo.provenance.manifest import StageRun, describe as describe_path, record_digest
+from videogrpo.provenance.manifest import StageRun, record_digest
+from videogrpo.provenance.manifest import describe as describe_path
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -38,14 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
     parser.add_argument("--final", required=True, type=Path, help="final checkpoint directory to create")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics file to create (JSON lines)")
-    parser.add_argument("--node-only", action="store_true",
-                        help="train on this machine only: no outputs, no manifest (what srun starts per node)")
+    parser.add_argument(
+        "--node-only",
+        action="store_true",
+        help="train on this machine only: no outputs, no manifest (what srun starts per node)",
+    )
     parser.add_argument("--input-digests", help=argparse.SUPPRESS)  # the first node's, handed to the others
 
 
 def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
-    return {"model": args.model, "dataset": args.dataset / "raw", "splits": args.dataset / "splits.json",
-            "evalkit": args.evalkit}
+    return {
+        "model": args.model,
+        "dataset": args.dataset / "raw",
+        "splits": args.dataset / "splits.json",
+        "evalkit": args.evalkit,
+    }
 
 
 def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict[str, str]:
@@ -58,8 +66,11 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
         records = {name: describe_path(inputs_of(args)[name], list_files=False) for name in ("model", "dataset")}
     splits = json.loads((args.dataset / "splits.json").read_text())
     ids = [[entry["task"], entry["rl"]] for entry in splits]
-    return {"model": record_digest(records["model"]), "dataset": record_digest(records["dataset"]),
-            "training_ids": sha256_bytes(canonical_json(ids).encode())}
+    return {
+        "model": record_digest(records["model"]),
+        "dataset": record_digest(records["dataset"]),
+        "training_ids": sha256_bytes(canonical_json(ids).encode()),
+    }
 
 
 def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, str]) -> None:
@@ -73,17 +84,36 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     if failed:
         raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
     checkpoints = args.run_dir / "checkpoints"
-    worker_args = ["--config-json", args.config_json, "--run-id", args.run_id, "--model", str(args.model),
-                   "--dataset", str(args.dataset), "--checkpoints", str(checkpoints), "--final", str(args.final),
-                   "--metrics", str(args.metrics), "--run-dir", str(args.run_dir),
-                   "--input-digests", json.dumps(digests)]
+    worker_args = [
+        "--config-json",
+        args.config_json,
+        "--run-id",
+        args.run_id,
+        "--model",
+        str(args.model),
+        "--dataset",
+        str(args.dataset),
+        "--checkpoints",
+        str(checkpoints),
+        "--final",
+        str(args.final),
+        "--metrics",
+        str(args.metrics),
+        "--run-dir",
+        str(args.run_dir),
+        "--input-digests",
+        json.dumps(digests),
+    ]
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
-    code = subprocess.run(launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg),
-                          check=False).returncode
+    code = subprocess.run(
+        launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg), check=False
+    ).returncode
     if code != 0:
-        raise VideoGRPOError(f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
-                             f"failing rank's error. Complete checkpoints in {checkpoints} are kept: rerun to resume.")
+        raise VideoGRPOError(
+            f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
+            f"failing rank's error. Complete checkpoints in {checkpoints} are kept: rerun to resume."
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,19 +130,38 @@ def run(args: argparse.Namespace) -> int:
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         if launch.needs_srun(cfg):
-            code = launch.run_srun(cfg, [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", *sys.argv[2:],
-                                         "--input-digests", json.dumps(digests)])
+            code = launch.run_srun(
+                cfg,
+                [
+                    sys.executable,
+                    "-m",
+                    "videogrpo.cli",
+                    "train",
+                    "--node-only",
+                    *sys.argv[2:],
+                    "--input-digests",
+                    json.dumps(digests),
+                ],
+            )
             if code != 0:
-                raise VideoGRPOError(f"srun exited with code {code}: a node failed (its log lines above say which). "
-                                     f"Complete checkpoints in {checkpoints} are kept: rerun to resume.")
+                raise VideoGRPOError(
+                    f"srun exited with code {code}: a node failed (its log lines above say which). "
+                    f"Complete checkpoints in {checkpoints} are kept: rerun to resume."
+                )
         else:
             train_this_node(cfg, args, digests)
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
-        stage.summary = {"updates": len(lines), "checkpoints": str(checkpoints),
-                         "launch": {"nnodes": cfg.parallel.nodes, "nproc": cfg.parallel.procs_per_node,
-                                    "slurm": launch.needs_srun(cfg)},
-                         "world_size": cfg.world_size,
-                         "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)}}
+        stage.summary = {
+            "updates": len(lines),
+            "checkpoints": str(checkpoints),
+            "launch": {
+                "nnodes": cfg.parallel.nodes,
+                "nproc": cfg.parallel.procs_per_node,
+                "slurm": launch.needs_srun(cfg),
+            },
+            "world_size": cfg.world_size,
+            "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
+        }
     return 0

@@ -17,19 +17,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--dataset", required=True, type=Path, help="directory materialize_dataset wrote")
     parser.add_argument("--out", required=True, type=Path, help="validation report (JSON)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="video-decoding processes (at most the CPUs this process may use)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="video-decoding processes (at most the CPUs this process may use)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     d = cfg.data
-    inputs = {"dataset_index": args.dataset / "dataset.json", "splits": args.dataset / "splits.json",
-              "raw": args.dataset / "raw"}
+    inputs = {
+        "dataset_index": args.dataset / "dataset.json",
+        "splits": args.dataset / "splits.json",
+        "raw": args.dataset / "raw",
+    }
     with StageRun("validate_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         workers = max(1, min(args.workers, len(os.sched_getaffinity(0))))
-        report = validate(args.dataset, read_task_list(d.task_list), d.samples_per_task, d.gt_frames, d.gt_height,
-                          d.gt_width, workers=workers)
+        report = validate(
+            args.dataset,
+            read_task_list(d.task_list),
+            d.samples_per_task,
+            d.gt_frames,
+            d.gt_height,
+            d.gt_width,
+            workers=workers,
+        )
         report["raw_tree_sha256"] = stage.input_records["raw"]["tree_sha256"]
         atomic.write_json(args.out, report)
         stage.output("validation", args.out)
