@@ -52,3 +52,22 @@ def covered(rel: str, parts: tuple[str, ...]) -> bool:
 def test_code_digest_of_each_stage_covers_what_it_imports(stage):
     missing = sorted(f for f in imported_files(f"stages/{stage}.py") if not covered(f, CODE_PARTS[stage]))
     assert not missing, f"add to CODE_PARTS[{stage!r}] in stages/__init__.py: {missing}"
+
+
+def test_a_full_disk_is_named_with_the_file_and_the_fix(monkeypatch, capsys):
+    import errno
+
+    from videogrpo import cli
+
+    def full(_args):
+        raise OSError(errno.ENOSPC, "No space left on device", "results/runs/x/checkpoints/step-00000100/dcp")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    args = parser.parse_args(["schema"])
+    args.handler = full
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on device writing results/runs/x/checkpoints/step-00000100/dcp" in err
+    assert "free space on that file system" in err and "training resumes" in err

@@ -149,6 +149,10 @@ def test_cli_commands_of_the_readme(demo, workdir):
         assert rule.replace("_", "-") in out.stdout
     out = run(["videogrpo", "config", "--configfile", "config/config.yaml", "config/recipes/rl_5b_cps.yaml"], workdir)
     assert out.stdout.startswith("# run identity: rl_5b_cps-") and "world size 128" in out.stdout
+    out = run(["videogrpo", "config", "--set", "train.lr=2e-4", "train.max_steps=2"], workdir)
+    assert out.stdout.startswith("# the same overrides for snakemake: --config 'train={lr: 2e-4, max_steps: 2}'")
+    ident = re.search(r"^# run identity: (\S+)", out.stdout, re.M).group(1)
+    assert (workdir / "results/runs" / ident).is_dir()  # the run the README's --config override made
 
 
 def test_readme_commands_are_all_exercised_here(repo):
@@ -408,6 +412,11 @@ def test_config_error_names_the_field(demo, workdir):
     out = run(["snakemake", "-n", "--config", "grpo={sampler: ddim}"], workdir, check=False)
     assert out.returncode != 0
     assert "grpo.sampler = 'ddim': must be one of flowcps, dancegrpo, flowgrpo" in out.stdout + out.stderr
+    out = run(["snakemake", "-n", "--config", "data={task_list: no/such/list.txt}"], workdir, check=False)
+    assert out.returncode != 0
+    assert "data.task_list = 'no/such/list.txt': no such file; point it at a file listing one task" in (
+        out.stdout + out.stderr
+    )
 
 
 @pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule"])

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from videogrpo import __version__
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import VideoGRPOError, disk_full_message
 from videogrpo.stages import STAGES
 
 
@@ -37,6 +37,12 @@ def _config_command(args: argparse.Namespace) -> int:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
     cfg = config.load(args.configfile, overrides)
+    if overrides and not args.run_id:  # Snakemake's own parser refuses dotted keys such as train.lr=...
+        forms = " ".join(
+            f"'{section}={yaml.safe_dump(values, default_flow_style=True).strip()}'"
+            for section, values in overrides.items()
+        )
+        print(f"# the same overrides for snakemake: --config {forms}")
     if args.run_id:
         print(config.run_identity(cfg))
         return 0
@@ -117,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `videogrpo config | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
+    except OSError as err:
+        if (message := disk_full_message(err)) is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

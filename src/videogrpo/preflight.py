@@ -105,6 +105,42 @@ def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: in
     )
 
 
+def transformer_parameters(model_dir: Path) -> int:
+    """Parameter count of the transformer, read from its safetensors headers (no weights loaded)."""
+    total = 0
+    for path in sorted((model_dir / "transformer").glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, tensor in header.items():
+            if name != "__metadata__":
+                count = 1
+                for side in tensor["shape"]:
+                    count *= side
+                total += count
+    return total
+
+
+def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
+    """Room for the checkpoints kept (train.keep_checkpoints, plus the one being written) and the export.
+
+    A checkpoint holds float32 weights and two float32 AdamW moments: 12 bytes per parameter.
+    """
+    import shutil
+
+    params = transformer_parameters(model_dir)
+    need = params * 12 * (cfg.train.keep_checkpoints + 1) + params * 4
+    run_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(run_dir).free
+    gib = 1024**3
+    detail = (
+        f"{run_dir}: {free / gib:.1f} GiB free; {cfg.train.keep_checkpoints} + 1 checkpoints of {params:,} "
+        f"parameters and the export need {need / gib:.1f} GiB"
+    )
+    if free < need:
+        return Check("disk_space", False, detail + "; free space, lower train.keep_checkpoints, or move results")
+    return Check("disk_space", True, detail)
+
+
 def check_video_io() -> Check:
     import numpy as np
 

@@ -17,7 +17,7 @@ config.clear()
 config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
 
-TASK_LIST_TEXT = Path(CFG.data.task_list).read_text()
+TASK_LIST_TEXT = vg.read_task_list_text(CFG.data.task_list)
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"

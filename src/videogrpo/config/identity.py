@@ -206,16 +206,24 @@ def task_names(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def read_task_list(path: str | Path) -> list[str]:
+def read_task_list_text(path: str | Path) -> str:
+    """The task list file's text, or an error naming data.task_list and the fix."""
     try:
-        return task_names(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"data.task_list = {str(path)!r}: file not found") from None
+        return Path(path).read_text()
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(
+            f"data.task_list = {str(path)!r}: no such file; point it at a file listing one task per line "
+            f"(config/tasks/ holds the released lists)"
+        ) from None
+
+
+def read_task_list(path: str | Path) -> list[str]:
+    return task_names(read_task_list_text(path))
 
 
 def run_identity(cfg: Config, task_list_text: str | None = None) -> str:
     """`<recipe>-<12 hex>`: the hex digests the canonical training contract."""
     if task_list_text is None:
-        task_list_text = Path(cfg.data.task_list).read_text()
+        task_list_text = read_task_list_text(cfg.data.task_list)
     digest = hashlib.sha256(canonical_json(training_contract(cfg, task_list_text)).encode()).hexdigest()
     return f"{cfg.recipe}-{digest[:12]}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from videogrpo import config as config_mod
 from videogrpo import distributed
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import VideoGRPOError, disk_full_message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     except VideoGRPOError as err:
         print(f"[rank {ctx.rank}] error: {err}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: an interruption, not a failing rank
+        print(f"[rank {ctx.rank}] interrupted; complete checkpoints are kept, rerun to resume", file=sys.stderr)
+        return 130
+    except OSError as err:
+        if (message := disk_full_message(err)) is None:
+            raise
+        print(f"[rank {ctx.rank}] error: {message}", file=sys.stderr)
+        return 2
     finally:
         distributed.shutdown()
     return 0

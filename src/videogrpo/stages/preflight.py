@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
             preflight.check_model_dir(args.model, args.model_manifest),
             preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
             preflight.check_video_io(),
+            preflight.check_disk_space(cfg, args.model, args.out.parent),
         ]
         if cfg.reward.kind == "vbvr_rule":
             checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))

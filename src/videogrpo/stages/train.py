@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,8 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     code = subprocess.run(
         launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg), check=False
     ).returncode
+    if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
+        raise KeyboardInterrupt
     if code != 0:
         raise VideoGRPOError(
             f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
