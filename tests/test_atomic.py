@@ -38,3 +38,17 @@ def test_atomic_directory_replaces_whole_or_not_at_all(tmp_path):
         (tmp / "new").write_text("2")
     assert sorted(p.name for p in target.iterdir()) == ["new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+
+
+def test_files_a_library_writes_private_get_the_usual_permissions(tmp_path):
+    import os
+
+    from videogrpo import atomic
+
+    with atomic.atomic_directory(tmp_path / "out") as tmp:
+        private = tmp / "model.safetensors"
+        private.write_bytes(b"x")
+        os.chmod(private, 0o600)  # what safetensors' writer leaves
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "out/model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask

@@ -94,6 +94,8 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
                 assert record["entries"] and all(
                     re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values()
                 )
+    private = [p for p in (workdir / "results").rglob("*") if not p.stat().st_mode & 0o040]
+    assert not private, f"not readable by the group sharing results/: {private[:5]}"
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
     assert set(provenance["stages"]) == set(RULES) - {"report"}
     assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2

@@ -56,6 +56,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _readable_as_usual(root: Path) -> None:
+    """Give files written by libraries that create them private (safetensors: 0600) the usual permissions,
+    so a group sharing `results/` can read every output."""
+    mask = _umask()
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            file = Path(dirpath, name)
+            mode = file.stat().st_mode & 0o777
+            os.chmod(file, (mode | 0o666) & ~mask)  # keeps execute bits where they were
+
+
 @contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Build a directory under a temporary name; rename it into place only when the body succeeds.
@@ -69,6 +80,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
+        _readable_as_usual(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             os.replace(path, old / "x")
