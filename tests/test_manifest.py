@@ -86,3 +86,30 @@ def test_inputs_are_checked_against_the_upstream_manifest(tmp_path):
     ):
         with StageRun("evaluate", tmp_path / "m.json", inputs={"final": tree}, upstream=[up]):
             pass
+
+
+def test_every_manifest_records_the_git_state_when_its_stage_ran(tmp_path, monkeypatch):
+    import subprocess
+
+    from videogrpo.provenance.manifest import git_state
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    for name in ("alpha.py", "beta.py", "gamma.py"):
+        (tmp_path / name).write_text(name)
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "alpha.py").write_text("changed")  # the first porcelain line starts with a space: " M alpha.py"
+    git("mv", "beta.py", "delta.py")
+    (tmp_path / "new.txt").write_text("untracked")
+    monkeypatch.chdir(tmp_path)
+    with StageRun("demo", tmp_path / "m.json", inputs={}):
+        (tmp_path / "later.txt").write_text("made while the stage ran")
+    recorded = read_manifest(tmp_path / "m.json")["git"]
+    assert recorded["dirty"] is True and len(recorded["commit"]) == 40
+    assert sorted(recorded["changed_files"]) == ["alpha.py", "delta.py"]
+    assert recorded["untracked_files"] == ["new.txt"]  # as at the start of the stage
+    assert git_state(tmp_path.parent / "not-a-repo-here") is None

@@ -59,6 +59,10 @@ def jobs_run(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
+# Set while the demo runs: their values must end up in no file the workflow writes.
+SECRETS = {"HF_TOKEN": "hf_MarkerTokenValue0123456789", "WANDB_API_KEY": "MarkerWandbKey0123456789abcdef0123456789"}
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return copy_checkout(tmp_path_factory.mktemp("checkout"))
@@ -69,7 +73,7 @@ def demo(workdir):
     """`snakemake -n` on the fresh checkout, then `make demo`, as the README says."""
     dry = run(["snakemake", "-n"], workdir)
     # -o: never (re)install into the running environment from this temporary copy.
-    made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir)
+    made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir, **SECRETS)
     return dry, made
 
 
@@ -100,6 +104,16 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     assert set(provenance["stages"]) == set(RULES) - {"report"}
     assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2
     assert provenance["git"]["commit"] is None  # the copy is not a git checkout
+
+
+def test_secrets_reach_no_file_under_results_or_snakemake(demo, workdir):
+    leaked = []
+    for root in ("results", ".snakemake"):
+        for path in (workdir / root).rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                leaked += [f"{path} holds ${name}" for name, value in SECRETS.items() if value.encode() in data]
+    assert not leaked, leaked
 
 
 def test_training_ran_two_processes_and_logged_metrics(demo, workdir):

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -52,6 +53,33 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return versions
+
+
+def git_state(repo: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """Commit, dirty state, changed and untracked files of the workflow checkout now (None outside git)."""
+
+    def git(*args: str) -> str | None:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return out.stdout if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None
+    changed, untracked = [], []
+    entries = iter((git("status", "--porcelain=v1", "-z", "--untracked-files=all") or "").split("\0"))
+    for entry in entries:
+        if not entry:
+            continue
+        code, name = entry[:2], entry[3:]
+        (untracked if code == "??" else changed).append(name)
+        if code[0] in "RC":  # a rename or copy: the next entry is the original name
+            next(entries, None)
+    return {
+        "commit": commit.strip(),
+        "dirty": bool(changed or untracked),
+        "changed_files": changed,
+        "untracked_files": untracked,
+    }
 
 
 def describe(path: str | os.PathLike, list_files: bool) -> dict[str, Any]:
@@ -167,6 +195,7 @@ class StageRun:
     def __enter__(self) -> StageRun:
         self.started_at = now_iso()
         self._t0 = time.monotonic()
+        self.git = git_state()  # the checkout as it is when the stage starts, not when a report is made
         self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
         verify_inputs(self.input_records, self.upstream)
         return self
@@ -187,6 +216,7 @@ class StageRun:
             "duration_s": round(time.monotonic() - self._t0, 3),
             "host": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "git": self.git,
             "inputs": self.input_records,
             "upstream": [str(p) for p in self.upstream],
             "outputs": {name: describe(p, list_files=True) for name, p in self.outputs.items()},

@@ -6,26 +6,23 @@ import base64
 import html
 import io
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
 
 
-def git_state(repo: Path) -> dict[str, Any]:
-    """Commit and dirty state of the workflow checkout (None where it is not a git repository)."""
-
-    def git(*args: str) -> str | None:
-        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None, "changed_files": []}
-    status = git("status", "--porcelain", "--untracked-files=no") or ""
-    changed = [line[3:] for line in status.splitlines()]
-    return {"commit": commit, "dirty": bool(changed), "changed_files": changed}
+def stages_git_state(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The workflow checkout's git state as the stages recorded it when they ran: one commit and dirty flag if
+    they agree, and each stage's own state."""
+    per_stage = {name: m.get("git") for name, m in stages.items()}
+    commits = {state["commit"] for state in per_stage.values() if state}
+    dirty = any(state and state["dirty"] for state in per_stage.values())
+    return {
+        "commit": commits.pop() if len(commits) == 1 else sorted(commits) or None,
+        "dirty": dirty,
+        "stages": per_stage,
+    }
 
 
 def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dict[str, Any]:
@@ -46,7 +43,7 @@ def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dic
     return {
         "run_id": run_id,
         "generated_at": now_iso(),
-        "git": git_state(repo),
+        "git": stages_git_state(stages),
         "config": {k: v for manifest in stages.values() for k, v in manifest["params"].items()},
         "digests": digests,
         "versions": {p: sorted(v)[0] if len(v) == 1 else sorted(v) for p, v in sorted(versions.items())},
