@@ -104,6 +104,19 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     assert set(provenance["stages"]) == set(RULES) - {"report"}
     assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2
     assert provenance["git"]["commit"] is None  # the copy is not a git checkout
+    assert all(m["git"] is None for m in provenance["stages"].values())  # recorded by each stage when it ran
+    invocation = provenance["invocation"]
+    assert [f["path"] for f in invocation["configfiles"]] == ["config/config.yaml"]
+    assert (
+        invocation["configfiles"][0]["sha256"]
+        == __import__("hashlib").sha256((workdir / "config/config.yaml").read_bytes()).hexdigest()
+    )
+    train = provenance["stages"]["train"]
+    final = train["summary"]["final_checkpoint"]
+    assert final["loads"] and final["finite"] and final["parameters"] > 0
+    assert final["tree_sha256"] == train["outputs"]["final"]["tree_sha256"]
+    assert train["accelerator"]["torch"] and train["accelerator"]["cuda_available"] is False
+    assert provenance["stages"]["fetch_dataset"]["accelerator"] is None  # light stages never import torch
 
 
 def test_secrets_reach_no_file_under_results_or_snakemake(demo, workdir):

@@ -101,6 +101,31 @@ def resume_problems(saved: dict[str, Any], current: dict[str, Any], allow_code_c
     return found
 
 
+def validate_export(final_dir: Path) -> dict[str, Any]:
+    """Load the exported transformer as users will (Diffusers format) and check every weight is finite.
+
+    Returns the validation record the train manifest keeps; raises naming the file otherwise.
+    """
+    from diffusers import WanTransformer3DModel
+
+    from videogrpo.provenance.digest import tree_digest
+
+    try:
+        model = WanTransformer3DModel.from_pretrained(final_dir / "transformer", torch_dtype=torch.float32)
+    except Exception as err:  # any loading failure is the finding
+        raise VideoGRPOError(f"{final_dir}/transformer: the exported weights do not load ({err})") from None
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise VideoGRPOError(f"{final_dir}/transformer: non-finite weights in {bad[:5]}; the run diverged")
+    return {
+        "loads": True,
+        "finite": True,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
+        "tree_sha256": tree_digest(final_dir),
+    }
+
+
 def read_state(path: Path) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text())
 

@@ -7,7 +7,7 @@ from snakemake.utils import validate
 
 from videogrpo import config as vg
 from videogrpo import layout
-from videogrpo.provenance.digest import evalkit_files, package_digest
+from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_file
 from videogrpo.stages import CODE_PARTS
 import videogrpo
 
@@ -18,6 +18,11 @@ config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
 
 TASK_LIST_TEXT = vg.read_task_list_text(CFG.data.task_list)
+# How this workflow was invoked: the config files (with their digests) and the --config overrides as given.
+INVOCATION = {
+    "configfiles": [{"path": str(path), "sha256": sha256_file(path)} for path in workflow.configfiles],
+    "config_overrides": dict(workflow.config_settings.config),
+}
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"

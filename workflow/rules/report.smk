@@ -23,7 +23,8 @@ rule report:
         code=code("report"),
         run_id=RUN_ID,
         manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
+        invocation=vg.canonical_json(INVOCATION),
     shell:
         "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
-        " --html {output.html:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --html {output.html:q} --invocation-json {params.invocation:q} --manifest {output.manifest:q} > {log:q} 2>&1"

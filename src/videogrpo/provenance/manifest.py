@@ -82,6 +82,29 @@ def git_state(repo: str | os.PathLike = ".") -> dict[str, Any] | None:
     }
 
 
+def accelerator_info() -> dict[str, Any] | None:
+    """GPU model, CUDA, cuDNN, NCCL and driver versions, where the stage used torch (None otherwise)."""
+    if "torch" not in sys.modules:  # light stages never pay for importing torch
+        return None
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": False}
+    if torch.cuda.is_available():
+        info.update(
+            cuda_available=True,
+            devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            cudnn=torch.backends.cudnn.version(),
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+        )
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        try:
+            out = subprocess.run(query, capture_output=True, text=True, check=False, timeout=30)
+            info["driver"] = out.stdout.split("\n")[0].strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            info["driver"] = None
+    return info
+
+
 def describe(path: str | os.PathLike, list_files: bool) -> dict[str, Any]:
     """Digest record of a file or directory; directories get a tree digest and, optionally, every file."""
     path = Path(path)
@@ -217,6 +240,8 @@ class StageRun:
             "host": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "git": self.git,
+            "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")} or None,
+            "accelerator": accelerator_info(),
             "inputs": self.input_records,
             "upstream": [str(p) for p in self.upstream],
             "outputs": {name: describe(p, list_files=True) for name, p in self.outputs.items()},

@@ -25,7 +25,7 @@ def stages_git_state(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dict[str, Any]:
+def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[str, Any]) -> dict[str, Any]:
     stages = {name: read_manifest(path) for name, path in manifests.items()}
     digests = {}
     for name, manifest in stages.items():
@@ -44,6 +44,7 @@ def build_provenance(manifests: dict[str, Path], repo: Path, run_id: str) -> dic
         "run_id": run_id,
         "generated_at": now_iso(),
         "git": stages_git_state(stages),
+        "invocation": invocation,
         "config": {k: v for manifest in stages.values() for k, v in manifest["params"].items()},
         "digests": digests,
         "versions": {p: sorted(v)[0] if len(v) == 1 else sorted(v) for p, v in sorted(versions.items())},

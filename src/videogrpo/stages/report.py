@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="workflow checkout (for the git state)")
+    parser.add_argument(
+        "--invocation-json", default="{}", help="the config files and --config overrides as given (JSON)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=[*manifests.values(), *args.upstream],
     ) as stage:
-        provenance = build_provenance(manifests, args.repo, args.run_id)
+        provenance = build_provenance(manifests, args.run_id, json.loads(args.invocation_json))
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
         with open(args.table, newline="") as f:
             table = list(csv.DictReader(f))

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo import launch, preflight
+from videogrpo import checkpoint, launch, preflight
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if not launch.needs_srun(cfg) and launch.from_environment(cfg).node_rank != 0:
         train_this_node(cfg, args, input_digests(args))  # a manual launch, machine 1 and up
         return 0
-    inputs = dict(inputs_of(args), preflight=args.preflight)
+    # resume_from (a checkpoint to start from) is recorded with its digest, like every input.
+    inputs = dict(inputs_of(args), preflight=args.preflight, resume_from=cfg.train.resume_from)
     with StageRun("train", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         digests = input_digests(args, stage.input_records)
         checkpoints = args.run_dir / "checkpoints"
@@ -166,5 +167,6 @@ def run(args: argparse.Namespace) -> int:
             },
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
+            "final_checkpoint": checkpoint.validate_export(args.final),
         }
     return 0
