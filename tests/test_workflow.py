@@ -117,6 +117,17 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     assert final["tree_sha256"] == train["outputs"]["final"]["tree_sha256"]
     assert train["accelerator"]["torch"] and train["accelerator"]["cuda_available"] is False
     assert provenance["stages"]["fetch_dataset"]["accelerator"] is None  # light stages never import torch
+    crate = json.loads(next(workdir.glob("results/runs/*/ro-crate-metadata.json")).read_text())
+    graph = {entity["@id"]: entity for entity in crate["@graph"]}
+    actions = {e["name"]: e for e in graph.values() if e.get("@type") == "CreateAction"}
+    assert set(actions) == set(RULES) - {"report"}
+    final = graph[actions["train"]["result"][0]["@id"]]  # a data entity of the run directory
+    assert final["@id"] == "train/final/" and final["sha256"] == train["outputs"]["final"]["tree_sha256"]
+    model = graph[actions["fetch_model"]["result"][0]["@id"]]  # a shared download, named by its path
+    assert (
+        model["name"].startswith("results/models/")
+        and model["sha256"] == (provenance["stages"]["fetch_model"]["outputs"]["model"]["tree_sha256"])
+    )
 
 
 def test_secrets_reach_no_file_under_results_or_snakemake(demo, workdir):

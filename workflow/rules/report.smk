@@ -14,6 +14,7 @@ rule report:
             caption="../report/report.rst",
             category="Report",
         ),
+        crate=f"{RUN}/ro-crate-metadata.json",
         manifest=f"{RUN}/report.manifest.json",
     log:
         f"{RUN}/logs/report.log",
@@ -27,4 +28,5 @@ rule report:
     shell:
         "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
-        " --html {output.html:q} --invocation-json {params.invocation:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --html {output.html:q} --crate {output.crate:q} --invocation-json {params.invocation:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"

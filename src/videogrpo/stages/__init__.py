@@ -68,5 +68,5 @@ CODE_PARTS = {
         "parallelize.py",
     ),
     "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py"),
-    "report": ("stages/report.py", "provenance/report.py"),
+    "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py"),
 }

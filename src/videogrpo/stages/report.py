@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.provenance.report import build_provenance, render_html
 from videogrpo.stages.common import add_config_argument, load_config
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
+    parser.add_argument("--crate", required=True, type=Path, help="the run's ro-crate-metadata.json (run dir root)")
     parser.add_argument(
         "--invocation-json", default="{}", help="the config files and --config overrides as given (JSON)"
     )
@@ -52,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
         atomic.write_text(args.html, render_html(provenance, metrics, table))
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
+        stage.output("crate", write_run_crate(args.crate.parent, provenance))
     print(f"report: {args.html.resolve()}")
     return 0
