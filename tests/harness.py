@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import yaml
+
 from conftest import REPO
 
 TINY = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -141,3 +142,15 @@ def adam_tolerance(lr: float, updates: int) -> float:
     near-zero gradient can move that parameter by up to lr per update; a tenth of that bound has held.
     """
     return 0.1 * lr * updates
+
+
+def report_tables(page: str) -> list[list[list[str]]]:
+    """The tables of an HTML report page: rows of cell texts, the header row first."""
+    import html
+    import re
+
+    tables = []
+    for body in re.findall(r"<table>(.*?)</table>", page, re.S):
+        rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
+        tables.append([[html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)] for row in rows])
+    return tables

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FRAMES, SAMPLES, SIDE, TASKS
 
 from videogrpo.data import synthetic
 from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
@@ -14,6 +13,8 @@ from videogrpo.data.materialize import FIELDS, materialize
 from videogrpo.data.validate import validate
 from videogrpo.data.video import read_video
 from videogrpo.errors import DataError
+
+from conftest import FRAMES, SAMPLES, SIDE, TASKS
 
 TASK = TASKS[0]
 

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hub_server import HubServer, files_of
 
 from videogrpo.errors import ConfigError
 from videogrpo.provenance.digest import tree_digest
+
+from hub_server import HubServer, files_of
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "f" * 40

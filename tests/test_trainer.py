@@ -7,6 +7,11 @@ import math
 
 import pytest
 import torch
+
+from videogrpo import config
+from videogrpo.grpo import replay
+from videogrpo.grpo.trainer import run_plan
+
 from harness import (
     adam_tolerance,
     layout,
@@ -18,10 +23,6 @@ from harness import (
     trainer_config,
     weights,
 )
-
-from videogrpo import config
-from videogrpo.grpo import replay
-from videogrpo.grpo.trainer import run_plan
 
 
 def without_times(rows: list[dict]) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from harness import metrics, solo_config, tensors, train_in_process, trainer_in_process, weights
 
 BASE = dict(train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3})

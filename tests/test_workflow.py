@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -11,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO
+from harness import report_tables
 
 pytestmark = pytest.mark.e2e
 VENV = Path(sys.executable).parent.parent
@@ -85,7 +88,16 @@ def test_dry_run_lists_every_stage(demo):
 def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workdir):
     _, made = demo
     report = Path(re.search(r"^report: (\S+)$", made.stdout, re.M).group(1))
-    assert report.is_file() and "Reward during training" in report.read_text()
+    page = report.read_text()
+    assert report.is_file() and "Reward during training" in page and "<video src='../evaluate/videos/" in page
+    with open(report.parent.parent / "evaluate/per_task.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
+    assert shown[0] == list(rows[0]) and len(shown) == len(rows) + 1
+    for got, want in zip(shown[1:], rows):
+        assert [round(float(c), 4) if c[:1].isdigit() or c[:1] == "-" else c for c in got] == [
+            round(float(v), 4) if v[:1].isdigit() or v[:1] == "-" else v for v in want.values()
+        ]
     manifests = sorted(workdir.glob("results/**/*.manifest.json"))
     assert sorted(json.loads(m.read_text())["stage"] for m in manifests) == sorted(RULES)
     for path in manifests:

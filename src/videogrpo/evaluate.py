@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -105,18 +106,38 @@ def evaluate(
                 )
             progress.finish()
     scores = pd.DataFrame(rows)
-    return scores, per_task_table(scores)
+    return scores, per_task_table(scores, cfg.evaluate.seed)
 
 
-def per_task_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """Mean score per task and variant, the trained - base difference, and an ALL row over every sample."""
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def paired_delta_interval(deltas: np.ndarray, seed: int) -> tuple[float, float]:
+    """95 % bootstrap interval of the mean of paired (trained - base) differences, resampling samples."""
+    if len(deltas) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = deltas[rng.integers(0, len(deltas), (BOOTSTRAP_RESAMPLES, len(deltas)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def per_task_table(scores: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per task and over ALL samples: each variant's mean score and standard error, and (with a base) the
+    trained - base difference with a 95 % paired bootstrap interval (the same samples and noise per pair)."""
 
     def summarise(frame: pd.DataFrame) -> dict:
-        means = frame.groupby("variant").score.mean()
-        row = {"samples": int((frame.variant == "trained").sum())}
-        row.update({f"{variant}_score": float(means[variant]) for variant in means.index})
-        if "base" in means.index:
-            row["delta"] = float(means["trained"] - means["base"])
+        by_variant = {
+            variant: part.set_index(["task", "sample_id"]).score for variant, part in frame.groupby("variant")
+        }
+        row: dict = {"samples": len(by_variant["trained"])}
+        for variant, values in sorted(by_variant.items()):
+            row[f"{variant}_score"] = float(values.mean())
+            row[f"{variant}_se"] = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+        if "base" in by_variant:
+            deltas = (by_variant["trained"] - by_variant["base"].reindex(by_variant["trained"].index)).to_numpy()
+            row["delta"] = float(deltas.mean())
+            row["delta_ci_low"], row["delta_ci_high"] = paired_delta_interval(deltas, seed)
         return row
 
     rows = [{"task": task, **summarise(frame)} for task, frame in scores.groupby("task", sort=True)]

@@ -63,39 +63,99 @@ def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[s
     }
 
 
-def reward_curve_png(metrics: list[dict]) -> str:
-    """The reward curve (mean and per task) as a base64 PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _figure_png(fig) -> str:
     import matplotlib.pyplot as plt
 
-    steps = [m["step"] for m in metrics]
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=100)
-    ax.plot(steps, [m["reward_mean"] for m in metrics], marker="o", linewidth=2, label="mean reward")
-    tasks = sorted({t for m in metrics for t in m.get("reward_per_task", {})})
-    for task in tasks:
-        ax.plot(steps, [m["reward_per_task"].get(task) for m in metrics], linewidth=1, alpha=0.6, label=task)
-    ax.set_xlabel("optimizer update")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def reward_curve_png(metrics: list[dict]) -> str:
+    """The mean reward per update with its spread (one standard deviation over all rollouts), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    mean = [m["reward_mean"] for m in metrics]
+    std = [m["reward_std"] for m in metrics]
+    fig, ax = plt.subplots(figsize=(8, 3.5), dpi=100)
+    ax.fill_between(steps, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.2)
+    ax.plot(steps, mean, marker="o", markersize=3, linewidth=2, label="mean reward (band: ±1 std)")
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return _figure_png(fig)
+
+
+def per_task_curves_png(metrics: list[dict], columns: int = 5) -> str | None:
+    """One small panel per task: its mean reward at the updates whose batch held it (connected, no gaps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({t for m in metrics for t in m.get("reward_per_task", {})})
+    if not tasks:
+        return None
+    rows = (len(tasks) + columns - 1) // columns
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(2.4 * columns, 1.7 * rows), dpi=90, sharex=True, sharey=True, squeeze=False
+    )
+    for ax, task in zip(axes.flat, tasks):
+        points = [(m["step"], m["reward_per_task"][task]) for m in metrics if task in m.get("reward_per_task", {})]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1)
+        ax.set_title(task if len(task) <= 28 else task[:26] + "…", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    return _figure_png(fig)
+
+
+def _number(value: Any) -> Any:
+    """CSV cells as numbers where they are numbers."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                return float(value)
+            except ValueError:
+                return value
+    return value
+
+
 def _table(rows: list[dict], columns: list[str]) -> str:
     def cell(value: Any) -> str:
+        value = _number(value)
         if isinstance(value, float):
-            return f"{value:.4f}"
+            return "–" if value != value else f"{value:.4f}"  # NaN: not defined (a single sample)
         return html.escape(str(value))
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _videos(table: list[dict], videos: dict[str, list[str]], limit: int = 4) -> str:
+    """A few evaluation videos, base beside trained, linked relative to the report."""
+    cells = []
+    for task in [row["task"] for row in table if row["task"] != "ALL"][:limit]:
+        pair = [p for variant in ("base", "trained") for p in videos.get(variant, []) if f"/{task}/" in p][:2]
+        tags = "".join(
+            f"<figure><video src='{html.escape(p)}' controls muted loop width='256'></video>"
+            f"<figcaption>{html.escape(p.split('/')[-3])}</figcaption></figure>"
+            for p in pair
+        )
+        cells.append(f"<div class='videos'><h3>{html.escape(task)}</h3>{tags}</div>")
+    return "".join(cells)
 
 
 STYLE = """
@@ -105,10 +165,15 @@ th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
 th { background: #f3f3f3; }
 code { font-size: 0.85em; }
 .warn { color: #a40; }
+.videos { display: inline-block; vertical-align: top; margin-right: 1em; }
+.videos figure { display: inline-block; margin: 0 0.5em 0 0; }
 """
 
 
-def render_html(provenance: dict[str, Any], metrics: list[dict], table: list[dict]) -> str:
+def render_html(
+    provenance: dict[str, Any], metrics: list[dict], table: list[dict], videos: dict[str, list[str]] | None = None
+) -> str:
+    """The report page. `videos`: per variant, paths of evaluation videos relative to the report."""
     git = provenance["git"]
     dirty = ' <span class="warn">(uncommitted changes)</span>' if git.get("dirty") else ""
     parts = [
@@ -117,10 +182,15 @@ def render_html(provenance: dict[str, Any], metrics: list[dict], table: list[dic
         f"<h1>Run {html.escape(provenance['run_id'])}</h1>",
         f"<p>Workflow commit <code>{html.escape(str(git.get('commit')))}</code>{dirty}; "
         f"report generated {html.escape(provenance['generated_at'])}.</p>",
-        "<h2>Reward during training</h2>",
     ]
-    if metrics:
+    if not metrics:
+        parts.append("<p class='warn'>No training metrics were recorded for this run.</p>")
+    else:
+        parts.append("<h2>Reward during training</h2>")
         parts.append(f"<img alt='reward curve' src='data:image/png;base64,{reward_curve_png(metrics)}'>")
+        if (per_task := per_task_curves_png(metrics)) is not None:
+            parts.append("<h3>Per task (each panel: the updates whose batch held the task)</h3>")
+            parts.append(f"<img alt='reward per task' src='data:image/png;base64,{per_task}'>")
         columns = [
             "step",
             "reward_mean",
@@ -135,7 +205,15 @@ def render_html(provenance: dict[str, Any], metrics: list[dict], table: list[dic
         parts.append(_table(metrics, columns))
     parts.append("<h2>Evaluation: trained against base, same samples and noise (evaluate.split)</h2>")
     if table:
+        parts.append(
+            "<p>Mean EvalKit score per task, its standard error (<code>_se</code>), and <code>delta</code> = trained "
+            "minus base with a 95 % paired bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>)."
+            "</p>"
+        )
         parts.append(_table(table, list(table[0].keys())))
+        parts.append(_videos(table, videos or {}))
+    else:
+        parts.append("<p class='warn'>No evaluation table.</p>")
     parts.append("<h2>Stages</h2>")
     parts.append(
         _table(

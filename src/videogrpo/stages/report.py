@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 from pathlib import Path
 
 from videogrpo import atomic
@@ -34,6 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def evaluation_videos(provenance: dict, html: Path) -> dict[str, list[str]]:
+    """The evaluate stage's videos by variant, as paths relative to the report page."""
+    record = provenance["stages"].get("evaluate", {}).get("outputs", {}).get("videos")
+    if not record:
+        return {}
+    found: dict[str, list[str]] = {}
+    for rel in sorted(record.get("entries", {})):
+        found.setdefault(rel.split("/")[0], []).append(os.path.relpath(Path(record["path"]) / rel, html.parent))
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     _, sections = load_config(args)
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
@@ -51,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.table, newline="") as f:
             table = list(csv.DictReader(f))
         atomic.write_json(args.provenance, provenance)
-        atomic.write_text(args.html, render_html(provenance, metrics, table))
+        atomic.write_text(args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html)))
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))

@@ -1,0 +1,91 @@
+"""Evaluation and the report, checked against what they must show: trained - base, and the CSV itself."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from videogrpo import config
+
+from harness import report_tables, trainer_config
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_model, dataset, tmp_path_factory):
+    """evaluate() with a 'trained' transformer that is the base one perturbed, and with the base itself."""
+    from diffusers import WanTransformer3DModel
+
+    from videogrpo.evaluate import evaluate
+
+    root = tmp_path_factory.mktemp("evaluate")
+    cfg = config.from_dict(trainer_config(evaluate={"split": "heldout", "max_samples_per_task": None}))
+    results = {}
+    for name, scale in (("perturbed", 0.2), ("unchanged", 0.0)):
+        transformer = WanTransformer3DModel.from_pretrained(tiny_model / "transformer")
+        generator = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in transformer.parameters():
+                p.add_(scale * torch.randn(p.shape, generator=generator))
+        transformer.save_pretrained(root / name / "final/transformer")
+        results[name] = evaluate(
+            cfg,
+            tiny_model,
+            root / name / "final",
+            dataset,
+            config.from_dict(trainer_config()).evalkit.path,
+            root / name / "videos",
+            torch.device("cpu"),
+        )
+    return results
+
+
+def test_trained_differs_from_base_and_delta_is_trained_minus_base(evaluated):
+    scores, table = evaluated["perturbed"]
+    pairs = scores.pivot_table(index=["task", "sample_id"], columns="variant", values="score")
+    assert len(pairs) == 3 and not np.allclose(pairs["trained"], pairs["base"])  # one held-out sample per task
+    for _, row in table.iterrows():
+        part = pairs if row.task == "ALL" else pairs.loc[row.task]
+        assert row.trained_score == pytest.approx(part["trained"].mean())
+        assert row.base_score == pytest.approx(part["base"].mean())
+        assert row.delta == pytest.approx(row.trained_score - row.base_score)
+    overall = table[table.task == "ALL"].iloc[0]
+    assert overall.delta_ci_low <= overall.delta <= overall.delta_ci_high
+    assert overall.trained_se > 0 and overall.samples == 3
+
+
+def test_the_base_against_itself_is_a_delta_of_exactly_zero(evaluated):
+    scores, table = evaluated["unchanged"]
+    pairs = scores.pivot_table(index=["task", "sample_id"], columns="variant", values="score")
+    assert (pairs["trained"] == pairs["base"]).all()  # the same weights, samples and noise
+    assert (table.delta == 0).all()
+
+
+def test_the_report_shows_the_evaluation_csv_as_it_is(evaluated, tmp_path):
+    from videogrpo.provenance.report import render_html
+
+    _, table = evaluated["perturbed"]
+    table.to_csv(tmp_path / "per_task.csv", index=False)
+    with open(tmp_path / "per_task.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    provenance = {
+        "run_id": "r",
+        "generated_at": "now",
+        "git": {"commit": None},
+        "timings": {},
+        "digests": {},
+        "versions": {},
+        "config": {},
+    }
+    page = render_html(provenance, [], rows)
+    assert "No training metrics were recorded" in page and "Reward during training" not in page
+    (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
+    assert shown[0] == list(rows[0])
+    for got, want in zip(shown[1:], rows, strict=True):
+        for cell, value in zip(got, want.values(), strict=True):
+            try:
+                assert float(cell) == pytest.approx(float(value), abs=5e-5)
+            except ValueError:
+                assert cell == value
