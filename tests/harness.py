@@ -154,3 +154,14 @@ def report_tables(page: str) -> list[list[list[str]]]:
         rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
         tables.append([[html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)] for row in rows])
     return tables
+
+
+def assert_table_shows_csv(shown: list[list[str]], rows: list[dict]) -> None:
+    """A rendered table (header first) holds exactly the CSV's columns and rows, numbers to 4 decimals."""
+    assert shown[0] == list(rows[0]) and len(shown) == len(rows) + 1
+    for got, want in zip(shown[1:], rows):
+        for cell, value in zip(got, want.values(), strict=True):
+            try:
+                assert abs(float(cell) - float(value)) <= 5e-5, (cell, value)
+            except ValueError:
+                assert cell == value, (cell, value)
