@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env demo test test-unit test-e2e lint format clean
+.PHONY: env demo test test-unit test-e2e lint format dag graphviz clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ test-unit: env
 
 test-e2e: env
 	pytest -m e2e
+
+graphviz:   # Debian's graphviz for `dot`, where it is missing (needs root, as CI has)
+	@command -v dot >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q graphviz >/dev/null; }
+
+dag: env graphviz
+	snakemake --dag | dot -Tsvg > dag.svg
+	snakemake --rulegraph | dot -Tsvg > rulegraph.svg
+	@echo "wrote dag.svg and rulegraph.svg"
 
 clean:
 	rm -rf results .snakemake

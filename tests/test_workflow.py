@@ -417,6 +417,33 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
     assert re.search(r"digests: \d+ differ", text) and "train.final:" in text
 
 
+def test_dag_inspection_commands_of_the_readme(demo, workdir):
+    run(["make", "graphviz"], workdir)
+    run(["snakemake", "--cores", "2"], workdir)  # up to date: nothing changed, nothing listed
+    for command, rules in (
+        ("snakemake --dag | dot -Tsvg > dag.svg", RULES),
+        ("snakemake --rulegraph | dot -Tsvg > rulegraph.svg", RULES),
+    ):
+        run(["bash", "-o", "pipefail", "-c", command], workdir)
+        svg = (workdir / command.split("> ")[1]).read_text()
+        assert svg.startswith("<?xml") and all(rule in svg for rule in rules)
+    summary = run(["snakemake", "--summary"], workdir).stdout
+    assert re.search(r"report/report\.html\t.*\treport\t.*\tok\tno update", summary), summary[-2000:]
+    detailed = run(["snakemake", "--detailed-summary"], workdir).stdout
+    assert "videogrpo report --config-json" in detailed
+    for kind in ("params", "code", "input"):
+        listed = run(["snakemake", "--list-changes", kind], workdir).stdout
+        assert "results/" not in listed, (kind, listed)
+    listed = run(["snakemake", "--list-changes", "params", "--config", "evalkit={workers: 3}"], workdir).stdout
+    assert "train.manifest.json" in listed and "fingerprint_evalkit.manifest.json" not in listed
+    out = run(["snakemake", "-n", "--config", "evalkit={workers: 3}"], workdir).stdout
+    reasons = [line for line in out.splitlines() if "Params have changed" in line]
+    assert reasons and all("before: 'evalkit.workers=2' now: 'evalkit.workers=3'" in line for line in reasons)
+    assert all(len(line) < 400 for line in reasons)  # the field, not kilobytes of JSON
+    out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr  # a cosmetic label reruns nothing
+
+
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
     """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
     stages and resumes; a change of the loss is refused until the user allows it."""

@@ -8,7 +8,7 @@ from snakemake.utils import validate
 from videogrpo import config as vg
 from videogrpo import layout
 from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_file
-from videogrpo.stages import CODE_PARTS
+from videogrpo.stages import CODE_PARTS, STAGES
 import videogrpo
 
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
@@ -23,6 +23,8 @@ INVOCATION = {
     "configfiles": [{"path": str(path), "sha256": sha256_file(path)} for path in workflow.configfiles],
     "config_overrides": dict(workflow.config_settings.config),
 }
+# Not a param: the report records the invocation that made it, and a new invocation alone reruns nothing.
+INVOCATION_JSON = vg.canonical_json(INVOCATION)
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
@@ -41,9 +43,22 @@ REPORT_HTML = f"{RUN}/report/report.html"
 _PACKAGE = Path(videogrpo.__file__).parent
 
 
-def stage_config(stage):
-    """The config sections a stage reads, as JSON: its params, so that changing them reruns it."""
-    return vg.canonical_json(vg.stage_view(CFG, stage))
+# What each stage command receives (`--config-json`): every config field it reads, cosmetic ones included.
+# Shell commands read it from here, not from a param, so that labels rerun nothing (stage_params).
+STAGE_CONFIG = {stage: vg.canonical_json(vg.stage_view(CFG, stage)) for stage in STAGES}
+
+
+def stage_params(stage):
+    """The config fields a stage reads, one param each: a change reruns the stage, and `snakemake -n` names
+    the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Cosmetic fields are left out."""
+    params = {}
+    for section, value in vg.stage_view(CFG, stage).items():
+        fields = value.items() if isinstance(value, dict) else [(None, value)]
+        for name, field_value in fields:
+            path = f"{section}.{name}" if name else section
+            if vg.field_class(path) != vg.COSMETIC:
+                params[path.replace(".", "__")] = f"{path}={json.dumps(field_value, sort_keys=True)}"
+    return params
 
 
 def code(stage):

@@ -8,10 +8,10 @@ rule fingerprint_evalkit:
         f"{EVALKIT}/fingerprint_evalkit.log",
     localrule: True
     params:
-        config=stage_config("fingerprint_evalkit"),
+        **stage_params("fingerprint_evalkit"),
         code=code("fingerprint_evalkit"),
     shell:
-        "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
+        "videogrpo fingerprint-evalkit --config-json {STAGE_CONFIG[fingerprint_evalkit]:q} --out {output.fingerprint:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -27,9 +27,9 @@ rule check_scorer_runtime:
     resources:
         **cluster_resources("cpu"),
     params:
-        config=stage_config("check_scorer_runtime"),
+        **stage_params("check_scorer_runtime"),
         code=code("check_scorer_runtime"),
         upstream=upstream_args,
     shell:
-        "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
+        "videogrpo check-scorer-runtime --config-json {STAGE_CONFIG[check_scorer_runtime]:q} --fingerprint {input.fingerprint:q}"
         " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -18,13 +18,13 @@ rule evaluate:
     resources:
         **cluster_resources("evaluate"),
     params:
-        config=stage_config("evaluate"),
+        **stage_params("evaluate"),
         code=code("evaluate"),
         dataset=directory_of_input("index"),
         evalkit=CFG.evalkit.path,
         upstream=upstream_args,
     shell:
-        "videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
+        "videogrpo evaluate --config-json {STAGE_CONFIG[evaluate]:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
         " --table {output.table:q} --videos {output.videos:q} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"

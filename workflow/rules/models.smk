@@ -6,8 +6,8 @@ rule fetch_model:
         f"{MODEL}/fetch_model.log",
     localrule: True
     params:
-        config=stage_config("fetch_model"),
+        **stage_params("fetch_model"),
         code=download_code("fetch_model"),
     shell:
-        "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
+        "videogrpo fetch-model --config-json {STAGE_CONFIG[fetch_model]:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -20,13 +20,12 @@ rule report:
         f"{RUN}/logs/report.log",
     localrule: True
     params:
-        config=stage_config("report"),
+        **stage_params("report"),
         code=code("report"),
         run_id=RUN_ID,
         manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
-        invocation=vg.canonical_json(INVOCATION),
     shell:
-        "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
+        "videogrpo report --config-json {STAGE_CONFIG[report]:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
-        " --html {output.html:q} --crate {output.crate:q} --invocation-json {params.invocation:q}"
+        " --html {output.html:q} --crate {output.crate:q} --invocation-json {INVOCATION_JSON:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

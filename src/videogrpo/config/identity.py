@@ -8,7 +8,8 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
   training resumes from the run's last checkpoint.
 - evaluation: what the evaluate stage measures. A change reruns evaluate and the report only.
 - cosmetic: labels that change no computed value (the W&B project, the split name recorded in the
-  split manifest). Like execution settings they are not in the identity, so training resumes.
+  split manifest). They are passed to the stages that record them but are no stage's param: a
+  change reruns nothing and applies the next time such a stage runs.
 """
 
 from __future__ import annotations
