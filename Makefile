@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env demo test test-unit test-e2e lint format dag graphviz clean
+.PHONY: env demo test test-unit test-e2e lint format dag graphviz profile clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ test-unit: env
 
 test-e2e: env
 	pytest -m e2e
+
+PROFILES_HOME := $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake
+
+profile:   # once: `snakemake --profile slurm` then finds profiles/slurm of this checkout by name
+	mkdir -p $(PROFILES_HOME)
+	ln -sfn $(CURDIR)/profiles/slurm $(PROFILES_HOME)/slurm
+	@echo "snakemake --profile slurm now uses $(CURDIR)/profiles/slurm"
 
 graphviz:   # Debian's graphviz for `dot`, where it is missing (needs root, as CI has)
 	@command -v dot >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q graphviz >/dev/null; }

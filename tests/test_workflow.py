@@ -233,12 +233,14 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
     (workdir / "cluster.yaml").write_text(cluster_yaml)
     block = re.search(r"```sh\n(snakemake -n --profile profiles/slurm.*?)```", readme, re.S).group(1)
     commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-    assert len(commands) == 3
+    assert len(commands) == 4
+    run(["make", "profile"], workdir, XDG_CONFIG_HOME=str(workdir / "xdg"))  # for --profile slurm by name
+    assert (workdir / "xdg/snakemake/slurm/config.yaml").is_file()
     for command in commands:
         argv = command.split()
         if "-n" not in argv:
             argv.insert(1, "-n")
-        out = run(argv, workdir)
+        out = run(argv, workdir, XDG_CONFIG_HOME=str(workdir / "xdg"))
         text = out.stdout + out.stderr
         assert set(jobs_run(text)) >= {"preflight", "train", "evaluate"}
     train, preflight, evaluate = (resources_of(text, rule) for rule in ("train", "preflight", "evaluate"))
