@@ -1,5 +1,6 @@
 # videogrpo: a video diffusion model from pinned downloads through GRPO to an evaluated checkpoint,
 # with a manifest of digests for every artifact. Stages live in workflow/rules/, logic in src/videogrpo.
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -16,6 +17,11 @@ include: "workflow/rules/preflight.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+
+
+onstart:
+    if UNSUPPORTED:
+        raise WorkflowError("not implemented by this trainer: " + "; ".join(UNSUPPORTED))
 
 
 rule all:

@@ -505,6 +505,16 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
         expected -= {"fingerprint_evalkit", "check_scorer_runtime"}
     assert set(jobs) == expected
     assert f"results/runs/{recipe}-" in out.stdout + out.stderr
+    trainable = recipe in ("rl_5b_cps", "rl_5b_sde")
+    assert ("cannot be trained by this version" in out.stderr) != trainable
+
+
+def test_a_recipe_the_trainer_cannot_run_is_refused_before_any_job(demo, workdir):
+    before = sorted(p.name for p in (workdir / "results/models").iterdir())
+    out = run(["snakemake", "--cores", "2", "--configfile", "config/recipes/rl_a14b_rule.yaml"], workdir, check=False)
+    assert out.returncode != 0
+    assert "not implemented by this trainer: parallel.tensor_parallel = 2 (implemented: 1); model.kind = " in out.stderr
+    assert sorted(p.name for p in (workdir / "results/models").iterdir()) == before  # nothing was downloaded
 
 
 def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):

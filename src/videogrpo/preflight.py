@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from videogrpo.config import Config, problems
+from videogrpo.config import Config, problems, unsupported
 from videogrpo.provenance import digest
 
 # diffusers attention backends that need an extra package (the rest ship with torch).
@@ -44,8 +44,6 @@ def check_config(cfg: Config) -> Check:
 
 
 def check_trainer_support(cfg: Config) -> Check:
-    from videogrpo.grpo.trainer import unsupported
-
     missing = unsupported(cfg)
     return Check(
         "trainer_support",

@@ -1,6 +1,7 @@
 # Config resolution and every path of the workflow. Imports only the light config and digest modules
 # of the package: a dry run must not pay for torch or diffusers.
 import json
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -34,6 +35,15 @@ DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
 # checkout) writes, and on failure deletes, its own outputs, never those of a good checkout.
 EVALKIT = f"{RESULTS}/evalkit/{layout.evalkit_key(CFG)}"
 RULE_REWARD = CFG.reward.kind == "vbvr_rule"
+# Features the trainer does not implement yet: a dry run says so, a real run is refused (onstart, in the
+# Snakefile) before any download or allocation; the DAG stays inspectable.
+UNSUPPORTED = vg.unsupported(CFG)
+if UNSUPPORTED:
+    print(
+        "warning: this configuration cannot be trained by this version (" + "; ".join(UNSUPPORTED) + "): "
+        "a run is refused before it starts; dry runs and DAG inspection still work",
+        file=sys.stderr,
+    )
 
 MODEL_DIR = f"{MODEL}/pipeline"
 ARCHIVES = f"{DATA}/archives"

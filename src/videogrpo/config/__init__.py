@@ -17,6 +17,7 @@ from videogrpo.config.checks import (
     problems,
     runtime_contract,
     topology_problems,
+    unsupported,
     validate,
 )
 from videogrpo.config.identity import (
@@ -99,6 +100,7 @@ __all__ = [
     "task_names",
     "to_dict",
     "topology_problems",
+    "unsupported",
     "training_contract",
     "validate",
 ]

@@ -231,6 +231,18 @@ def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
     return found
 
 
+def unsupported(cfg: Config) -> list[str]:
+    """Selected features the trainer does not implement yet: a run is refused before anything runs."""
+    found = []
+    if cfg.parallel.tensor_parallel != 1:
+        found.append(f"parallel.tensor_parallel = {cfg.parallel.tensor_parallel} (implemented: 1)")
+    if cfg.reward.kind != "vbvr_rule":
+        found.append(f"reward.kind = {cfg.reward.kind!r} (implemented: 'vbvr_rule')")
+    if cfg.model.kind != "ti2v":
+        found.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
+    return found
+
+
 def topology_problems(cfg: Config) -> list[str]:
     """World size vs prompts vs group size (REFERENCE section 4, shared-prompt mode)."""
     p, g = cfg.grpo, cfg.parallel

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from videogrpo import atomic, checkpoint, distributed, parallelize
-from videogrpo.config import Config, to_dict
+from videogrpo.config import Config, to_dict, unsupported
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, replay
@@ -104,18 +104,6 @@ def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
         t.max_steps,
         cfg.grpo.delayed_replay,
     )
-
-
-def unsupported(cfg: Config) -> list[str]:
-    """Selected features this trainer does not implement (preflight reports them before any GPU hour)."""
-    found = []
-    if cfg.parallel.tensor_parallel != 1:
-        found.append(f"parallel.tensor_parallel = {cfg.parallel.tensor_parallel} (implemented: 1)")
-    if cfg.reward.kind != "vbvr_rule":
-        found.append(f"reward.kind = {cfg.reward.kind!r} (implemented: 'vbvr_rule')")
-    if cfg.model.kind != "ti2v":
-        found.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
-    return found
 
 
 class Trainer:

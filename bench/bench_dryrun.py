@@ -1,0 +1,78 @@
+"""Benchmark: how long Snakemake takes to plan this workflow, against a one-rule Snakefile.
+
+    .venv/bin/python bench/bench_dryrun.py [--repeats 5]
+
+In one invocation, on a copy of the checkout: `snakemake -n` of the tiny default and of every
+released recipe's full DAG, and a no-op rerun (`snakemake --cores 2` after a finished run: nothing to
+do), each against the same command on a one-rule Snakefile in an empty directory. Prints medians and
+their ratios; record the output in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = ("rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule")
+ONE_RULE = 'rule all:\n    output: "done.txt"\n    shell: "touch {output}"\n'
+
+
+def timed(argv: list[str], cwd: Path, repeats: int) -> float:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        if out.returncode:
+            raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs of every command (the median is printed)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="videogrpo-dryrun-"))
+    try:
+        work, baseline = root / "checkout", root / "one-rule"
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True)
+        for rel in filter(None, listed.stdout.decode().split("\0")):
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, work / rel)
+        baseline.mkdir()
+        (baseline / "Snakefile").write_text(ONE_RULE)
+        one_dry = timed(["snakemake", "-n", "--cores", "1"], baseline, args.repeats)
+        rows = [("tiny default", timed(["snakemake", "-n"], work, args.repeats), one_dry)]
+        for recipe in RECIPES:
+            seconds = timed(["snakemake", "-n", "--configfile", f"config/recipes/{recipe}.yaml"], work, args.repeats)
+            rows.append((recipe, seconds, one_dry))
+        timed(["snakemake", "--cores", "2"], work, 1)  # a finished run of the tiny default
+        timed(["snakemake", "--cores", "1"], baseline, 1)
+        rows.append(
+            (
+                "no-op rerun of a finished run",
+                timed(["snakemake", "--cores", "2"], work, args.repeats),
+                timed(["snakemake", "--cores", "1"], baseline, args.repeats),
+            )
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"median of {args.repeats} runs each; baseline: the same command on a one-rule Snakefile")
+    print("\n| command | this workflow | one-rule Snakefile | ratio |")
+    print("|---|---|---|---|")
+    for name, seconds, base in rows:
+        command = "snakemake -n" if "rerun" not in name else "snakemake --cores 2"
+        print(f"| `{command}`: {name} | {seconds:.2f} s | {base:.2f} s | x{seconds / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
