@@ -102,10 +102,18 @@ def squeue_train_job() -> str | None:
     return None
 
 
-def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm, checkout):
-    override = ["--config", "train={max_steps: 10, save_steps: 2, epochs: 2}"]
+@pytest.mark.parametrize("retries", [1, 0], ids=["resubmitted-by-snakemake", "rerun-by-hand"])
+def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout, retries):
+    """scancel stands in for a job SLURM kills at its time limit: Snakemake resubmits it
+    (slurm.train_retries) and it resumes; without retries, rerunning the same command resumes."""
+    override = [
+        "--config",
+        f"train={{max_steps: {8 + 2 * retries}, save_steps: 2, epochs: 2}}",
+        f"slurm={{train_retries: {retries}}}",
+    ]
+    total = 8 + 2 * retries
     env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    driver_log = checkout / "driver.log"  # a file, not a pipe: nobody reads a pipe while we poll
+    driver_log = checkout / f"driver-{retries}.log"  # a file, not a pipe: nobody reads a pipe while we poll
     driver = subprocess.Popen(
         ["snakemake", *TEST_PROFILE, *override],
         cwd=checkout,
@@ -117,7 +125,7 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
         deadline = time.monotonic() + 300
         cancelled, seen = None, []
         while time.monotonic() < deadline and driver.poll() is None:
-            # Complete checkpoints of a run still training (the earlier test's finished run has a final).
+            # Complete checkpoints of a run still training (earlier runs of this checkout have a final).
             marks = [
                 m
                 for m in checkout.glob("results/runs/*/checkpoints/step-*/COMPLETE")
@@ -130,23 +138,26 @@ def test_scancel_mid_training_then_rerun_resumes_from_the_last_checkpoint(slurm,
                 cancelled = job
                 break
             time.sleep(0.1)
-        driver.wait(timeout=300)
+        driver.wait(timeout=600)
         output = driver_log.read_text()
         assert cancelled, f"never saw a running training job with a complete checkpoint: {seen[-20:]}\n{output[-4000:]}"
     finally:
         if driver.poll() is None:
             driver.kill()
-    assert driver.returncode != 0 and "Error in rule train" in output
-    # The killed job left no output that looks complete: its run is the one with checkpoints and no final.
+    assert "Error in rule train" in output  # the killed attempt
     (run_dir,) = {
         p.parents[1]
         for p in checkout.glob("results/runs/*/checkpoints/step-*")
-        if not (p.parents[1] / "train/final").exists()
+        if json.loads((p.parents[1] / "preflight.manifest.json").read_text())["params"]["train"]["max_steps"] == total
     }
-    out = run(["snakemake", *TEST_PROFILE, *override], checkout)
-    assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
+    if retries:
+        assert driver.returncode == 0, output[-4000:]  # resubmitted, resumed, finished
+    else:
+        assert driver.returncode != 0 and not (run_dir / "train/final").exists()
+        out = run(["snakemake", *TEST_PROFILE, *override], checkout)
+        assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
     log = (run_dir / "logs/train.log").read_text()
-    resumed = re.search(r"resumed from \S+/step-(\d{8}) \(update (\d+) of 10\)", log)
+    resumed = re.search(rf"resumed from \S+/step-(\d{{8}}) \(update (\d+) of {total}\)", log)
     assert resumed and int(resumed.group(2)) >= 2, log
     steps = [json.loads(line)["step"] for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 11))
+    assert steps == list(range(1, total + 1))
