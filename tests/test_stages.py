@@ -71,3 +71,19 @@ def test_a_full_disk_is_named_with_the_file_and_the_fix(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "no space left on device writing results/runs/x/checkpoints/step-00000100/dcp" in err
     assert "free space on that file system" in err and "training resumes" in err
+
+
+def test_preflight_checks_room_for_the_checkpoints_it_will_keep(tiny_model, tmp_path):
+    from diffusers import WanTransformer3DModel
+
+    from videogrpo import config
+    from videogrpo.preflight import check_disk_space, transformer_parameters
+
+    params = transformer_parameters(tiny_model)  # read from the safetensors headers
+    loaded = WanTransformer3DModel.from_pretrained(tiny_model / "transformer")
+    assert params == sum(p.numel() for p in loaded.parameters())
+    fits = check_disk_space(config.from_dict({"train": {"keep_checkpoints": 2}}, partial=True), tiny_model, tmp_path)
+    assert fits.ok and f"{params:,} parameters" in fits.detail
+    huge = config.from_dict({"train": {"keep_checkpoints": 10**9}}, partial=True)
+    full = check_disk_space(huge, tiny_model, tmp_path)
+    assert not full.ok and "lower train.keep_checkpoints" in full.detail and "GiB free" in full.detail

@@ -217,3 +217,26 @@ def test_grpo_learns_the_synthetic_tasks_beyond_a_placebo(tiny_model, dataset, t
         gains[name] = last - first
         print(f"LEARN {name}: first two epochs {first:.4f}, last two {last:.4f}, gain {last - first:+.4f}")
     assert gains["grpo"] > 0.02 and gains["grpo"] > gains["placebo"] + 0.015, gains
+
+
+def test_ctrl_c_is_an_interruption_not_a_failing_rank(tiny_model, dataset, tmp_path):
+    """SIGINT to the process group (what Ctrl-C sends): every rank says it was interrupted and keeps its checkpoints."""
+    import os
+    import signal
+    import time
+
+    from harness import launch
+
+    cfg = trainer_config(train={"max_steps": 50, "epochs": 50, "save_steps": 1})
+    proc = launch(cfg, tmp_path, tiny_model, dataset)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and not (tmp_path / "checkpoints/step-00000001/COMPLETE").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    log = (tmp_path / "log.txt").read_text()
+    for rank in (0, 1):
+        assert f"[rank {rank}] interrupted; complete checkpoints are kept, rerun to resume" in log, log[-3000:]
+    assert "KeyboardInterrupt" not in log and "] error:" not in log, log[-3000:]  # no rank or scorer died of it
+    assert (tmp_path / "checkpoints/step-00000001/COMPLETE").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import warnings
@@ -28,6 +29,7 @@ _EVALKIT = None
 
 def _init_worker(evalkit_path: str, threads: int) -> None:
     global _EVALKIT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle: it closes the pool
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
     sys.path.insert(0, evalkit_path)
