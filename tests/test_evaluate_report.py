@@ -83,3 +83,30 @@ def test_the_report_shows_the_evaluation_csv_as_it_is(evaluated, tmp_path):
     assert "No training metrics were recorded" in page and "Reward during training" not in page
     (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
     assert_table_shows_csv(shown, rows)
+
+
+def test_an_interrupted_evaluation_resumes_with_the_batches_it_had_not_scored(
+    tiny_model, dataset, tmp_path, monkeypatch
+):
+    from videogrpo import evaluate as evaluation
+
+    cfg = config.from_dict(trainer_config(evaluate={"split": "rl", "max_samples_per_task": 2}))  # 6: two batches
+    kit = config.from_dict(trainer_config()).evalkit.path
+    calls = []
+    real = evaluation.sample_batch
+    monkeypatch.setattr(evaluation, "sample_batch", lambda *a: calls.append(a[-1]) or real(*a))
+    records = tmp_path / "records"
+    whole, _ = evaluation.evaluate(
+        cfg, tiny_model, tiny_model, dataset, kit, tmp_path / "v1", torch.device("cpu"), records
+    )
+    assert calls == [0, 4, 0, 4]  # base and trained, two batches each
+    (records / "trained/batch-000004.json").unlink()  # interrupted before the last batch was scored
+    calls.clear()
+    resumed, _ = evaluation.evaluate(
+        cfg, tiny_model, tiny_model, dataset, kit, tmp_path / "v2", torch.device("cpu"), records
+    )
+    assert calls == [4]
+    assert resumed.equals(whole)
+    assert sorted(p.relative_to(tmp_path / "v2") for p in (tmp_path / "v2").rglob("*.mp4")) == sorted(
+        p.relative_to(tmp_path / "v1") for p in (tmp_path / "v1").rglob("*.mp4")
+    )

@@ -10,6 +10,8 @@ per-task difference measures training, not sampling luck.
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from videogrpo import atomic
 from videogrpo.config import Config
 from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
@@ -49,63 +52,121 @@ def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> l
 
 
 @torch.no_grad()
-def sample_videos(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samples: list[SampleRef]):
-    """Yield (sample, uint8 video) for every sample, in batches, with per-sample seeded noise."""
+def sample_batch(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samples: list[SampleRef], first: int):
+    """Videos (uint8 [B, F, H, W, 3]) of samples[first : first + BATCH], noise seeded by each sample's position."""
     e = cfg.evaluate
-    steps = e.sampling_steps or cfg.grpo.sampling_steps
-    sigmas = sigma_schedule(steps, cfg.grpo.shift)
+    sigmas = sigma_schedule(e.sampling_steps or cfg.grpo.sampling_steps, cfg.grpo.shift)
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     dev = model.device
-    for first in range(0, len(samples), BATCH):
-        batch = samples[first : first + BATCH]
-        keys = [first + i for i in range(len(batch))]
-        embeds, condition = model.encode_conditions(
-            [s.prompt for s in batch], [s.first_frame for s in batch], cfg.video.height, cfg.video.width
-        )
-        init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
+    batch = samples[first : first + BATCH]
+    keys = [first + i for i in range(len(batch))]
+    embeds, condition = model.encode_conditions(
+        [s.prompt for s in batch], [s.first_frame for s in batch], cfg.video.height, cfg.video.width
+    )
+    init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
 
-        def step_noise(i: int, keys: list[int] = keys) -> torch.Tensor:
-            return torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k, i + 1) for k in keys])
+    def step_noise(i: int) -> torch.Tensor:
+        return torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k, i + 1) for k in keys])
 
-        etas = torch.full((len(batch),), e.eta, device=dev)
-        trajectory = rollout(model, transformer, embeds, condition, init, sigmas, e.sampler, etas, step_noise)
-        yield from zip(batch, model.decode(trajectory.latents[:, -1]))
+    etas = torch.full((len(batch),), e.eta, device=dev)
+    trajectory = rollout(model, transformer, embeds, condition, init, sigmas, e.sampler, etas, step_noise)
+    return model.decode(trajectory.latents[:, -1])
+
+
+class BatchRecords:
+    """Scored batches of one variant in `root`: one JSON per batch, written (atomically) once its scores are
+    in, with its videos beside it. An interrupted evaluation reruns only the batches without a record,
+    in the same batches and with the same noise, so it ends exactly where an uninterrupted one would."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.pending: list[tuple[int, list[tuple[SampleRef, object]]]] = []
+
+    def path(self, first: int) -> Path:
+        return self.root / f"batch-{first:06d}.json"
+
+    def video(self, sample: SampleRef) -> Path:
+        return self.root / "videos" / sample.task / f"{sample.sample_id}.mp4"
+
+    def done(self, first: int) -> bool:
+        return self.path(first).is_file()
+
+    def submit(self, first: int, futures: list[tuple[SampleRef, object]]) -> None:
+        self.pending.append((first, futures))
+        self._write(wait=False)
+
+    def _write(self, wait: bool) -> None:
+        still = []
+        for first, futures in self.pending:
+            if not wait and not all(f.done() for _, f in futures):
+                still.append((first, futures))
+                continue
+            results = RuleScorer.collect([f for _, f in futures])
+            rows = [
+                {
+                    "task": s.task,
+                    "sample_id": s.sample_id,
+                    "score": r["score"],
+                    **{f"dim_{k}": v for k, v in r["dimensions"].items()},
+                }
+                for (s, _), r in zip(futures, results)
+            ]
+            atomic.write_json(self.path(first), rows)
+        self.pending = still
+
+    def rows(self, firsts: list[int]) -> list[dict]:
+        self._write(wait=True)
+        return [row for first in firsts for row in json.loads(self.path(first).read_text())]
 
 
 def evaluate(
-    cfg: Config, model_dir: Path, final_dir: Path, dataset: Path, evalkit: Path, videos_dir: Path, device: torch.device
+    cfg: Config,
+    model_dir: Path,
+    final_dir: Path,
+    dataset: Path,
+    evalkit: Path,
+    videos_dir: Path,
+    device: torch.device,
+    records: Path | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Score the evaluation samples, keeping each scored video under videos_dir; returns (scores, per-task table)."""
+    """Score the evaluation samples, keeping each scored video under videos_dir; returns (scores, per-task table).
+
+    `records` (default: beside videos_dir) holds each scored batch; batches recorded there by an earlier,
+    interrupted call are not generated again.
+    """
     samples = evaluation_samples(dataset, cfg.evaluate.split, cfg.evaluate.max_samples_per_task)
     model = WanTI2V.from_config(model_dir, device, cfg)
-    variants = {"trained": load_transformer(final_dir / "transformer", device, cfg.parallel.attention_backend).eval()}
+    variants = {"trained": lambda: load_transformer(final_dir / "transformer", device, cfg.parallel.attention_backend)}
     if cfg.evaluate.compare_base:
-        variants = {"base": model.transformer.eval(), **variants}
+        variants = {"base": lambda: model.transformer, **variants}
+    firsts = list(range(0, len(samples), BATCH))
+    records = records or videos_dir.parent / f".{videos_dir.name}.records"
     rows = []
     with RuleScorer(evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker) as scorer:
-        for variant, transformer in variants.items():
+        for variant, load in variants.items():
+            kept = BatchRecords(records / variant)
+            todo = [first for first in firsts if not kept.done(first)]
             progress = Progress(f"evaluate {variant}", total=len(samples), unit="videos")
-            futures = []
-            for sample, video in sample_videos(cfg, model, transformer, samples):
-                keep = videos_dir / variant / sample.task / f"{sample.sample_id}.mp4"
-                keep.parent.mkdir(parents=True, exist_ok=True)
-                request = score_request(
-                    cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep)
-                )
-                futures.append((sample, scorer.submit(request)))
-                progress.update()
-            for (sample, _), result in zip(futures, scorer.collect([f for _, f in futures])):
-                rows.append(
-                    {
-                        "variant": variant,
-                        "task": sample.task,
-                        "sample_id": sample.sample_id,
-                        "score": result["score"],
-                        **{f"dim_{k}": v for k, v in result["dimensions"].items()},
-                    }
-                )
+            progress.update(len(samples) - sum(len(samples[f : f + BATCH]) for f in todo))
+            transformer = load().eval() if todo else None
+            for first in todo:
+                futures = []
+                for sample, video in zip(
+                    samples[first : first + BATCH], sample_batch(cfg, model, transformer, samples, first)
+                ):
+                    keep = kept.video(sample)
+                    keep.parent.mkdir(parents=True, exist_ok=True)
+                    request = score_request(
+                        cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep)
+                    )
+                    futures.append((sample, scorer.submit(request)))
+                    progress.update()
+                kept.submit(first, futures)
+            rows += [dict(row, variant=variant) for row in kept.rows(firsts)]
+            shutil.copytree(records / variant / "videos", videos_dir / variant, dirs_exist_ok=True)
             progress.finish()
-    scores = pd.DataFrame(rows)
+    dimensions = sorted({key for row in rows for key in row if key.startswith("dim_")})
+    scores = pd.DataFrame(rows)[["variant", "task", "sample_id", "score", *dimensions]]
     return scores, per_task_table(scores, cfg.evaluate.seed)
 
 

@@ -1,6 +1,7 @@
 # Config resolution and every path of the workflow. Imports only the light config and digest modules
 # of the package: a dry run must not pay for torch or diffusers.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -8,7 +9,8 @@ from snakemake.utils import validate
 
 from videogrpo import config as vg
 from videogrpo import layout
-from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_file
+from videogrpo import atomic
+from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_bytes, sha256_file
 from videogrpo.stages import CODE_PARTS, STAGES
 import videogrpo
 
@@ -24,8 +26,11 @@ INVOCATION = {
     "configfiles": [{"path": str(path), "sha256": sha256_file(path)} for path in workflow.configfiles],
     "config_overrides": dict(workflow.config_settings.config),
 }
-# Not a param: the report records the invocation that made it, and a new invocation alone reruns nothing.
-INVOCATION_JSON = vg.canonical_json(INVOCATION)
+# The report records the invocation that made it, from a file of constant name (rewritten by every
+# invocation), so that a new invocation alone reruns nothing.
+INVOCATION_FILE = Path(CFG.results) / ".stage-config/invocation.json"
+if "SLURM_JOB_ID" not in os.environ:  # a job step re-reads the workflow: the driver's invocation is the one
+    atomic.write_json(INVOCATION_FILE, INVOCATION)
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
@@ -53,11 +58,6 @@ REPORT_HTML = f"{RUN}/report/report.html"
 _PACKAGE = Path(videogrpo.__file__).parent
 
 
-# What each stage command receives (`--config-json`): every config field it reads, cosmetic ones included.
-# Shell commands read it from here, not from a param, so that labels rerun nothing (stage_params).
-STAGE_CONFIG = {stage: vg.canonical_json(vg.stage_view(CFG, stage)) for stage in STAGES}
-
-
 def stage_params(stage):
     """The config fields a stage reads, one param each: a change reruns the stage, and `snakemake -n` names
     the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Cosmetic fields are left out."""
@@ -69,6 +69,18 @@ def stage_params(stage):
             if vg.field_class(path) != vg.COSMETIC:
                 params[path.replace(".", "__")] = f"{path}={json.dumps(field_value, sort_keys=True)}"
     return params
+
+
+def stage_config(stage):
+    """What a stage command receives (`--config-json @file`): every config field it reads, cosmetic ones
+    included, in a file named by a digest of the other fields. The name is a param, so changing a field
+    reruns the stage; a label changes the file in place and reruns nothing."""
+    name = sha256_bytes(vg.canonical_json(stage_params(stage)).encode())[:16]
+    path = Path(RESULTS) / ".stage-config" / f"{stage}-{name}.json"
+    text = vg.canonical_json(vg.stage_view(CFG, stage))
+    if not path.is_file() or path.read_text() != text:
+        atomic.write_text(path, text)
+    return f"@{path}"
 
 
 def code(stage):

@@ -9,9 +9,10 @@ rule fetch_dataset:
     localrule: True
     params:
         **stage_params("fetch_dataset"),
+        config=stage_config("fetch_dataset"),
         code=download_code("fetch_dataset"),
     shell:
-        "videogrpo fetch-dataset --config-json {STAGE_CONFIG[fetch_dataset]:q} --out {output.archives:q}"
+        "videogrpo fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -32,11 +33,12 @@ rule materialize_dataset:
         **cluster_resources("cpu"),
     params:
         **stage_params("materialize_dataset"),
+        config=stage_config("materialize_dataset"),
         code=code("materialize_dataset"),
         out=directory_of_output("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo materialize-dataset --config-json {STAGE_CONFIG[materialize_dataset]:q} --archives {input.archives:q}"
+        "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
         " --out {params.out:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -53,10 +55,11 @@ rule validate_dataset:
         **cluster_resources("cpu"),
     params:
         **stage_params("validate_dataset"),
+        config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
         dataset=directory_of_input("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo validate-dataset --config-json {STAGE_CONFIG[validate_dataset]:q} --dataset {params.dataset:q}"
+        "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
         " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

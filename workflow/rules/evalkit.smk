@@ -9,9 +9,10 @@ rule fingerprint_evalkit:
     localrule: True
     params:
         **stage_params("fingerprint_evalkit"),
+        config=stage_config("fingerprint_evalkit"),
         code=code("fingerprint_evalkit"),
     shell:
-        "videogrpo fingerprint-evalkit --config-json {STAGE_CONFIG[fingerprint_evalkit]:q} --out {output.fingerprint:q}"
+        "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -28,8 +29,9 @@ rule check_scorer_runtime:
         **cluster_resources("cpu"),
     params:
         **stage_params("check_scorer_runtime"),
+        config=stage_config("check_scorer_runtime"),
         code=code("check_scorer_runtime"),
         upstream=upstream_args,
     shell:
-        "videogrpo check-scorer-runtime --config-json {STAGE_CONFIG[check_scorer_runtime]:q} --fingerprint {input.fingerprint:q}"
+        "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
         " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

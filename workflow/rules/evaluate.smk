@@ -19,12 +19,14 @@ rule evaluate:
         **cluster_resources("evaluate"),
     params:
         **stage_params("evaluate"),
+        config=stage_config("evaluate"),
         code=code("evaluate"),
         dataset=directory_of_input("index"),
         evalkit=CFG.evalkit.path,
         upstream=upstream_args,
+        records=f"{RUN}/evaluate-records",
     shell:
-        "videogrpo evaluate --config-json {STAGE_CONFIG[evaluate]:q} --model {input.model:q} --final {input.final:q}"
+        "videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
-        " --table {output.table:q} --videos {output.videos:q} {params.upstream} --manifest {output.manifest:q}"
+        " --table {output.table:q} --videos {output.videos:q} --records {params.records:q} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"

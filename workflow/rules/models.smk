@@ -7,7 +7,8 @@ rule fetch_model:
     localrule: True
     params:
         **stage_params("fetch_model"),
+        config=stage_config("fetch_model"),
         code=download_code("fetch_model"),
     shell:
-        "videogrpo fetch-model --config-json {STAGE_CONFIG[fetch_model]:q} --out {output.model:q}"
+        "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

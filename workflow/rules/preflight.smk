@@ -16,6 +16,7 @@ rule preflight:
         **cluster_resources("preflight"),
     params:
         **stage_params("preflight"),
+        config=stage_config("preflight"),
         code=code("preflight"),
         dataset=DATASET,
         upstream=upstream_args,
@@ -25,7 +26,7 @@ rule preflight:
             else ""
         ),
     shell:
-        "videogrpo preflight --config-json {STAGE_CONFIG[preflight]:q} --model {input.model:q}"
+        "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
         " --model-manifest {input.fetch_model_manifest:q} --dataset {params.dataset:q}"
         " --validation {input.validation:q} {params.reward_args} --out {output.report:q}"
         " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

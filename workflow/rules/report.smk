@@ -21,11 +21,13 @@ rule report:
     localrule: True
     params:
         **stage_params("report"),
+        config=stage_config("report"),
+        invocation=str(INVOCATION_FILE),
         code=code("report"),
         run_id=RUN_ID,
         manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
     shell:
-        "videogrpo report --config-json {STAGE_CONFIG[report]:q} --run-id {params.run_id} {params.manifests}"
+        "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
-        " --html {output.html:q} --crate {output.crate:q} --invocation-json {INVOCATION_JSON:q}"
+        " --html {output.html:q} --crate {output.crate:q} --invocation {params.invocation:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

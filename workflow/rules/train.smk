@@ -18,6 +18,7 @@ rule train:
         **cluster_resources("train"),
     params:
         **stage_params("train"),
+        config=stage_config("train"),
         code=code("train"),
         run_id=RUN_ID,
         run_dir=directory_of_output("manifest"),
@@ -25,7 +26,7 @@ rule train:
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
         upstream=upstream_args,
     shell:
-        "videogrpo train --config-json {STAGE_CONFIG[train]:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
+        "videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

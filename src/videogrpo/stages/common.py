@@ -15,7 +15,7 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-json",
         required=True,
-        help="the config sections this stage reads, as JSON (the Snakemake rule passes them)",
+        help="the config sections this stage reads, as JSON or @file (the Snakemake rule passes a file)",
     )
     parser.add_argument("--manifest", required=True, type=Path, help="where to write the stage manifest")
     parser.add_argument(
@@ -30,8 +30,14 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
 def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
     """The stage's Config (other sections at their defaults, unvalidated) and the sections as given."""
+    text = args.config_json
+    if text.startswith("@"):  # the file the workflow wrote (workflow/rules/common.smk: stage_config)
+        try:
+            text = Path(text[1:]).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"--config-json {args.config_json}: no such file") from None
     try:
-        sections = json.loads(args.config_json)
+        sections = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"--config-json: not valid JSON ({err})") from None
     if not isinstance(sections, dict):

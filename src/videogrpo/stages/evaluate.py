@@ -1,12 +1,20 @@
-"""evaluate: samples of evaluate.split rolled out with the trained (and base) transformer, scored, tabulated."""
+"""evaluate: samples of evaluate.split rolled out with the trained (and base) transformer, scored, tabulated.
+
+Scored batches are kept in <records>/<key>/ (outside the declared outputs, which Snakemake deletes before
+a rerun), keyed by the stage's config and the digests of its inputs: an interrupted evaluation resumes
+with the batches it has not scored yet, and records made for other weights or settings are never reused.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.provenance.manifest import StageRun
+from videogrpo.config import canonical_json
+from videogrpo.provenance.digest import sha256_bytes
+from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -19,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scores", required=True, type=Path, help="per-sample scores (CSV) to create")
     parser.add_argument("--table", required=True, type=Path, help="per-task table (CSV) to create")
     parser.add_argument("--videos", required=True, type=Path, help="directory for the scored videos")
+    parser.add_argument("--records", required=True, type=Path, help="where scored batches are kept for a resume")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +46,15 @@ def run(args: argparse.Namespace) -> int:
         "evalkit": args.evalkit,
     }
     with StageRun("evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+        key = {"config": sections, "inputs": {k: record_digest(v) for k, v in stage.input_records.items()}}
+        records = args.records / sha256_bytes(canonical_json(key).encode())[:12]
         with atomic.atomic_directory(args.videos) as videos_tmp:
-            scores, table = evaluate(cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device)
+            scores, table = evaluate(
+                cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device, records
+            )
+        for stale in args.records.iterdir():  # records of other weights or settings: never resumed
+            if stale != records:
+                shutil.rmtree(stale, ignore_errors=True)
         with atomic.atomic_path(args.scores) as tmp:
             scores.to_csv(tmp, index=False)
         with atomic.atomic_path(args.table) as tmp:

@@ -30,9 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
     parser.add_argument("--crate", required=True, type=Path, help="the run's ro-crate-metadata.json (run dir root)")
-    parser.add_argument(
-        "--invocation-json", default="{}", help="the config files and --config overrides as given (JSON)"
-    )
+    parser.add_argument("--invocation", type=Path, help="the config files and --config overrides as given (JSON)")
 
 
 def evaluation_videos(provenance: dict, html: Path) -> dict[str, list[str]]:
@@ -58,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=[*manifests.values(), *args.upstream],
     ) as stage:
-        provenance = build_provenance(manifests, args.run_id, json.loads(args.invocation_json))
+        provenance = build_provenance(
+            manifests, args.run_id, json.loads(args.invocation.read_text()) if args.invocation else {}
+        )
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
         with open(args.table, newline="") as f:
             table = list(csv.DictReader(f))
