@@ -63,7 +63,7 @@ def test_a_full_disk_is_named_with_the_file_and_the_fix(monkeypatch, capsys):
         raise OSError(errno.ENOSPC, "No space left on device", "results/runs/x/checkpoints/step-00000100/dcp")
 
     parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda command=None: parser)
     args = parser.parse_args(["schema"])
     args.handler = full
     monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)

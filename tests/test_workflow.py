@@ -124,7 +124,7 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     assert final["loads"] and final["finite"] and final["parameters"] > 0
     assert final["tree_sha256"] == train["outputs"]["final"]["tree_sha256"]
     assert train["accelerator"]["torch"] and train["accelerator"]["cuda_available"] is False
-    assert provenance["stages"]["fetch_dataset"]["accelerator"] is None  # light stages never import torch
+    assert provenance["stages"]["fingerprint_evalkit"]["accelerator"] is None  # light stages never import torch
     crate = json.loads(next(workdir.glob("results/runs/*/ro-crate-metadata.json")).read_text())
     graph = {entity["@id"]: entity for entity in crate["@graph"]}
     actions = {e["name"]: e for e in graph.values() if e.get("@type") == "CreateAction"}

@@ -8,6 +8,7 @@ Exit codes: 0 success, 1 unexpected error (a bug: traceback printed), 2 a user-f
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import sys
@@ -19,8 +20,10 @@ from videogrpo.stages import STAGES
 
 
 def _stage_help(name: str) -> str:
-    module = importlib.import_module(f"videogrpo.stages.{name}")
-    return (module.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1]
+    """The first line of a stage module's docstring, read from its source: listing the commands imports none."""
+    source = Path(__file__).parent / "stages" / f"{name}.py"
+    doc = ast.get_docstring(ast.parse(source.read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0].split(": ", 1)[-1]
 
 
 def _config_command(args: argparse.Namespace) -> int:
@@ -70,7 +73,9 @@ def _diff_command(args: argparse.Namespace) -> int:
     return diff_runs(args.run_a, args.run_b)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; only the stage named `command` (None: every stage) is imported to declare its arguments, so a
+    light stage never pays for importing torch."""
     parser = argparse.ArgumentParser(
         prog="videogrpo",
         description="GRPO for Wan2.2 video models, one sub-command per workflow rule (see the Snakefile).",
@@ -81,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in STAGES:
         stage = sub.add_parser(name.replace("_", "-"), help=_stage_help(name))
-        importlib.import_module(f"videogrpo.stages.{name}").add_arguments(stage)
+        if command in (None, name.replace("_", "-")):
+            importlib.import_module(f"videogrpo.stages.{name}").add_arguments(stage)
         stage.set_defaults(
             handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args)
         )
@@ -111,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command if command and command != "help" else None).parse_args(argv)
     try:
         return args.handler(args)
     except VideoGRPOError as err:
