@@ -40,7 +40,7 @@ from videogrpo.config.identity import (
     to_dict,
     training_contract,
 )
-from videogrpo.config.load import deep_merge, from_dict, json_schema, load
+from videogrpo.config.load import deep_merge, from_dict, json_schema, load, sections_from_argument
 from videogrpo.config.sections import (
     SECTIONS,
     Config,
@@ -65,6 +65,7 @@ __all__ = [
     "field_class",
     "field_paths",
     "fields_of_class",
+    "sections_from_argument",
     "select",
     "CHOICES",
     "Config",

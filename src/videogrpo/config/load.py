@@ -54,3 +54,22 @@ def load(configfiles: list[str | Path], overrides: dict[str, Any] | None = None)
 def json_schema() -> dict[str, Any]:
     """JSON Schema of the config, generated from the dataclasses (defaults and descriptions included)."""
     return _schema_of(Config, CHOICES)
+
+
+def sections_from_argument(value: str) -> dict[str, Any]:
+    """The config sections a command receives: JSON, or `@file` holding it (what the workflow passes)."""
+    import json
+
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"--config-json {value}: no such file") from None
+    try:
+        sections = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--config-json: not valid JSON ({err})") from None
+    if not isinstance(sections, dict):
+        raise ConfigError("--config-json: expected a JSON object of config sections")
+    return sections

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
-    cfg = config_mod.from_dict(json.loads(args.config_json), partial=True)
+    cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
     ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend, cfg.parallel.cpu_threads)
     node = os.environ.get("SLURMD_NODENAME", "-")
     print(

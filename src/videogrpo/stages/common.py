@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from videogrpo import config as config_mod
 from videogrpo.config import Config
-from videogrpo.errors import ConfigError
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -30,16 +28,5 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
 def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
     """The stage's Config (other sections at their defaults, unvalidated) and the sections as given."""
-    text = args.config_json
-    if text.startswith("@"):  # the file the workflow wrote (workflow/rules/common.smk: stage_config)
-        try:
-            text = Path(text[1:]).read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"--config-json {args.config_json}: no such file") from None
-    try:
-        sections = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--config-json: not valid JSON ({err})") from None
-    if not isinstance(sections, dict):
-        raise ConfigError("--config-json: expected a JSON object of config sections")
+    sections = config_mod.sections_from_argument(args.config_json)
     return config_mod.from_dict(sections, partial=True), sections
