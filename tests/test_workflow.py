@@ -433,9 +433,13 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     assert re.search(r"report/report\.html\t.*\treport\t.*\tok\tno update", summary), summary[-2000:]
     detailed = run(["snakemake", "--detailed-summary"], workdir).stdout
     assert "videogrpo report --config-json" in detailed
-    for kind in ("params", "code", "input"):
-        listed = run(["snakemake", "--list-changes", kind], workdir).stdout
-        assert "results/" not in listed, (kind, listed)
+    for argv in (
+        ["snakemake", "--list-changes", "params"],
+        ["snakemake", "--list-changes", "code"],
+        ["snakemake", "--list-changes", "input"],
+    ):
+        listed = run(argv, workdir).stdout
+        assert "results/" not in listed, (argv, listed)
     listed = run(["snakemake", "--list-changes", "params", "--config", "evalkit={workers: 3}"], workdir).stdout
     assert "train.manifest.json" in listed and "fingerprint_evalkit.manifest.json" not in listed
     out = run(["snakemake", "-n", "--config", "evalkit={workers: 3}"], workdir).stdout
