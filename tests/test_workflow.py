@@ -433,15 +433,13 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     assert re.search(r"report/report\.html\t.*\treport\t.*\tok\tno update", summary), summary[-2000:]
     detailed = run(["snakemake", "--detailed-summary"], workdir).stdout
     assert "videogrpo report --config-json" in detailed
-    for argv in (
-        ["snakemake", "--list-changes", "params"],
-        ["snakemake", "--list-changes", "code"],
-        ["snakemake", "--list-changes", "input"],
-    ):
+    for argv in (["snakemake", "--list-changes", "code"], ["snakemake", "--list-changes", "input"]):
         listed = run(argv, workdir).stdout
         assert "results/" not in listed, (argv, listed)
-    listed = run(["snakemake", "--list-changes", "params", "--config", "evalkit={workers: 3}"], workdir).stdout
-    assert "train.manifest.json" in listed and "fingerprint_evalkit.manifest.json" not in listed
+    # Snakemake 9.27.1 lists every output with recorded params under `params`, changed or not (README);
+    # the outputs of a stage whose field changed are among them.
+    listed = run(["snakemake", "--list-changes", "params"], workdir).stdout
+    assert "train.manifest.json" in listed
     out = run(["snakemake", "-n", "--config", "evalkit={workers: 3}"], workdir).stdout
     reasons = [line for line in out.splitlines() if "Params have changed" in line]
     assert reasons and all("before: 'evalkit.workers=2' now: 'evalkit.workers=3'" in line for line in reasons)
