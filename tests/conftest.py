@@ -61,6 +61,22 @@ def dataset(archives, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def small_disk(tmp_path) -> Path:
+    """A real 256 KiB file system (tmpfs; the tests run as root, as CI does), for disk-full behaviour."""
+    import subprocess
+
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.fail(f"cannot mount a tmpfs for the disk-full test (needs root): {done.stderr.decode()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 @pytest.fixture(scope="session")
 def evalkit(repo) -> Path:
     return repo / "src/videogrpo/rewards/reference_evalkit"

@@ -39,7 +39,8 @@ rule materialize_dataset:
         upstream=upstream_args,
     shell:
         "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
-        " --out {params.out:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --out {params.out:q} --workers {resources.cpus_per_task} {params.upstream} --manifest {output.manifest:q}"
+        " > {log:q} 2>&1"
 
 
 rule validate_dataset:

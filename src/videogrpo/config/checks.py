@@ -15,6 +15,7 @@ CHOICES = {
     "model.source": ("hub", "tiny"),
     "model.kind": ("ti2v", "i2v_a14b"),
     "data.source": ("hub", "synthetic"),
+    "data.inflater": ("auto", "isal", "zlib"),
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
@@ -30,6 +31,7 @@ CHOICES = {
 POSITIVE = {
     "model.max_text_tokens",
     "data.samples_per_task",
+    "data.max_member_mb",
     "video.num_frames",
     "video.height",
     "video.width",

@@ -54,7 +54,7 @@ _FIELD_CLASSES = {
         )
     },
     "data.split_name": COSMETIC,
-    "data.verify_existing": EXECUTION,
+    **{f"data.{f}": EXECUTION for f in ("verify_existing", "max_member_mb", "inflater")},
     **{
         f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf", "runtime")
     },

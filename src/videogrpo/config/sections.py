@@ -55,8 +55,12 @@ class DataConfig:
     synthetic_seed: int = 0
     """Seed of the synthetic generator (source `synthetic` only)."""
     verify_existing: bool = False
-    """Re-unpack: byte-compare files already unpacked with the archives and rewrite those that differ, instead
-    of keeping every file of the right size (repairs a corrupted tree; reads every archive in full)."""
+    """Hash every file kept from an earlier unpack against its archive's record (not only size and mtime), and
+    rewrite and name each one that differs."""
+    max_member_mb: float = 256.0
+    """Largest archive member accepted, in MiB; a bigger one fails the unpack at that member."""
+    inflater: str = "auto"
+    """gzip inflater: `auto` (ISA-L when installed, else zlib), `isal` or `zlib`; all check the stream alike."""
 
 
 @dataclass

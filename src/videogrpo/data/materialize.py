@@ -1,45 +1,50 @@
-"""Safe, streaming, resumable unpacking of the VBVR-Pro-RL archives (REFERENCE section 2).
+"""Safe, streaming, resumable, parallel unpacking of the VBVR-Pro-RL archives (REFERENCE section 2).
 
-Never calls a tar library's extract: members are streamed one by one, their names checked (no
-absolute paths, no `.` or `..` components, no links or devices), each file written to a temporary
-name and renamed. A short read is an error. An existing file of the right size is kept (and with
-`verify_existing` byte-compared first), so an interrupted run resumes where it stopped.
+Never calls a tar library's extract: members are streamed (`data/archive.py`), their names checked (no
+absolute paths, no `.` or `..` components, no links or devices, UTF-8 only) and their sizes limited.
+A member's bytes go to a temporary name beside its target and are hashed on the way; only once the
+whole archive has been read to the end of its gzip stream, and its SHA-256 matches the one the fetch
+recorded, are its files renamed into place and the archive's record (every file's SHA-256, size and
+mtime) written to `.unpacked/`. A corrupt archive therefore leaves nothing behind, and a resume
+trusts a kept file only through that record: unchanged size and mtime, or else a SHA-256 that still
+matches. Archives are unpacked in parallel processes; every byte is read and hashed once.
 """
 
 from __future__ import annotations
 
-import tarfile
+import errno
+import hashlib
+import json
+import os
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
 import numpy as np
 
 from videogrpo import atomic
-from videogrpo.errors import DataError
+from videogrpo.data.archive import ArchiveStream
+from videogrpo.errors import DataError, disk_full_message
 from videogrpo.progress import Progress
-from videogrpo.provenance.digest import sha256_file
+from videogrpo.provenance import digest
 
 FIELDS = ("first_frame.png", "metadata.json", "video/final_frame.png", "video/ground_truth.mp4", "video/prompt.txt")
-_CHUNK = 1 << 20
-
-
-def open_gzip(path: Path) -> BinaryIO:
-    """Decompressing reader; ISA-L's igzip inflates about 2.5x faster than zlib where installed."""
-    try:
-        from isal import igzip
-
-        return igzip.open(path, "rb")
-    except ImportError:
-        import gzip
-
-        return gzip.open(path, "rb")
+INDEX_FILES = ("dataset.json", "splits.json", "materialization.json")
+RECORDS = ".unpacked"  # one record per completed archive, beside raw/ (not part of the tree)
+_IN_PROGRESS = "IN_PROGRESS"
 
 
 def member_parts(name: str, archive: Path) -> tuple[str, ...]:
     """Components of a member name, refusing anything that could escape the output directory."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(
+            f"{archive}: member {name.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8; sample ids and "
+            f"task names must be UTF-8 text (fix the archive)"
+        ) from None
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise DataError(f"{archive}: member {name!r} has an absolute path; refusing to unpack this archive")
     parts = PurePosixPath(name).parts
@@ -50,108 +55,184 @@ def member_parts(name: str, archive: Path) -> tuple[str, ...]:
     return parts
 
 
-@dataclass
-class Tally:
-    written: int = 0
-    kept: int = 0
-    ignored: int = 0
-    bytes_written: int = 0
-    # (task, sample_id) -> {field: archive name}
-    samples: dict[tuple[str, str], dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+@dataclass(frozen=True)
+class ArchiveJob:
+    """What one worker process unpacks, and what it may skip."""
+
+    archive: str
+    raw_dir: str
+    tasks: frozenset[str]
+    max_member_bytes: int
+    inflater: str = "auto"
+    expected_sha256: str | None = None
+    expected_from: str = ""
+    trusted: frozenset[str] = frozenset()
+    """Files of this archive already in place and verified against its record: not written again."""
 
 
-def _copy_member(stream: BinaryIO, size: int, target: Path, name: str, archive: Path) -> bool:
-    """Copy a member to `target` through a temporary file; False when an existing target already had these bytes."""
-    existing = open(target, "rb") if target.is_file() and target.stat().st_size == size else None
-    identical = existing is not None
+def _unpack_error(err: OSError, job: ArchiveJob, member: str, target: Path | None) -> DataError:
+    """An OS error while writing, named for what it is (never blamed on the archive)."""
+    where = f"{job.archive}: member {member!r}"
+    if target is not None and err.filename is None:
+        err.filename = str(target)
+    if full := disk_full_message(err):
+        return DataError(f"{where}: {full}")
+    if err.errno == errno.ENAMETOOLONG:
+        return DataError(f"{where}: the name is too long for the file system under {job.raw_dir} ({err.strerror})")
+    return DataError(f"{where}: cannot write {target or job.raw_dir} ({err}); check the output directory")
+
+
+def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None) -> dict:
+    """Stream one archive into temporary files, verify it end to end, then rename them into place.
+
+    Returns the archive's record: {"archive", "sha256", "size", "ignored", "files": {rel: [sha, size,
+    mtime_ns]}} for the files written, and "trusted" for those skipped.
+    """
+    archive, raw = Path(job.archive), Path(job.raw_dir)
+    files: dict[str, list] = {}
+    temporaries: list[tuple[str, str]] = []
+    made_dirs: set[str] = set()
+    seen: set[str] = set()
+    ignored = 0
+    member, target = "(none)", None
     try:
-        with atomic.atomic_path(target) as tmp:
-            with open(tmp, "wb") as out:
-                remaining = size
-                while remaining:
-                    chunk = stream.read(min(_CHUNK, remaining))
-                    if not chunk:
-                        raise DataError(
-                            f"{archive}: member {name!r} ended after {size - remaining} of {size} "
-                            f"bytes (short read: the archive is truncated; download it again)"
-                        )
-                    out.write(chunk)
-                    if identical:
-                        identical = chunk == existing.read(len(chunk))
-                    remaining -= len(chunk)
-            if identical:
-                raise _Unchanged
-    except _Unchanged:
-        return False
+        with ArchiveStream(archive, job.inflater, on_read) as stream:
+            for info in stream.members():
+                member, target = info.name, None
+                parts = member_parts(info.name, archive)
+                if info.kind == "dir":
+                    continue
+                if info.kind != "file":
+                    raise DataError(f"{archive}: member {info.name!r} is a link or special file; refusing to unpack")
+                if info.size > job.max_member_bytes:
+                    raise DataError(
+                        f"{archive}: member {info.name!r} is {info.size} bytes, over data.max_member_mb = "
+                        f"{job.max_member_bytes / 2**20:g} MiB; refusing to unpack it (raise the limit if it is real)"
+                    )
+                field_name = "/".join(parts[3:])
+                if len(parts) < 4 or field_name not in FIELDS:
+                    ignored += 1
+                    continue
+                task, sample_id = parts[0], parts[2]
+                if task not in job.tasks:
+                    raise DataError(
+                        f"{archive}: member {info.name!r} belongs to task {task!r}, which is not in "
+                        f"data.task_list; add it there or fix the archive"
+                    )
+                rel = f"{task}/{sample_id}/{field_name}"
+                if rel in seen:
+                    raise DataError(f"{archive}: {rel} appears twice in this archive; each field must appear once")
+                seen.add(rel)
+                if rel in job.trusted:
+                    continue
+                target = raw / rel
+                parent = os.path.dirname(target)
+                if parent not in made_dirs:
+                    os.makedirs(parent, exist_ok=True)
+                    made_dirs.add(parent)
+                tmp = f"{parent}/.{target.name}.{os.getpid()}.tmp"
+                temporaries.append((tmp, str(target)))
+                sha = hashlib.sha256()
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+                try:
+                    for piece in stream.data(info):
+                        sha.update(piece)
+                        while piece:
+                            piece = piece[os.write(fd, piece) :]
+                    files[rel] = [sha.hexdigest(), info.size, os.fstat(fd).st_mtime_ns]
+                finally:
+                    os.close(fd)
+            member, target = "(end of archive)", None
+            sha256 = stream.finish()
+        if job.expected_sha256 and sha256 != job.expected_sha256:
+            raise DataError(
+                f"{archive}: SHA-256 {sha256} differs from {job.expected_sha256} recorded by {job.expected_from}; "
+                f"the file changed after it was fetched: rerun fetch_dataset (snakemake --forcerun fetch_dataset)"
+            )
+        for tmp, final in temporaries:
+            os.replace(tmp, final)
+        temporaries.clear()
+    except OSError as err:
+        raise _unpack_error(err, job, member, target) from None
     finally:
-        if existing is not None:
-            existing.close()
-    return True
+        for tmp, _ in temporaries:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+    return {
+        "archive": archive.name,
+        "sha256": sha256,
+        "size": stream.compressed_bytes,
+        "mtime_ns": os.stat(archive).st_mtime_ns,
+        "ignored": ignored,
+        "files": files,
+        "trusted": sorted(job.trusted),
+    }
 
 
-class _Unchanged(Exception):
-    """Raised inside atomic_path to discard the temporary copy of a file that is already in place."""
+@dataclass
+class Materialized:
+    """What materialize() made: the materialization record and digests the manifest reuses."""
+
+    record: dict
+    raw_entries: dict[str, tuple[str, int]]
+    archive_entries: dict[str, tuple[str, int]]
+    repaired: list[str] = field(default_factory=list)
 
 
-def unpack_archive(
-    archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool, progress: Progress
-) -> None:
-    try:
-        _unpack(archive, raw_dir, expected_tasks, tally, verify_existing, progress)
-    except (EOFError, tarfile.TarError, OSError, ValueError) as err:
-        raise DataError(
-            f"{archive}: unreadable or truncated archive ({type(err).__name__}: {err}); download it again"
-        ) from None
+def _check_kept(raw: Path, files: dict[str, list], verify_existing: bool, threads: int) -> tuple[set[str], list[str]]:
+    """Files of a completed archive that are still what its record says: (trusted, to repair).
 
-
-def _unpack(
-    archive: Path, raw_dir: Path, expected_tasks: set[str], tally: Tally, verify_existing: bool, progress: Progress
-) -> None:
-    with open_gzip(archive) as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
-        for member in tar:
-            if member.isdir():
-                continue
-            parts = member_parts(member.name, archive)
-            if not member.isreg():
-                raise DataError(f"{archive}: member {member.name!r} is a link or special file; refusing to unpack")
-            field_name = "/".join(parts[3:])
-            if len(parts) < 4 or field_name not in FIELDS:
-                tally.ignored += 1
-                continue
-            task, sample_id = parts[0], parts[2]
-            if task not in expected_tasks:
-                raise DataError(
-                    f"{archive}: member {member.name!r} belongs to task {task!r}, which is not in "
-                    f"data.task_list; add it there or fix the archive"
-                )
-            fields = tally.samples[(task, sample_id)]
-            if field_name in fields:
-                raise DataError(
-                    f"{archive}: {task}/{sample_id}/{field_name} appears twice (also in "
-                    f"{fields[field_name]}); each sample field must appear once"
-                )
-            fields[field_name] = archive.name
-            target = raw_dir / task / sample_id / field_name
-            progress.update(member.size)
-            if not verify_existing and target.is_file() and target.stat().st_size == member.size:
-                tally.kept += 1  # the stream skips the member's bytes when it advances
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if _copy_member(tar.extractfile(member), member.size, target, member.name, archive):
-                tally.written += 1
-                tally.bytes_written += member.size
+    A file whose size and mtime are as recorded is trusted (unless verify_existing); any other is
+    hashed, and trusted only when its SHA-256 still matches.
+    """
+    trusted, suspect, repair = set(), [], []
+    for rel, (_, size, mtime_ns) in files.items():
+        try:
+            st = os.stat(raw / rel)
+        except FileNotFoundError:
+            repair.append(rel)
+            continue
+        if st.st_size != size:
+            repair.append(rel)
+        elif not verify_existing and st.st_mtime_ns == mtime_ns:
+            trusted.add(rel)
+        else:
+            suspect.append(rel)
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for rel, found in zip(suspect, pool.map(lambda r: digest.sha256_file(raw / r), suspect)):
+            if found == files[rel][0]:
+                trusted.add(rel)
+                files[rel][2] = os.stat(raw / rel).st_mtime_ns
             else:
-                tally.kept += 1
+                repair.append(rel)
+    return trusted, sorted(repair)
 
 
-def check_counts(tally: Tally, expected_tasks: list[str], samples_per_task: int) -> dict[str, list[str]]:
+def _sweep_temporaries(raw: Path) -> None:
+    """Remove temporary files an interrupted run left beside their targets."""
+    stack = [str(raw)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                    os.unlink(entry.path)
+
+
+def check_counts(
+    fields_of: dict[tuple[str, str], dict[str, str]], expected_tasks: list[str], samples_per_task: int
+) -> dict[str, list[str]]:
     """Every sample complete, every task present with the expected count; returns task -> sample ids."""
     by_task: dict[str, list[str]] = defaultdict(list)
     incomplete = []
-    for (task, sample_id), fields in sorted(tally.samples.items()):
+    for (task, sample_id), fields in sorted(fields_of.items()):
         missing = [f for f in FIELDS if f not in fields]
         if missing:
-            incomplete.append(f"{task}/{sample_id} lacks {', '.join(missing)}")
+            archives = ", ".join(sorted(set(fields.values())))
+            incomplete.append(f"{task}/{sample_id} lacks {', '.join(missing)} (in {archives})")
         by_task[task].append(sample_id)
     if incomplete:
         shown = "\n  ".join(incomplete[:10])
@@ -175,6 +256,35 @@ def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> di
     return result
 
 
+def _run_jobs(jobs: list[ArchiveJob], workers: int, log: Callable[[str], None]) -> list[dict]:
+    """Unpack every job, `workers` archives at a time, with one progress line for all of them."""
+    total = sum(Path(j.archive).stat().st_size for j in jobs)
+    progress = Progress(f"unpack {len(jobs)} archives", total=total, unit="B")
+    records = []
+    if workers <= 1 or len(jobs) == 1:
+        for job in jobs:
+            records.append(unpack_archive(job, on_read=progress.update))
+            log(f"unpacked {Path(job.archive).name}: {len(records[-1]['files'])} files written")
+        progress.finish()
+        return records
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        pending = {pool.submit(unpack_archive, job): job for job in jobs}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    job = pending.pop(future)
+                    records.append(future.result())
+                    progress.update(Path(job.archive).stat().st_size)
+                    log(f"unpacked {Path(job.archive).name}: {len(records[-1]['files'])} files written")
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    progress.finish()
+    return records
+
+
 def materialize(
     archives: list[Path],
     out_dir: Path,
@@ -185,56 +295,161 @@ def materialize(
     split_name: str,
     source: dict,
     verify_existing: bool = False,
+    expected: dict[str, tuple[str, int]] | None = None,
+    expected_from: str = "",
+    workers: int = 1,
+    max_member_bytes: int = 256 << 20,
+    inflater: str = "auto",
     log: Callable[[str], None] = print,
-) -> dict:
-    """Unpack `archives` into out_dir/raw and write dataset.json, splits.json, materialization.json."""
+) -> Materialized:
+    """Unpack `archives` into out_dir/raw and write dataset.json, splits.json, materialization.json.
+
+    `expected` maps archive names to the (sha256, size) the fetch recorded; an archive that differs is
+    refused before any of its files is kept.
+    """
     if not archives:
         raise DataError(f"no archives to unpack for {source}; check data.archive_glob")
-    raw_dir = out_dir / "raw"
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    tally = Tally()
-    total = sum(a.stat().st_size for a in archives)
+    for name in INDEX_FILES:  # a failed run must not leave the previous run's index looking current
+        (out_dir / name).unlink(missing_ok=True)
+    raw, records_dir = out_dir / "raw", out_dir / RECORDS
+    raw.mkdir(parents=True, exist_ok=True)
+    records_dir.mkdir(parents=True, exist_ok=True)
+    if (records_dir / _IN_PROGRESS).exists():
+        _sweep_temporaries(raw)
+    atomic.write_text(records_dir / _IN_PROGRESS, "an unpack is running or was interrupted\n")
+    if expected is not None:
+        unknown = sorted({a.name for a in archives} - set(expected))
+        if unknown:
+            raise DataError(f"archives {unknown} are not in {expected_from}; rerun fetch_dataset")
+    records: dict[str, dict] = {}
+    previous: dict[str, dict] = {}
+    jobs, repaired, kept = [], [], 0
     for archive in archives:
-        progress = Progress(f"unpack {archive.name}", unit="B")
-        unpack_archive(archive, raw_dir, set(tasks), tally, verify_existing, progress)
-        progress.finish()
-    samples = check_counts(tally, tasks, samples_per_task)
+        want = expected.get(archive.name, (None, None))[0] if expected is not None else None
+        record = _read_record(records_dir / f"{archive.name}.json", archive, want)
+        trusted: set[str] = set()
+        if record is not None:
+            before = json.dumps(record, sort_keys=True)
+            trusted, repair = _check_kept(raw, record["files"], verify_existing, workers)
+            for rel in repair:
+                log(f"repairing raw/{rel}: not what {archive.name} holds (recorded SHA-256 {record['files'][rel][0]})")
+            repaired += repair
+            if not repair:
+                if json.dumps(record, sort_keys=True) != before:  # mtimes refreshed after a hash check
+                    atomic.write_json(records_dir / f"{archive.name}.json", record)
+                records[archive.name] = record
+                kept += len(record["files"])
+                continue
+            previous[archive.name] = record
+        jobs.append(
+            ArchiveJob(
+                str(archive),
+                str(raw),
+                frozenset(tasks),
+                max_member_bytes,
+                inflater,
+                want,
+                expected_from,
+                frozenset(trusted),
+            )
+        )
+    kept_archives = len(records)
+    written = bytes_written = 0
+    for result in _run_jobs(jobs, workers, log) if jobs else []:
+        old = previous.get(result["archive"], {"files": {}})["files"]
+        files = {rel: old[rel] for rel in result.pop("trusted")}
+        kept += len(files)
+        written += len(result["files"])
+        bytes_written += sum(size for _, size, _ in result["files"].values())
+        result["files"] = dict(sorted({**files, **result["files"]}.items()))
+        atomic.write_json(records_dir / f"{result['archive']}.json", result)
+        records[result["archive"]] = result
+    fields_of: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    wanted = set(tasks)
+    for name in sorted(records):
+        for rel in records[name]["files"]:
+            task, sample_id, field_name = rel.split("/", 2)
+            if task not in wanted:  # a record kept from a run with another task list
+                raise DataError(
+                    f"{name}: {rel} belongs to task {task!r}, which is not in data.task_list; add it there or "
+                    f"fix the archive"
+                )
+            fields = fields_of[(task, sample_id)]
+            if field_name in fields:
+                raise DataError(
+                    f"{name}: {task}/{sample_id}/{field_name} appears twice (also in {fields[field_name]}); "
+                    f"each sample field must appear once"
+                )
+            fields[field_name] = name
+    samples = check_counts(fields_of, tasks, samples_per_task)
     splits = split(samples, heldout_per_task, seed)
-    archive_of = {key: next(iter(fields.values())) for key, fields in tally.samples.items()}
+    raw_entries = _raw_entries(raw, records, workers, log)
     split_manifest = [
         {
             "task": task,
-            "source": archive_of[(task, ids["rl"][0] if ids["rl"] else ids["heldout"][0])],
+            "source": fields_of[(task, (ids["rl"] or ids["heldout"])[0])]["metadata.json"],
             "split": split_name,
             "rl": ids["rl"],
             "heldout": ids["heldout"],
         }
         for task, ids in splits.items()
     ]
-    dataset = {
-        "root": "raw",
-        "fields": list(FIELDS),
-        "tasks": samples,
-    }
     counts = {
         "tasks": len(samples),
         "samples": sum(len(v) for v in samples.values()),
-        "files_written": tally.written,
-        "files_kept": tally.kept,
-        "members_ignored": tally.ignored,
-        "bytes_written": tally.bytes_written,
+        "archives_unpacked": len(jobs),
+        "archives_kept": kept_archives,
+        "files_written": written,
+        "files_kept": kept,
+        "files_repaired": len(repaired),
+        "members_ignored": sum(r["ignored"] for r in records.values()),
+        "bytes_written": bytes_written,
     }
+    archive_entries = {a.name: (records[a.name]["sha256"], records[a.name]["size"]) for a in archives}
     materialization = dict(
         source,
-        archives=[{"name": a.name, "size": a.stat().st_size, "sha256": sha256_file(a)} for a in archives],
-        archive_bytes=total,
+        archives=[{"name": n, "size": size, "sha256": sha} for n, (sha, size) in archive_entries.items()],
+        archive_bytes=sum(size for _, size in archive_entries.values()),
+        archives_verified_against=expected_from or None,
+        raw_tree_sha256=digest.tree_digest_of_entries(raw_entries),
         counts=counts,
     )
-    atomic.write_json(out_dir / "dataset.json", dataset)
+    atomic.write_json(out_dir / "dataset.json", {"root": "raw", "fields": list(FIELDS), "tasks": samples})
     atomic.write_json(out_dir / "splits.json", split_manifest)
     atomic.write_json(out_dir / "materialization.json", materialization)
+    (records_dir / _IN_PROGRESS).unlink()
     log(
-        f"materialized {counts['samples']} samples of {counts['tasks']} tasks into {raw_dir} "
-        f"({tally.written} files written, {tally.kept} kept, {tally.ignored} members ignored)"
+        f"materialized {counts['samples']} samples of {counts['tasks']} tasks into {raw} ({len(jobs)} archives "
+        f"unpacked, {kept_archives} kept; {written} files written, {kept} kept, {len(repaired)} repaired, "
+        f"{counts['members_ignored']} members ignored)"
     )
-    return materialization
+    return Materialized(materialization, raw_entries, archive_entries, repaired)
+
+
+def _read_record(path: Path, archive: Path | None, expected_sha256: str | None) -> dict | None:
+    """The record of a completed unpack of `archive`, if there is one and it is of these archive bytes."""
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if archive is None:
+        return record
+    if expected_sha256 is not None:
+        return record if record.get("sha256") == expected_sha256 else None
+    st = archive.stat()  # no fetch record to compare with: the same file, unchanged since
+    return record if (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) else None
+
+
+def _raw_entries(raw: Path, records: dict[str, dict], threads: int, log: Callable[[str], None]) -> dict:
+    """(sha256, size) of every file under raw/, from the records where they vouch for it, hashed otherwise."""
+    known = {rel: (sha, size) for r in records.values() for rel, (sha, size, _) in r["files"].items()}
+    listed = digest.list_files(raw)
+    strays = [rel for rel in listed if rel not in known]
+    if strays:
+        log(f"note: {len(strays)} files under {raw} come from no archive (e.g. {strays[0]}); kept, and recorded")
+    entries = {rel: known[rel] for rel in listed if rel in known}
+    entries.update(digest.tree_entries(raw, strays, threads=threads))
+    missing = sorted(set(known) - set(listed))
+    if missing:
+        raise DataError(f"{raw}: {len(missing)} unpacked files vanished during the run (e.g. {missing[0]})")
+    return dict(sorted(entries.items(), key=lambda item: PurePosixPath(item[0]).parts))

@@ -13,6 +13,7 @@ import hashlib
 import os
 import struct
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from videogrpo.errors import VideoGRPOError
@@ -21,11 +22,13 @@ _CHUNK = 4 * 1024 * 1024
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def default_threads() -> int:
+    """Hashing threads: the CPUs this process may use (hashlib releases the GIL on large buffers), at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -69,24 +72,39 @@ def list_files(root: str | os.PathLike, skip_partial: bool = True) -> list[str]:
     With `skip_partial`, temporary files of an interrupted atomic write (hidden, ending in .tmp) and
     Snakemake's timestamp marker are not part of the tree.
     """
-    root = Path(root)
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if skip_partial:
-            dirnames[:] = [d for d in dirnames if not _is_partial(d)]
-        for name in filenames:
-            if skip_partial and _is_partial(name):
-                continue
-            full = Path(dirpath) / name
-            if full.is_file():
-                found.append(full.relative_to(root).as_posix())
+    found: list[str] = []
+    stack = [(os.fspath(root), "")]
+    while stack:
+        directory, prefix = stack.pop()
+        with os.scandir(directory) as it:
+            for entry in it:
+                if skip_partial and _is_partial(entry.name):
+                    continue
+                if entry.is_dir(follow_symlinks=False):  # as os.walk: linked directories are not entered
+                    stack.append((entry.path, f"{prefix}{entry.name}/"))
+                elif entry.is_file():
+                    found.append(prefix + entry.name)
     return sorted(found, key=_component_key)
 
 
-def tree_entries(root: str | os.PathLike) -> dict[str, tuple[str, int]]:
-    """Map each file's relative path to (sha256, size), in path-component order."""
-    root = Path(root)
-    return {rel: (sha256_file(root / rel), (root / rel).stat().st_size) for rel in list_files(root)}
+def _entry(path: str) -> tuple[str, int]:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return hashlib.file_digest(f, "sha256").hexdigest(), size
+
+
+def tree_entries(
+    root: str | os.PathLike, files: Iterable[str] | None = None, threads: int | None = None
+) -> dict[str, tuple[str, int]]:
+    """Map each file's relative path (all under root, or `files`) to (sha256, size), in path-component order."""
+    root = os.fspath(root)
+    names = list_files(root) if files is None else sorted(files, key=_component_key)
+    threads = threads or default_threads()
+    paths = [f"{root}/{rel}" for rel in names]
+    if threads == 1 or len(names) < 2:
+        return dict(zip(names, map(_entry, paths)))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return dict(zip(names, pool.map(_entry, paths)))
 
 
 def tree_digest_of_entries(entries: dict[str, tuple[str, int]]) -> str:

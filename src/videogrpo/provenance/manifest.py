@@ -105,11 +105,23 @@ def accelerator_info() -> dict[str, Any] | None:
     return info
 
 
-def describe(path: str | os.PathLike, list_files: bool) -> dict[str, Any]:
-    """Digest record of a file or directory; directories get a tree digest and, optionally, every file."""
+def describe(
+    path: str | os.PathLike, list_files: bool, known: dict[str, tuple[str, int]] | None = None
+) -> dict[str, Any]:
+    """Digest record of a file or directory; directories get a tree digest and, optionally, every file.
+
+    `known` holds (sha256, size) of files the caller hashed while making or reading them (so no byte is
+    hashed twice); the directory is still listed, and files it does not vouch for are hashed.
+    """
     path = Path(path)
     if path.is_dir():
-        entries = digest.tree_entries(path)
+        if known is None:
+            entries = digest.tree_entries(path)
+        else:
+            listed = digest.list_files(path)
+            entries = {rel: known[rel] for rel in listed if rel in known}
+            entries.update(digest.tree_entries(path, [rel for rel in listed if rel not in known]))
+            entries = {rel: entries[rel] for rel in listed}
         record: dict[str, Any] = {
             "path": str(path),
             "kind": "directory",
@@ -160,17 +172,23 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def upstream_outputs(upstream: list[Path]) -> dict[str, tuple[dict[str, Any], Path, str]]:
+    """Absolute output path -> (its record, the manifest, the stage) for every output the manifests name."""
+    recorded: dict[str, tuple[dict[str, Any], Path, str]] = {}
+    for path in upstream:
+        manifest = read_manifest(path)
+        for record in manifest["outputs"].values():
+            recorded[os.path.abspath(record["path"])] = (record, Path(path), manifest["stage"])
+    return recorded
+
+
 def verify_inputs(records: dict[str, dict[str, Any]], upstream: list[Path]) -> None:
     """Every input an upstream manifest recorded as its output must still be byte for byte what it recorded.
 
     Raises DigestMismatch naming the input, the manifest, both digests and (for directories) the files
     that differ, so a hand-edited or corrupted file never flows into a later stage.
     """
-    recorded: dict[str, tuple[dict[str, Any], Path, str]] = {}
-    for path in upstream:
-        manifest = read_manifest(path)
-        for record in manifest["outputs"].values():
-            recorded[os.path.abspath(record["path"])] = (record, path, manifest["stage"])
+    recorded = upstream_outputs(upstream)
     for name, record in records.items():
         match = recorded.get(os.path.abspath(record["path"]))
         if match is None:
@@ -214,6 +232,7 @@ class StageRun:
         self.params = params or {}
         self.outputs: dict[str, Path] = {}
         self.summary: dict[str, Any] = {}
+        self._known: dict[str, dict[str, tuple[str, int]]] = {}
 
     def __enter__(self) -> StageRun:
         self.started_at = now_iso()
@@ -223,8 +242,16 @@ class StageRun:
         verify_inputs(self.input_records, self.upstream)
         return self
 
-    def output(self, name: str, path: str | os.PathLike) -> Path:
+    def input(self, name: str, path: str | os.PathLike, known: dict[str, tuple[str, int]]) -> None:
+        """An input the stage digested while reading it (not on entry), checked against upstream now."""
+        record = describe(path, list_files=False, known=known)
+        verify_inputs({name: record}, self.upstream)
+        self.input_records[name] = record
+
+    def output(self, name: str, path: str | os.PathLike, known: dict[str, tuple[str, int]] | None = None) -> Path:
         self.outputs[name] = Path(path)
+        if known is not None:
+            self._known[name] = known
         return self.outputs[name]
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -244,7 +271,7 @@ class StageRun:
             "accelerator": accelerator_info(),
             "inputs": self.input_records,
             "upstream": [str(p) for p in self.upstream],
-            "outputs": {name: describe(p, list_files=True) for name, p in self.outputs.items()},
+            "outputs": {name: describe(p, True, self._known.get(name)) for name, p in self.outputs.items()},
             "params": self.params,
             "versions": package_versions(),
             "summary": self.summary,

@@ -38,8 +38,14 @@ SHARED_CODE = (
 CODE_PARTS = {
     "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
     "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),
-    "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py"),
-    "validate_dataset": ("stages/validate_dataset.py", "data/validate.py", "data/video.py", "data/materialize.py"),
+    "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py", "data/archive.py"),
+    "validate_dataset": (
+        "stages/validate_dataset.py",
+        "data/validate.py",
+        "data/video.py",
+        "data/materialize.py",
+        "data/archive.py",
+    ),
     "fingerprint_evalkit": ("stages/fingerprint_evalkit.py", "rewards/evalkit.py"),
     "check_scorer_runtime": ("stages/check_scorer_runtime.py", "rewards/evalkit.py"),
     "preflight": (

@@ -8,11 +8,12 @@ raw/ file by file.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 from videogrpo.config import read_task_list
 from videogrpo.data.materialize import materialize
-from videogrpo.provenance.manifest import StageRun
+from videogrpo.provenance.manifest import StageRun, upstream_outputs
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -21,10 +22,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archives", required=True, type=Path, help="directory fetch_dataset filled")
     parser.add_argument("--out", required=True, type=Path, help="directory for raw/ and the index files")
     parser.add_argument(
+        "--workers", type=int, default=0, help="archives unpacked at once, one process each (0: the CPUs this job has)"
+    )
+    parser.add_argument(
         "--verify-existing",
         action="store_true",
-        help="byte-compare files already unpacked instead of trusting their size (also set by data.verify_existing)",
+        help="hash every kept file against its archive's record instead of trusting size and mtime "
+        "(also set by data.verify_existing)",
     )
+
+
+def fetched_archives(archives_dir: Path, upstream: list[Path]) -> tuple[dict[str, tuple[str, int]] | None, str]:
+    """(sha256, size) per archive name as the fetch manifest recorded them, and where that record is."""
+    match = upstream_outputs(upstream).get(os.path.abspath(archives_dir))
+    if match is None or "entries" not in match[0]:
+        return None, ""
+    record, manifest_path, stage = match
+    expected = {PurePosixPath(rel).name: (sha, size) for rel, (sha, size) in record["entries"].items()}
+    return expected, f"{stage} ({manifest_path})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,19 +47,15 @@ def run(args: argparse.Namespace) -> int:
     d = cfg.data
     tasks = read_task_list(d.task_list)
     pattern = d.archive_glob
-    with StageRun(
-        "materialize_dataset",
-        args.manifest,
-        inputs={"archives": args.archives},
-        params=sections,
-        upstream=args.upstream,
-    ) as stage:
+    workers = args.workers or len(os.sched_getaffinity(0))
+    with StageRun("materialize_dataset", args.manifest, inputs={}, params=sections, upstream=args.upstream) as stage:
         archives = sorted(args.archives.glob(pattern))
         source = {
             "repo": d.repo_id if d.source == "hub" else "synthetic",
             "revision": d.revision if d.source == "hub" else None,
             "archive_glob": pattern,
         }
+        expected, expected_from = fetched_archives(args.archives, stage.upstream)
         result = materialize(
             archives,
             args.out,
@@ -55,8 +66,20 @@ def run(args: argparse.Namespace) -> int:
             d.split_name,
             source,
             verify_existing=args.verify_existing or d.verify_existing,
+            expected=expected,
+            expected_from=expected_from,
+            workers=workers,
+            max_member_bytes=int(d.max_member_mb * 2**20),
+            inflater=d.inflater,
         )
-        for name in ("raw", "dataset.json", "splits.json", "materialization.json"):
+        by_name = result.archive_entries
+        stage.input(
+            "archives",
+            args.archives,
+            known={a.relative_to(args.archives).as_posix(): by_name[a.name] for a in archives},
+        )
+        stage.output("raw", args.out / "raw", known=result.raw_entries)
+        for name in ("dataset.json", "splits.json", "materialization.json"):
             stage.output(name, args.out / name)
-        stage.summary = result["counts"]
+        stage.summary = result.record["counts"]
     return 0

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.config import read_task_list
 from videogrpo.data.validate import validate
+from videogrpo.errors import DigestMismatch
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = {
         "dataset_index": args.dataset / "dataset.json",
         "splits": args.dataset / "splits.json",
+        "materialization": args.dataset / "materialization.json",
         "raw": args.dataset / "raw",
     }
     with StageRun("validate_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
@@ -42,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
             workers=workers,
         )
         report["raw_tree_sha256"] = stage.input_records["raw"]["tree_sha256"]
+        recorded = json.loads((args.dataset / "materialization.json").read_text()).get("raw_tree_sha256")
+        if recorded != report["raw_tree_sha256"]:
+            raise DigestMismatch(
+                f"{args.dataset / 'raw'}: tree SHA-256 {report['raw_tree_sha256']} differs from {recorded} in "
+                f"{args.dataset / 'materialization.json'}; rerun materialize_dataset with data.verify_existing: true"
+            )
         atomic.write_json(args.out, report)
         stage.output("validation", args.out)
         stage.summary = {k: report[k] for k in ("tasks", "samples", "raw_tree_sha256")}
