@@ -99,3 +99,21 @@ def test_fetch_model_stage_from_the_hub_writes_a_manifest(tiny_model, tmp_path):
     manifest = json.loads((tmp_path / "m.json").read_text())
     assert manifest["summary"] == {"source": "hub", "repo_id": "org/tiny-wan", "revision": COMMIT}
     assert manifest["outputs"]["model"]["tree_sha256"] == tree_digest(tiny_model)
+
+
+def test_large_files_come_through_lfs_redirects_and_are_checked_against_the_listing(archives, tmp_path):
+    files = files_of(archives)
+    name = next(n for n in files if n.endswith(".tar.gz"))
+    with HubServer({("dataset", "org/vbvr"): {COMMIT: files}}, corrupt={name}) as hub:
+        result = run_snapshot(hub.endpoint, "org/vbvr", COMMIT, tmp_path / "data", "dataset", ["VBVR-Pro-RL-Video/*"])
+        assert any(r.startswith("GET /lfs-cdn/") for r in hub.requests)  # served from storage after a 302
+    assert result.returncode != 0
+    assert f"{name}: {len(files[name])} bytes" in result.stderr and "the Hub lists" in result.stderr
+    assert "deleted; rerun to download them again" in result.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / ".data.partial" / name).exists()
+    with HubServer({("dataset", "org/vbvr"): {COMMIT: files}}) as hub:  # the storage serves the right bytes now
+        result = run_snapshot(hub.endpoint, "org/vbvr", COMMIT, tmp_path / "data", "dataset", ["VBVR-Pro-RL-Video/*"])
+        assert result.returncode == 0, result.stderr
+        fetched = [r for r in hub.requests if r.startswith("GET /lfs-cdn/")]
+    assert len(fetched) == 1, "only the deleted archive is downloaded again"
+    assert (tmp_path / "data" / name).read_bytes() == files[name]

@@ -1,22 +1,118 @@
-"""Pinned snapshots from the Hugging Face Hub: a 40-hex revision or nothing."""
+"""Pinned snapshots from the Hugging Face Hub: a 40-hex revision or nothing, and every byte checked.
+
+The Hub lists each file of a commit with its size and either its LFS SHA-256 (large files) or its git
+blob id; huggingface_hub downloads without checking either. Every downloaded file is hashed once,
+compared with what the Hub listed, and the SHA-256s are returned for the stage manifest to reuse. A
+file that differs is deleted (so a rerun downloads it again) and the download fails naming it.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from videogrpo.config import HEX40
-from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
+from videogrpo.progress import Progress
+from videogrpo.provenance.digest import default_threads
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """A file as the Hub lists it at a commit."""
+
+    path: str
+    size: int
+    lfs_sha256: str | None
+    """SHA-256 of the content, for files stored in LFS."""
+    git_blob_id: str
+    """git's object id of the content (of the LFS pointer, for LFS files)."""
+
+
+def _hash_file(path: Path, with_git_blob: bool) -> tuple[str, int, str | None]:
+    """SHA-256, size and (for plain git files) the git blob id, in one read."""
+    sha256 = hashlib.sha256()
+    size = path.stat().st_size
+    blob = hashlib.sha1(b"blob %d\0" % size) if with_git_blob else None
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha256.update(chunk)
+            if blob is not None:
+                blob.update(chunk)
+    return sha256.hexdigest(), size, blob.hexdigest() if blob else None
+
+
+def list_files(repo_id: str, revision: str, repo_type: str, allow_patterns: list[str] | None) -> list[ListedFile]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import filter_repo_objects
+
+    tree = HfApi().list_repo_tree(
+        repo_id, revision=revision, repo_type=repo_type, recursive=True, token=os.environ.get("HF_TOKEN") or None
+    )
+    files = [entry for entry in tree if isinstance(entry, RepoFile)]
+    chosen = filter_repo_objects(files, allow_patterns=allow_patterns, key=lambda entry: entry.path)
+    return [ListedFile(f.path, f.size, f.lfs.sha256 if f.lfs else None, f.blob_id) for f in chosen]
+
+
+def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[str, tuple[str, int]]:
+    """Hash every listed file under root and compare it with the Hub's listing; (sha256, size) per path.
+
+    A file that differs is deleted, with huggingface_hub's record of it, so the next run downloads it
+    again; files the listing does not name are removed (they belong to no file of this commit).
+    """
+    wanted = {f.path: f for f in listed}
+    for rel in [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]:
+        if rel not in wanted and not rel.startswith(".cache/"):
+            (root / rel).unlink()
+    missing = sorted(rel for rel in wanted if not (root / rel).is_file())
+    if missing:
+        raise VideoGRPOError(f"{label}: the download lacks {missing[:5]}; rerun to resume it")
+    with ThreadPoolExecutor(max_workers=default_threads()) as pool:
+        found = dict(zip(wanted, pool.map(lambda f: _hash_file(root / f.path, f.lfs_sha256 is None), listed)))
+    bad = []
+    for rel, (sha256, size, blob) in found.items():
+        want = wanted[rel]
+        if size == want.size and (sha256 == want.lfs_sha256 if want.lfs_sha256 else blob == want.git_blob_id):
+            continue
+        got, expected = (
+            (sha256, want.lfs_sha256) if want.lfs_sha256 else (f"git blob {blob}", f"git blob {want.git_blob_id}")
+        )
+        bad.append(f"{rel}: {size} bytes, {got}; the Hub lists {want.size} bytes, {expected}")
+        (root / rel).unlink()
+        (root / ".cache/huggingface/download" / f"{rel}.metadata").unlink(missing_ok=True)
+    if bad:
+        raise DigestMismatch(
+            f"{label}: {len(bad)} downloaded files differ from what the Hub lists (deleted; rerun to download them "
+            f"again):\n  " + "\n  ".join(bad)
+        )
+    return {rel: (sha256, size) for rel, (sha256, size, _) in found.items()}
+
+
+def _watch(directory: Path, total: int, stop: threading.Event) -> None:
+    """Progress of a download from the bytes under its directory (huggingface_hub writes there)."""
+    progress = Progress(f"download {directory.name}", total=total, unit="B", interval=10.0)
+    last = 0
+    while not stop.wait(2.0):
+        size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if directory.exists() else 0
+        progress.update(size - last)
+        last = size
+    progress.finish()
 
 
 def snapshot(
     repo_id: str, revision: str, out_dir: Path, repo_type: str = "model", allow_patterns: list[str] | None = None
-) -> Path:
-    """Download repo_id at a pinned commit into out_dir, resumably, renaming into place when complete.
+) -> dict[str, tuple[str, int]]:
+    """Download repo_id at a pinned commit into out_dir, resumably, renaming into place when complete and verified.
 
-    The partial download lives beside out_dir (huggingface_hub resumes it there), never in a path
-    Snakemake deletes on failure. The token, if any, comes from $HF_TOKEN only.
+    Returns (sha256, size) of every file. The partial download lives beside out_dir (huggingface_hub
+    resumes it there), never in a path Snakemake deletes on failure. The token, if any, comes from
+    $HF_TOKEN only.
     """
     if not HEX40.match(revision):
         raise ConfigError(
@@ -31,8 +127,16 @@ def snapshot(
         RevisionNotFoundError,
     )
 
+    label = f"{repo_type} {repo_id}@{revision}"
     partial = out_dir.parent / f".{out_dir.name}.partial"
+    stop = threading.Event()
+    watcher = None
     try:
+        listed = list_files(repo_id, revision, repo_type, allow_patterns)
+        if not listed:
+            raise VideoGRPOError(f"{label}: no file matches {allow_patterns}; check the patterns (data.archive_glob)")
+        watcher = threading.Thread(target=_watch, args=(partial, sum(f.size for f in listed), stop), daemon=True)
+        watcher.start()
         snapshot_download(
             repo_id=repo_id,
             revision=revision,
@@ -43,14 +147,18 @@ def snapshot(
         )
     except (RevisionNotFoundError, RepositoryNotFoundError) as err:
         raise VideoGRPOError(
-            f"{repo_type} {repo_id}@{revision}: not found on the Hub ({err}); check the id and "
-            f"revision, and $HF_TOKEN for gated repositories"
+            f"{label}: not found on the Hub ({err}); check the id and revision, and $HF_TOKEN for gated repositories"
         ) from None
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
-        raise VideoGRPOError(f"{repo_type} {repo_id}@{revision}: download failed ({err}); rerun to resume") from None
+        raise VideoGRPOError(f"{label}: download failed ({err}); rerun to resume") from None
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join()
+    entries = verify_download(partial, listed, label)
     # huggingface_hub keeps its resume bookkeeping inside local_dir; it is not part of the snapshot.
     shutil.rmtree(partial / ".cache", ignore_errors=True)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(partial, out_dir)
-    return out_dir
+    return entries

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     d = cfg.data
     inputs = {"task_list": d.task_list} if d.source == "synthetic" else {}
+    known = None  # (sha256, size) per file where the download already hashed it
     with StageRun("fetch_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         if d.source == "synthetic":
             from videogrpo.data import synthetic
@@ -48,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
                 )
             stage.summary = {"source": "synthetic", "tasks": len(tasks), "samples_per_task": d.samples_per_task}
         else:
-            hub.snapshot(d.repo_id, d.revision, args.out, repo_type="dataset", allow_patterns=[d.archive_glob])
+            known = hub.snapshot(d.repo_id, d.revision, args.out, repo_type="dataset", allow_patterns=[d.archive_glob])
             stage.summary = {"source": "hub", "repo_id": d.repo_id, "revision": d.revision}
-        stage.output("archives", args.out)
+        stage.output("archives", args.out, known=known)
     print(f"archives ready: {args.out}")
     return 0

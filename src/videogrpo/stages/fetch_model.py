@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     m = cfg.model
+    known = None  # (sha256, size) per file where the download already hashed it
     with StageRun("fetch_model", args.manifest, inputs={}, params=sections, upstream=args.upstream) as stage:
         if m.source == "tiny":
             from videogrpo.models.tiny import save_tiny_pipeline
@@ -26,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
                 save_tiny_pipeline(tmp, m.tiny_seed)
             stage.summary = {"source": "tiny", "seed": m.tiny_seed}
         else:
-            hub.snapshot(m.repo_id, m.revision, args.out, repo_type="model")
+            known = hub.snapshot(m.repo_id, m.revision, args.out, repo_type="model")
             stage.summary = {"source": "hub", "repo_id": m.repo_id, "revision": m.revision}
-        stage.output("model", args.out)
+        stage.output("model", args.out, known=known)
     print(f"model ready: {args.out}")
     return 0
