@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +62,12 @@ def list_files(repo_id: str, revision: str, repo_type: str, allow_patterns: list
 def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[str, tuple[str, int]]:
     """Hash every listed file under root and compare it with the Hub's listing; (sha256, size) per path.
 
-    A file that differs is deleted, with huggingface_hub's record of it, so the next run downloads it
-    again; files the listing does not name are removed (they belong to no file of this commit).
+    A file that differs is deleted, so the next run downloads it again; files the listing does not name
+    are removed (they belong to no file of this commit).
     """
     wanted = {f.path: f for f in listed}
     for rel in [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]:
-        if rel not in wanted and not rel.startswith(".cache/"):
+        if rel not in wanted:
             (root / rel).unlink()
     missing = sorted(rel for rel in wanted if not (root / rel).is_file())
     if missing:
@@ -85,7 +84,6 @@ def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[st
         )
         bad.append(f"{rel}: {size} bytes, {got}; the Hub lists {want.size} bytes, {expected}")
         (root / rel).unlink()
-        (root / ".cache/huggingface/download" / f"{rel}.metadata").unlink(missing_ok=True)
     if bad:
         raise DigestMismatch(
             f"{label}: {len(bad)} downloaded files differ from what the Hub lists (deleted; rerun to download them "
@@ -94,70 +92,91 @@ def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[st
     return {rel: (sha256, size) for rel, (sha256, size, _) in found.items()}
 
 
-def _watch(directory: Path, total: int, stop: threading.Event) -> None:
-    """Progress of a download from the bytes under its directory (huggingface_hub writes there)."""
-    progress = Progress(f"download {directory.name}", total=total, unit="B", interval=10.0)
-    last = 0
-    while not stop.wait(2.0):
-        size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if directory.exists() else 0
-        progress.update(size - last)
-        last = size
-    progress.finish()
+def _download(listed: ListedFile, url: str, partial: Path, token: str | None, progress: Progress) -> None:
+    """One file into partial/, resuming a `.incomplete` file an interrupted run left (HTTP byte range)."""
+    from huggingface_hub import get_hf_file_metadata
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    target = partial / listed.path
+    if target.is_file() and target.stat().st_size == listed.size:
+        progress.update(listed.size)  # complete already; hashed with the rest afterwards
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".incomplete")
+    start = part.stat().st_size if part.is_file() else 0
+    if start > listed.size:
+        start = 0
+    # LFS files redirect to storage on another host: the location comes from the Hub, the token stays there.
+    location = get_hf_file_metadata(url, token=token, retry_on_errors=True).location
+    headers = {"Range": f"bytes={start}-"} if start else {}
+    with get_session().stream("GET", location, headers=headers, follow_redirects=True, timeout=60) as response:
+        hf_raise_for_status(response)
+        if start and response.status_code != 206:  # the server ignored the range: start over
+            start = 0
+        progress.update(start)
+        with open(part, "ab" if start else "wb") as f:
+            f.truncate(start)
+            for chunk in response.iter_bytes(1 << 20):
+                f.write(chunk)
+                progress.update(len(chunk))
+    got = part.stat().st_size
+    if got != listed.size:
+        raise VideoGRPOError(f"{listed.path}: the download ended at {got} of {listed.size} bytes; rerun to resume")
+    os.replace(part, target)
 
 
 def snapshot(
     repo_id: str, revision: str, out_dir: Path, repo_type: str = "model", allow_patterns: list[str] | None = None
 ) -> dict[str, tuple[str, int]]:
-    """Download repo_id at a pinned commit into out_dir, resumably, renaming into place when complete and verified.
+    """Download repo_id at a pinned commit into out_dir, renaming into place when complete and verified.
 
-    Returns (sha256, size) of every file. The partial download lives beside out_dir (huggingface_hub
-    resumes it there), never in a path Snakemake deletes on failure. The token, if any, comes from
-    $HF_TOKEN only.
+    Returns (sha256, size) of every file. The partial download lives beside out_dir, never in a path
+    Snakemake deletes on failure, and a rerun resumes every file where it stopped (huggingface_hub's own
+    snapshot_download restarts interrupted files from byte 0 since it writes per-process temporary
+    files). The token, if any, comes from $HF_TOKEN only.
     """
     if not HEX40.match(revision):
         raise ConfigError(
             f"revision {revision!r} of {repo_id}: must be a 40-hex commit id; branch and tag names "
             f"move, so a pinned pipeline refuses them"
         )
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     label = f"{repo_type} {repo_id}@{revision}"
     partial = out_dir.parent / f".{out_dir.name}.partial"
-    stop = threading.Event()
-    watcher = None
+    token = os.environ.get("HF_TOKEN") or None
     try:
         listed = list_files(repo_id, revision, repo_type, allow_patterns)
         if not listed:
             raise VideoGRPOError(f"{label}: no file matches {allow_patterns}; check the patterns (data.archive_glob)")
-        watcher = threading.Thread(target=_watch, args=(partial, sum(f.size for f in listed), stop), daemon=True)
-        watcher.start()
-        snapshot_download(
-            repo_id=repo_id,
-            revision=revision,
-            repo_type=repo_type,
-            local_dir=str(partial),
-            allow_patterns=allow_patterns,
-            token=os.environ.get("HF_TOKEN") or None,
-        )
+        progress = Progress(f"download {repo_id}", total=sum(f.size for f in listed), unit="B")
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            futures = [
+                pool.submit(
+                    _download,
+                    f,
+                    hf_hub_url(repo_id, f.path, repo_type=repo_type, revision=revision),
+                    partial,
+                    token,
+                    progress,
+                )
+                for f in listed
+            ]
+            for future in futures:
+                future.result()
+        progress.finish()
     except (RevisionNotFoundError, RepositoryNotFoundError) as err:
         raise VideoGRPOError(
             f"{label}: not found on the Hub ({err}); check the id and revision, and $HF_TOKEN for gated repositories"
         ) from None
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+    except (HfHubHTTPError, OSError) as err:
         raise VideoGRPOError(f"{label}: download failed ({err}); rerun to resume") from None
-    finally:
-        stop.set()
-        if watcher is not None:
-            watcher.join()
+    except Exception as err:  # httpx transport errors: a dropped connection or a timeout
+        if type(err).__module__.split(".")[0] not in ("httpx2", "httpx", "httpcore"):
+            raise
+        raise VideoGRPOError(f"{label}: download failed ({type(err).__name__}: {err}); rerun to resume") from None
     entries = verify_download(partial, listed, label)
-    # huggingface_hub keeps its resume bookkeeping inside local_dir; it is not part of the snapshot.
-    shutil.rmtree(partial / ".cache", ignore_errors=True)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(partial, out_dir)

@@ -256,33 +256,35 @@ def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> di
     return result
 
 
-def _run_jobs(jobs: list[ArchiveJob], workers: int, log: Callable[[str], None]) -> list[dict]:
-    """Unpack every job, `workers` archives at a time, with one progress line for all of them."""
+def _run_jobs(jobs: list[ArchiveJob], workers: int, done: Callable[[dict], None], log: Callable[[str], None]) -> None:
+    """Unpack every job, `workers` archives at a time, handing each record to `done` as soon as it is complete
+    (so an interrupted run keeps every finished archive), with one progress line for all of them."""
     total = sum(Path(j.archive).stat().st_size for j in jobs)
     progress = Progress(f"unpack {len(jobs)} archives", total=total, unit="B")
-    records = []
+
+    def finished(record: dict) -> None:
+        done(record)
+        log(f"unpacked {record['archive']}: {len(record['files'])} files written, {record['ignored']} members ignored")
+
     if workers <= 1 or len(jobs) == 1:
         for job in jobs:
-            records.append(unpack_archive(job, on_read=progress.update))
-            log(f"unpacked {Path(job.archive).name}: {len(records[-1]['files'])} files written")
+            finished(unpack_archive(job, on_read=progress.update))
         progress.finish()
-        return records
+        return
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         pending = {pool.submit(unpack_archive, job): job for job in jobs}
         try:
             while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
+                complete, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in complete:
                     job = pending.pop(future)
-                    records.append(future.result())
+                    finished(future.result())
                     progress.update(Path(job.archive).stat().st_size)
-                    log(f"unpacked {Path(job.archive).name}: {len(records[-1]['files'])} files written")
         except BaseException:
             for future in pending:
                 future.cancel()
             raise
     progress.finish()
-    return records
 
 
 def materialize(
@@ -354,16 +356,21 @@ def materialize(
             )
         )
     kept_archives = len(records)
-    written = bytes_written = 0
-    for result in _run_jobs(jobs, workers, log) if jobs else []:
+    tally = {"written": 0, "bytes": 0, "kept": kept}
+
+    def record_archive(result: dict) -> None:
         old = previous.get(result["archive"], {"files": {}})["files"]
         files = {rel: old[rel] for rel in result.pop("trusted")}
-        kept += len(files)
-        written += len(result["files"])
-        bytes_written += sum(size for _, size, _ in result["files"].values())
+        tally["kept"] += len(files)
+        tally["written"] += len(result["files"])
+        tally["bytes"] += sum(size for _, size, _ in result["files"].values())
         result["files"] = dict(sorted({**files, **result["files"]}.items()))
         atomic.write_json(records_dir / f"{result['archive']}.json", result)
         records[result["archive"]] = result
+
+    if jobs:
+        _run_jobs(jobs, workers, record_archive, log)
+    written, bytes_written, kept = tally["written"], tally["bytes"], tally["kept"]
     fields_of: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
     wanted = set(tasks)
     for name in sorted(records):
