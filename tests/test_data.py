@@ -157,3 +157,26 @@ def test_mp4_encoding_is_deterministic_across_busy_processes(tiny_model):
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for frames in videos:
             assert len(set(pool.map(_encode_digest, [frames] * 12))) == 1
+
+
+def test_progress_is_plain_lines_in_a_log_and_a_rich_bar_on_a_terminal(tmp_path):
+    import io
+    import os
+    import pty
+
+    from videogrpo.progress import Progress
+
+    log = io.StringIO()
+    progress = Progress("unpack 2 archives", total=4 * 2**20, unit="B", interval=0, stream=log)
+    progress.update(2**20, files=3)
+    progress.finish()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("unpack 2 archives: 1.0 MB/4.0 MB (25%), 3 files, ") and "ETA" in lines[0]
+    assert lines[-1].startswith("unpack 2 archives: 1.0 MB/4.0 MB (25%), 3 files")
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as terminal:
+        bar = Progress("download org/x", total=2**20, unit="B", stream=terminal)
+        bar.update(2**19, files=1)
+        bar.finish()
+    shown = os.read(leader, 65536).decode(errors="replace")
+    assert "download org/x" in shown and "1 files" in shown and "━" in shown  # rich's bar, not a plain line

@@ -1,8 +1,12 @@
-"""Progress lines for long work: plain text on stderr, so Snakemake logs and terminals both read well."""
+"""Progress of long work: a live rich bar on a terminal, plain lines in logs (Snakemake writes logs to files).
+
+Both show what is done of the total (bytes or items, and files where counted), the rate and the ETA.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 
@@ -16,13 +20,57 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Prints `label: done/total (pct) rate, ETA` at most every `interval` seconds, and once at the end."""
+    """Plain: prints `label: done/total (pct), N files, rate, ETA` at most every `interval` seconds and once at
+    the end. On a terminal (unless `plain`), a rich progress bar with the same figures instead.
 
-    def __init__(self, label: str, total: float | None = None, unit: str = "", interval: float = 5.0, stream=None):
+    `update` may be called from several threads.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: float | None = None,
+        unit: str = "",
+        interval: float = 5.0,
+        stream=None,
+        plain: bool | None = None,
+    ):
         self.label, self.total, self.unit, self.interval = label, total, unit, interval
         self.stream = stream or sys.stderr
         self.done = 0.0
+        self.files = 0
+        self._lock = threading.Lock()
         self._start = self._last = time.monotonic()
+        self._rich = None
+        if plain is None:
+            plain = not getattr(self.stream, "isatty", lambda: False)()
+        if not plain:
+            self._start_rich()
+
+    def _start_rich(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+        from rich.progress import Progress as RichProgress
+
+        amount = (DownloadColumn(), TransferSpeedColumn()) if self.unit == "B" else (MofNCompleteColumn(),)
+        self._rich = RichProgress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            *amount,
+            TextColumn("{task.fields[files]}"),
+            TimeRemainingColumn(),
+            console=Console(file=self.stream),
+            transient=False,
+        )
+        self._task = self._rich.add_task(self.label, total=self.total, files="")
+        self._rich.start()
 
     def _fmt(self, value: float) -> str:
         if self.unit == "B":
@@ -38,17 +86,34 @@ class Progress:
         text = f"{self.label}: {self._fmt(self.done)}"
         if self.total:
             text += f"/{self._fmt(self.total)} ({100 * self.done / self.total:.0f}%)"
+        if self.files:
+            text += f", {self.files} files"
         text += f", {self._fmt(rate)}/s" if self.unit == "B" else f", {rate:.2f}/s"
         if self.total and rate > 0 and self.done < self.total:
             text += f", ETA {_duration((self.total - self.done) / rate)}"
         return text + f", elapsed {_duration(elapsed)}"
 
-    def update(self, amount: float = 1) -> None:
-        self.done += amount
-        now = time.monotonic()
-        if now - self._last >= self.interval:
+    def update(self, amount: float = 1, files: int = 0) -> None:
+        with self._lock:
+            self.done += amount
+            self.files += files
+            if self._rich is not None:
+                self._rich.update(self._task, completed=self.done, files=f"{self.files} files" if self.files else "")
+                return
+            now = time.monotonic()
+            if now - self._last < self.interval:
+                return
             self._last = now
-            print(self.line(), file=self.stream, flush=True)
+        print(self.line(), file=self.stream, flush=True)
+
+    def set(self, done: float, files: int = 0) -> None:
+        """Set the totals so far (for counts kept elsewhere, such as in other processes)."""
+        self.update(done - self.done, files - self.files)
 
     def finish(self) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, completed=self.done)
+            self._rich.stop()
+            self._rich = None
+            return
         print(self.line(), file=self.stream, flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import multiprocessing
 import os
 from collections import defaultdict
 from collections.abc import Callable
@@ -256,6 +257,23 @@ def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> di
     return result
 
 
+_read_counter = None  # compressed bytes read by every worker, shared with the parent for its progress line
+
+
+def _init_worker(counter) -> None:
+    global _read_counter
+    _read_counter = counter
+
+
+def _count_read(n: int) -> None:
+    with _read_counter.get_lock():
+        _read_counter.value += n
+
+
+def _unpack_in_worker(job: ArchiveJob) -> dict:
+    return unpack_archive(job, on_read=_count_read)
+
+
 def _run_jobs(jobs: list[ArchiveJob], workers: int, done: Callable[[dict], None], log: Callable[[str], None]) -> None:
     """Unpack every job, `workers` archives at a time, handing each record to `done` as soon as it is complete
     (so an interrupted run keeps every finished archive), with one progress line for all of them."""
@@ -264,6 +282,7 @@ def _run_jobs(jobs: list[ArchiveJob], workers: int, done: Callable[[dict], None]
 
     def finished(record: dict) -> None:
         done(record)
+        progress.update(0, files=len(record["files"]))
         log(f"unpacked {record['archive']}: {len(record['files'])} files written, {record['ignored']} members ignored")
 
     if workers <= 1 or len(jobs) == 1:
@@ -271,15 +290,17 @@ def _run_jobs(jobs: list[ArchiveJob], workers: int, done: Callable[[dict], None]
             finished(unpack_archive(job, on_read=progress.update))
         progress.finish()
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        pending = {pool.submit(unpack_archive, job): job for job in jobs}
+    counter = multiprocessing.Value("q", 0)
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), initializer=_init_worker, initargs=(counter,)
+    ) as pool:
+        pending = {pool.submit(_unpack_in_worker, job) for job in jobs}
         try:
             while pending:
-                complete, _ = wait(pending, return_when=FIRST_COMPLETED)
+                complete, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in complete:
-                    job = pending.pop(future)
                     finished(future.result())
-                    progress.update(Path(job.archive).stat().st_size)
+                progress.set(counter.value, progress.files)
         except BaseException:
             for future in pending:
                 future.cancel()
