@@ -293,3 +293,16 @@ def test_parallel_workers_unpack_the_same_tree(tmp_path):
     with pytest.raises(DataError, match=str(archives[1])):
         unpack(tmp_path / "three", archives, tasks=TASKS, per_task=2, workers=2)
     assert not (tmp_path / "three/raw" / TASKS[1]).exists()
+
+
+def test_a_kept_archive_is_checked_again_when_its_file_changed(tmp_path):
+    archive = write_archive(tmp_path / "a.tar.gz", sample())
+    fetched = {archive.name: (sha256_file(archive), archive.stat().st_size)}
+    unpack(tmp_path / "out", [archive], expected=fetched, expected_from="fetch (m)")
+    flip(archive, 4)  # the gzip header's MTIME: still a valid archive, but not the bytes the fetch recorded
+    refused_again = pytest.raises(DataError, match=r"a.tar.gz: SHA-256 .* differs from .* recorded by fetch \(m\)")
+    with refused_again:
+        unpack(tmp_path / "out", [archive], expected=fetched, expected_from="fetch (m)")
+    write_archive(archive, sample())  # downloaded again: same bytes, new mtime; hashed once, then kept
+    again = unpack(tmp_path / "out", [archive], expected=fetched, expected_from="fetch (m)").record["counts"]
+    assert again["archives_kept"] == 1

@@ -462,10 +462,17 @@ def _read_record(path: Path, archive: Path | None, expected_sha256: str | None) 
         return None
     if archive is None:
         return record
-    if expected_sha256 is not None:
-        return record if record.get("sha256") == expected_sha256 else None
-    st = archive.stat()  # no fetch record to compare with: the same file, unchanged since
-    return record if (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) else None
+    st = archive.stat()
+    unchanged = (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+    if expected_sha256 is None:  # no fetch record to compare with: only the same file, untouched since
+        return record if unchanged else None
+    if record.get("sha256") != expected_sha256:
+        return None
+    if not unchanged:  # fetched again, or touched: the file itself must still be what the fetch recorded
+        if digest.sha256_file(archive) != expected_sha256:
+            return None  # unpacked again, which fails naming both digests
+        record["mtime_ns"] = st.st_mtime_ns
+    return record
 
 
 def _raw_entries(raw: Path, records: dict[str, dict], threads: int, log: Callable[[str], None]) -> dict:
