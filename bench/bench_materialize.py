@@ -1,6 +1,6 @@
 """Benchmark: the materialize_dataset stage against tar, and the tree digest against in-memory hashlib.
 
-    .venv/bin/python bench/bench_materialize.py [--mb 480] [--archives 10] [--repeats 3]
+    .venv/bin/python bench/bench_materialize.py [--mb 480] [--archives 10] [--repeats 3] [--fresh-ext4]
 
 In one invocation, on archives it generates in a temporary directory (incompressible media: random
 bytes in the VBVR member layout, ~200 KB per sample, gzip level 1) on the same file system:
@@ -11,13 +11,15 @@ bytes in the VBVR member layout, ~200 KB per sample, gzip level 1) on the same f
    every file (what it takes to unpack and digest with standard tools);
 3. the tree digest of the unpacked tree against hashlib over the same bytes already in memory.
 Every command runs `--repeats` times, interleaved, into a fresh directory; medians are printed with the
-spread between identical runs. The page cache is warm for every command alike. Record the output in
-bench/RESULTS.md.
+spread between identical runs. The page cache is warm for every command alike. With `--fresh-ext4`
+(root), everything happens on a new ext4 file system in memory (a loop device over tmpfs), so the
+disk's write-back does not time the commands. Record the output in bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import io
@@ -91,8 +93,35 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=480, help="size of the generated archives in all, MB")
     parser.add_argument("--archives", type=int, default=10, help="number of archives")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every command (the median is printed)")
+    parser.add_argument("--fresh-ext4", action="store_true", help="run on a new in-memory ext4 file system (root)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="videogrpo-materialize-", dir=os.environ.get("BENCH_DIR")))
+    with contextlib.ExitStack() as stack:
+        where = stack.enter_context(fresh_ext4(3 * args.mb)) if args.fresh_ext4 else None
+        run(args, Path(tempfile.mkdtemp(prefix="videogrpo-materialize-", dir=where)))
+
+
+@contextlib.contextmanager
+def fresh_ext4(size_mb: int):
+    """A new ext4 file system on a loop device over tmpfs, mounted for the block."""
+    base = Path(tempfile.mkdtemp(prefix="videogrpo-ext4-"))
+    ram, mount = base / "ram", base / "mnt"
+    ram.mkdir()
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb + 200}m", "tmpfs", str(ram)], check=True)
+    try:
+        subprocess.run(["truncate", "-s", f"{size_mb}M", str(ram / "fs.img")], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(ram / "fs.img")], check=True)
+        subprocess.run(["mount", "-o", "loop", str(ram / "fs.img"), str(mount)], check=True)
+        try:
+            yield str(mount)
+        finally:
+            subprocess.run(["umount", str(mount)], check=False)
+    finally:
+        subprocess.run(["umount", str(ram)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, root: Path) -> None:
     videogrpo = str(Path(sys.executable).parent / "videogrpo")
     try:
         archives, tasks, samples = generate(root, args.mb, args.archives)

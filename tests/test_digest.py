@@ -115,3 +115,17 @@ def test_code_digest_ignores_comments_docstrings_and_layout(tmp_path):
     digests = {name: code_digest(tmp_path / name) for name in variants}
     assert digests["a.py"] == digests["b.py"]
     assert len({digests["a.py"], digests["c.py"], digests["d.py"]}) == 3  # a constant or a name is code
+
+
+def test_tree_entries_are_the_same_with_threads_processes_or_one_thread(tmp_path):
+    from videogrpo.provenance import digest
+
+    for i in range(2100):  # above the size where forked processes take over from threads
+        sub = tmp_path / f"d{i % 7}" / ("video" if i % 2 else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"f{i}.bin").write_bytes(bytes([i % 251]) * (i % 97))
+    (tmp_path / "big.bin").write_bytes(b"x" * (5 << 20))  # read in pieces, not whole
+    one = digest.tree_entries(tmp_path, threads=1)
+    assert len(one) == 2101 and one == digest.tree_entries(tmp_path, threads=2)
+    assert one["big.bin"] == (hashlib.sha256(b"x" * (5 << 20)).hexdigest(), 5 << 20)
+    assert list(one) == sorted(one, key=lambda rel: Path(rel).parts)

@@ -171,31 +171,52 @@ class ArchiveStream:
             if block == _ZERO_BLOCK:
                 self._ended = True
                 return
-            try:
-                info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as err:
-                raise self.corrupt(f"invalid tar header ({err})") from None
-            padded = -info.size % _BLOCK
-            if info.type == tarfile.GNUTYPE_LONGNAME:
-                long_name = self._exact(info.size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            header_name, header_size, kind_flag = self._header(block)
+            padded = -header_size % _BLOCK
+            if kind_flag == tarfile.GNUTYPE_LONGNAME:
+                long_name = self._exact(header_size).rstrip(b"\0").decode("utf-8", "surrogateescape")
                 self._skip(padded)
                 continue
-            if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
-                records = _pax_records(self._exact(info.size), self)
+            if kind_flag in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+                records = _pax_records(self._exact(header_size), self)
                 self._skip(padded)
-                if info.type == tarfile.XHDTYPE:
+                if kind_flag == tarfile.XHDTYPE:
                     pax = records
                 continue
-            name = pax.get("path") or long_name or info.name
+            name = pax.get("path") or long_name or header_name
             try:
-                size = int(pax["size"]) if "size" in pax else info.size
+                size = int(pax["size"]) if "size" in pax else header_size
             except ValueError:
                 raise self.corrupt(f"pax size {pax['size']!r} is not a number") from None
             long_name, pax = None, {}
-            kind = "file" if info.type in _FILE_TYPES else "dir" if info.type == tarfile.DIRTYPE else "other"
+            if kind_flag == tarfile.AREGTYPE and name.endswith("/"):
+                kind_flag = tarfile.DIRTYPE  # old tars mark directories by a trailing slash only
+            kind = "file" if kind_flag in _FILE_TYPES else "dir" if kind_flag == tarfile.DIRTYPE else "other"
             self.member = name
             self._data_left, self._padding = size, -size % _BLOCK
             yield Member(name, size, kind)
+
+    def _header(self, block: bytes) -> tuple[str, int, bytes]:
+        """Name, size and type flag of a ustar/GNU header, its checksum verified; tarfile parses the rare rest."""
+        try:
+            stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"x", 8)
+            size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:  # base-256 numbers, or damage: let tarfile decide which
+            return self._header_by_tarfile(block)
+        unsigned = sum(block) - sum(block[148:156]) + 256
+        if stored != unsigned:
+            return self._header_by_tarfile(block)  # signed checksums exist; anything else is corruption
+        name = block[:100].split(b"\0", 1)[0]
+        if block[257:265] == b"ustar\x0000" and block[345] != 0:
+            name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+        return name.decode("utf-8", "surrogateescape"), size, block[156:157]
+
+    def _header_by_tarfile(self, block: bytes) -> tuple[str, int, bytes]:
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as err:
+            raise self.corrupt(f"invalid tar header ({err})") from None
+        return info.name, info.size, info.type
 
     def finish(self) -> str:
         """Check everything after the tar end-of-archive (zeros only, then the gzip trailer); the file's SHA-256."""

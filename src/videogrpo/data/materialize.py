@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
@@ -48,10 +48,8 @@ def member_parts(name: str, archive: Path) -> tuple[str, ...]:
         ) from None
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise DataError(f"{archive}: member {name!r} has an absolute path; refusing to unpack this archive")
-    parts = PurePosixPath(name).parts
-    bad = [p for p in parts if p in (".", "..")]
-    # PurePosixPath drops "." components, so check the raw text as well.
-    if bad or "/./" in f"/{name}/" or "\\" in name:
+    parts = tuple(part for part in name.split("/") if part)  # "a//b" and a trailing "/" name the same path
+    if "." in parts or ".." in parts or "\\" in name or "\0" in name:
         raise DataError(f"{archive}: member {name!r} has a '.', '..' or backslash component; refusing to unpack")
     return parts
 
@@ -71,7 +69,7 @@ class ArchiveJob:
     """Files of this archive already in place and verified against its record: not written again."""
 
 
-def _unpack_error(err: OSError, job: ArchiveJob, member: str, target: Path | None) -> DataError:
+def _unpack_error(err: OSError, job: ArchiveJob, member: str, target: str | None) -> DataError:
     """An OS error while writing, named for what it is (never blamed on the archive)."""
     where = f"{job.archive}: member {member!r}"
     if target is not None and err.filename is None:
@@ -89,7 +87,7 @@ def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None
     Returns the archive's record: {"archive", "sha256", "size", "ignored", "files": {rel: [sha, size,
     mtime_ns]}} for the files written, and "trusted" for those skipped.
     """
-    archive, raw = Path(job.archive), Path(job.raw_dir)
+    archive, raw = Path(job.archive), job.raw_dir
     files: dict[str, list] = {}
     temporaries: list[tuple[str, str]] = []
     made_dirs: set[str] = set()
@@ -126,13 +124,13 @@ def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None
                 seen.add(rel)
                 if rel in job.trusted:
                     continue
-                target = raw / rel
-                parent = os.path.dirname(target)
+                target = f"{raw}/{rel}"
+                parent, _, base = target.rpartition("/")
                 if parent not in made_dirs:
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.add(parent)
-                tmp = f"{parent}/.{target.name}.{os.getpid()}.tmp"
-                temporaries.append((tmp, str(target)))
+                tmp = f"{parent}/.{base}.{os.getpid()}.tmp"
+                temporaries.append((tmp, target))
                 sha = hashlib.sha256()
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
                 try:
@@ -487,4 +485,4 @@ def _raw_entries(raw: Path, records: dict[str, dict], threads: int, log: Callabl
     missing = sorted(set(known) - set(listed))
     if missing:
         raise DataError(f"{raw}: {len(missing)} unpacked files vanished during the run (e.g. {missing[0]})")
-    return dict(sorted(entries.items(), key=lambda item: PurePosixPath(item[0]).parts))
+    return dict(sorted(entries.items(), key=lambda item: item[0].split("/")))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import multiprocessing
 import os
 import struct
+import sys
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path, PurePosixPath
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 
 from videogrpo.errors import VideoGRPOError
 
@@ -53,9 +55,10 @@ def code_digest(path: str | os.PathLike) -> str:
     return sha256_bytes(ast.dump(tree, include_attributes=False).encode())
 
 
-def _component_key(rel: str) -> tuple[str, ...]:
-    # pathlib compares by components: "a/b.py" sorts before "a-b/c.py" although "-" < "/".
-    return PurePosixPath(rel).parts
+def _component_key(rel: str) -> list[str]:
+    # By components, as pathlib compares: "a/b.py" sorts before "a-b/c.py" although "-" < "/". Relative
+    # paths here are normalized (no "." or empty components), so splitting gives pathlib's parts.
+    return rel.split("/")
 
 
 # Snakemake's marker inside directory outputs: bookkeeping, not content.
@@ -115,8 +118,24 @@ def tree_entries(
     paths = [f"{root}/{rel}" for rel in names]
     if threads == 1 or len(names) < 2:
         return dict(zip(names, map(_entry, paths)))
+    if len(names) >= _PROCESSES_FROM and "torch" not in sys.modules:
+        # Many small files: per-file Python work holds the GIL, so threads barely overlap; forked
+        # processes do (never after torch is imported: forking a process that holds CUDA or
+        # OpenMP state is unsafe).
+        chunks = [paths[i : i + _CHUNK_FILES] for i in range(0, len(paths), _CHUNK_FILES)]
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=threads, mp_context=context) as pool:
+            return dict(zip(names, (e for chunk in pool.map(_entries, chunks) for e in chunk)))
     with ThreadPoolExecutor(max_workers=threads) as pool:
         return dict(zip(names, pool.map(_entry, paths)))
+
+
+_PROCESSES_FROM = 2048  # files; below this, starting processes costs more than it saves
+_CHUNK_FILES = 256
+
+
+def _entries(paths: list[str]) -> list[tuple[str, int]]:
+    return [_entry(path) for path in paths]
 
 
 def tree_digest_of_entries(entries: dict[str, tuple[str, int]]) -> str:

@@ -106,17 +106,23 @@ def accelerator_info() -> dict[str, Any] | None:
 
 
 def describe(
-    path: str | os.PathLike, list_files: bool, known: dict[str, tuple[str, int]] | None = None
+    path: str | os.PathLike,
+    list_files: bool,
+    known: dict[str, tuple[str, int]] | None = None,
+    complete: bool = False,
 ) -> dict[str, Any]:
     """Digest record of a file or directory; directories get a tree digest and, optionally, every file.
 
     `known` holds (sha256, size) of files the caller hashed while making or reading them (so no byte is
-    hashed twice); the directory is still listed, and files it does not vouch for are hashed.
+    hashed twice); the directory is still listed, and files it does not vouch for are hashed, unless
+    `complete` says the caller has just listed it and `known` names every file.
     """
     path = Path(path)
     if path.is_dir():
         if known is None:
             entries = digest.tree_entries(path)
+        elif complete:
+            entries = dict(known)
         else:
             listed = digest.list_files(path)
             entries = {rel: known[rel] for rel in listed if rel in known}
@@ -232,7 +238,7 @@ class StageRun:
         self.params = params or {}
         self.outputs: dict[str, Path] = {}
         self.summary: dict[str, Any] = {}
-        self._known: dict[str, dict[str, tuple[str, int]]] = {}
+        self._known: dict[str, tuple[dict[str, tuple[str, int]], bool]] = {}
 
     def __enter__(self) -> StageRun:
         self.started_at = now_iso()
@@ -248,10 +254,17 @@ class StageRun:
         verify_inputs({name: record}, self.upstream)
         self.input_records[name] = record
 
-    def output(self, name: str, path: str | os.PathLike, known: dict[str, tuple[str, int]] | None = None) -> Path:
+    def output(
+        self,
+        name: str,
+        path: str | os.PathLike,
+        known: dict[str, tuple[str, int]] | None = None,
+        complete: bool = False,
+    ) -> Path:
+        """Record an output; `known` and `complete` as in describe()."""
         self.outputs[name] = Path(path)
         if known is not None:
-            self._known[name] = known
+            self._known[name] = (known, complete)
         return self.outputs[name]
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -271,7 +284,7 @@ class StageRun:
             "accelerator": accelerator_info(),
             "inputs": self.input_records,
             "upstream": [str(p) for p in self.upstream],
-            "outputs": {name: describe(p, True, self._known.get(name)) for name, p in self.outputs.items()},
+            "outputs": {name: describe(p, True, *self._known.get(name, (None,))) for name, p in self.outputs.items()},
             "params": self.params,
             "versions": package_versions(),
             "summary": self.summary,

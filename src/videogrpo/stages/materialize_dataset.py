@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             args.archives,
             known={a.relative_to(args.archives).as_posix(): by_name[a.name] for a in archives},
         )
-        stage.output("raw", args.out / "raw", known=result.raw_entries)
+        stage.output("raw", args.out / "raw", known=result.raw_entries, complete=True)  # listed by the unpack
         for name in ("dataset.json", "splits.json", "materialization.json"):
             stage.output(name, args.out / name)
         stage.summary = result.record["counts"]
