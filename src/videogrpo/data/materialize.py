@@ -23,8 +23,6 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolE
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from videogrpo import atomic
 from videogrpo.data.archive import ArchiveStream
 from videogrpo.errors import DataError, disk_full_message
@@ -247,6 +245,8 @@ def check_counts(
 
 def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> dict[str, dict[str, list[str]]]:
     """Hold out `heldout_per_task` ids per task, chosen by a seeded permutation; the rest are for RL."""
+    import numpy as np  # here only: the unpack workers never need it
+
     result = {}
     for index, (task, ids) in enumerate(sorted(samples.items())):
         order = np.random.default_rng([seed, index]).permutation(len(ids))
@@ -357,7 +357,7 @@ def materialize(
             repaired += repair
             if not repair:
                 if json.dumps(record, sort_keys=True) != before:  # mtimes refreshed after a hash check
-                    atomic.write_json(records_dir / f"{archive.name}.json", record)
+                    atomic.write_json(records_dir / f"{archive.name}.json", record, compact=True)
                 records[archive.name] = record
                 kept += len(record["files"])
                 continue
@@ -384,7 +384,7 @@ def materialize(
         tally["written"] += len(result["files"])
         tally["bytes"] += sum(size for _, size, _ in result["files"].values())
         result["files"] = dict(sorted({**files, **result["files"]}.items()))
-        atomic.write_json(records_dir / f"{result['archive']}.json", result)
+        atomic.write_json(records_dir / f"{result['archive']}.json", result, compact=True)
         records[result["archive"]] = result
 
     if jobs:
