@@ -180,3 +180,49 @@ def test_progress_is_plain_lines_in_a_log_and_a_rich_bar_on_a_terminal(tmp_path)
         bar.finish()
     shown = os.read(leader, 65536).decode(errors="replace")
     assert "download org/x" in shown and "1 files" in shown and "━" in shown  # rich's bar, not a plain line
+
+
+def test_the_stages_check_each_other_and_repair_through_the_config(tmp_path, repo):
+    """fetch -> materialize -> validate through the CLI with their manifests: validation re-hashes raw/ against
+    what materialize recorded, and `data.verify_existing` (a config field) repairs and names the file."""
+    import os
+    import subprocess
+    import sys
+
+    def stage(name: str, *args: str, verify: bool = False) -> subprocess.CompletedProcess:
+        data = {
+            "source": "synthetic",
+            "task_list": str(repo / "config/tasks/synthetic.txt"),
+            "samples_per_task": 2,
+            "heldout_per_task": 1,
+            "gt_frames": FRAMES,
+            "gt_height": SIDE,
+            "gt_width": SIDE,
+            "verify_existing": verify,
+        }
+        argv = [str(Path(sys.executable).parent / "videogrpo"), name, "--config-json", json.dumps({"data": data})]
+        argv += [*args, "--manifest", str(tmp_path / f"{name}.manifest.json")]
+        return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+    archives, dataset = tmp_path / "archives", tmp_path / "materialized"
+    assert stage("fetch-dataset", "--out", str(archives)).returncode == 0
+    upstream = ["--upstream", str(tmp_path / "fetch-dataset.manifest.json")]
+    made = stage("materialize-dataset", "--archives", str(archives), "--out", str(dataset), *upstream)
+    assert made.returncode == 0, made.stderr
+    manifest = json.loads((tmp_path / "materialize-dataset.manifest.json").read_text())
+    fetched = json.loads((tmp_path / "fetch-dataset.manifest.json").read_text())
+    assert manifest["inputs"]["archives"]["tree_sha256"] == fetched["outputs"]["archives"]["tree_sha256"]
+    validate_args = ["--dataset", str(dataset), "--out", str(tmp_path / "v.json")]
+    validate_args += ["--upstream", str(tmp_path / "materialize-dataset.manifest.json")]
+    assert stage("validate-dataset", *validate_args).returncode == 0
+    prompt = next((dataset / "raw").rglob("prompt.txt"))
+    st = prompt.stat()
+    prompt.write_bytes(b"Q" * st.st_size)  # same size, mtime put back: only a hash can tell
+    os.utime(prompt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    refused = stage("validate-dataset", *validate_args)
+    assert refused.returncode == 4, refused.stderr
+    assert "is not what materialize_dataset made" in refused.stderr and prompt.name in refused.stderr
+    repaired = stage("materialize-dataset", "--archives", str(archives), "--out", str(dataset), *upstream, verify=True)
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"repairing raw/{prompt.relative_to(dataset / 'raw')}" in repaired.stdout + repaired.stderr
+    assert stage("validate-dataset", *validate_args).returncode == 0
