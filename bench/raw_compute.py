@@ -46,7 +46,7 @@ def main() -> None:
     sigmas = sigma_schedule(g.sampling_steps, g.shift)
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     rows = waves(cfg, ctx.rank, ctx.world_size)[0]
-    scorer = RuleScorer(args.evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker)
+    scorer = RuleScorer.for_config(cfg, args.evalkit)
     try:
         for step in range(args.updates):
             t0 = time.monotonic()
@@ -76,7 +76,7 @@ def main() -> None:
                 for video, s in zip(model.decode(traj.latents[:, -1]), samples)
             ]
             t1 = time.monotonic()
-            mine = [(j, m, r["score"]) for (j, m), r in zip(rows, RuleScorer.collect(futures))]
+            mine = [(j, m, r["score"]) for (j, m), r in zip(rows, scorer.collect(futures))]
             table = torch.zeros(g.prompts_per_step, g.group_size)
             for part in distributed.all_gather_objects(mine):
                 for j, m, score in part:

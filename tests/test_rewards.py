@@ -1,5 +1,5 @@
+import os
 import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -41,11 +41,12 @@ def test_evaluators_using_easyocr_need_their_models(evalkit, tmp_path):
     kit = tmp_path / "kit"
     shutil.copytree(evalkit, kit)
     (kit / "vbvr_bench/ocr.py").write_text("import easyocr\nreader = easyocr.Reader(['en'])\n")
-    with pytest.raises(VideoGRPOError, match="easyocr_models/en_char.txt is missing"):
+    with pytest.raises(VideoGRPOError, match=r"easyocr.Reader but .*/easyocr_models is missing; link the folder"):
         fingerprint(kit, evalkit_source_digest(kit))
     (kit / "easyocr_models").mkdir()
-    (kit / "easyocr_models/en_char.txt").write_text("abc")
-    assert len(fingerprint(kit, evalkit_source_digest(kit))["easyocr_models_tree_sha256"]) == 64
+    (kit / "easyocr_models/english_g2.pth").write_bytes(b"weights")
+    record = fingerprint(kit, evalkit_source_digest(kit))
+    assert len(record["easyocr_models_tree_sha256"]) == 64  # the weights are part of the fingerprint
 
 
 def test_runtime_contract_is_checked_and_fingerprinted():
@@ -75,14 +76,14 @@ def test_ground_truth_scores_high_and_a_blank_video_low(scorer, dataset):
         gt = read_video(sample.directory / "video/ground_truth.mp4")
         futures.append(scorer.submit(request(sample, gt)))
         futures.append(scorer.submit(request(sample, np.zeros_like(gt))))
-    results = RuleScorer.collect(futures)
+    results = scorer.collect(futures)
     for good, blank in zip(results[::2], results[1::2]):
         assert good["score"] > 0.9, good
         assert blank["score"] < good["score"] - 0.3, (good, blank)
         assert set(good["dimensions"]) == {"rule", "fidelity"}
 
 
-def test_unknown_task_scores_unsupported_with_a_warning(scorer, dataset):
+def test_unknown_task_scores_unsupported_with_a_warning(scorer, dataset, capsys):
     sample = load_split(dataset, "rl")[0]
     frames = np.zeros((5, 64, 64, 3), np.uint8)
     future = scorer.submit(
@@ -90,11 +91,9 @@ def test_unknown_task_scores_unsupported_with_a_warning(scorer, dataset):
             frames, "Z-99_unknown_data-generator", str(sample.directory), 16, 64, 5.0, 12, unsupported_score=0.25
         )
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        (result,) = RuleScorer.collect([future])
+    (result,) = scorer.collect([future])
     assert result["score"] == 0.25
-    assert any("Z-99_unknown_data-generator is unknown to the EvalKit" in str(w.message) for w in caught)
+    assert "Z-99_unknown_data-generator is unknown to the EvalKit" in capsys.readouterr().err
 
 
 def test_an_out_of_range_score_breaks_the_contract(evalkit, tmp_path, dataset):
@@ -167,3 +166,112 @@ def test_scorer_frames_are_lanczos_scaled_to_fit_and_padded():
     expected = np.asarray(Image.fromarray(frames[1]).resize((128, inner_h), Image.LANCZOS))
     assert np.array_equal(out[1, top : top + inner_h], expected)
     assert not out[:, :top].any() and not out[:, top + inner_h :].any()
+
+
+def broken_kit(evalkit, tmp_path, evaluator_body: str):
+    """The reference EvalKit with the first synthetic task's evaluator replaced."""
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    path = kit / "vbvr_bench/evaluators/synthetic.py"
+    source = path.read_text()
+    head = "def move_red_square(final: np.ndarray, gt_final: np.ndarray, meta: dict) -> dict:\n"
+    path.write_text(source.replace(head, head + evaluator_body, 1))
+    return kit
+
+
+@pytest.mark.parametrize("fail_on_error", [True, False])
+def test_an_evaluator_error_stops_the_run_or_scores_zero_with_one_warning(
+    evalkit, tmp_path, dataset, capsys, fail_on_error
+):
+    kit = broken_kit(evalkit, tmp_path, "    raise KeyError('meta_px')\n")
+    samples = [s for s in load_split(dataset, "rl") if s.task.startswith("S-1_")][:2]
+    videos = [read_video(s.directory / "video/ground_truth.mp4") for s in samples]
+    with RuleScorer(kit, workers=1, threads_per_worker=1, fail_on_error=fail_on_error) as pool:
+        futures = [pool.submit(request(s, v)) for s, v in zip(samples, videos)]
+        if fail_on_error:
+            with pytest.raises(VideoGRPOError) as err:
+                pool.collect(futures)
+            message = str(err.value)
+            assert samples[0].task in message and str(samples[0].directory) in message
+            assert "KeyError: 'meta_px'" in message and "evalkit.fail_on_error" in message
+            return
+        results = pool.collect(futures)
+    assert [r["score"] for r in results] == [0.0, 0.0] and all("meta_px" in r["error"] for r in results)
+    warned = capsys.readouterr().err
+    assert warned.count("warning: the EvalKit evaluator of task S-1_") == 1 and "reward_errors" in warned
+
+
+def test_a_worker_that_cannot_start_reports_the_cause(evalkit, tmp_path):
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    entry = kit / "run_evaluation.py"
+    entry.write_text(entry.read_text().replace("import json\n", "import json\nimport cv2_that_is_not_installed\n", 1))
+    with pytest.raises(VideoGRPOError, match=r"could not start .* No module named 'cv2_that_is_not_installed'"):
+        RuleScorer(kit, workers=1, threads_per_worker=1)
+    with pytest.raises(VideoGRPOError, match=r"could not start .*numpy: contract 0.0.1, found"):
+        RuleScorer(evalkit, workers=1, threads_per_worker=1, runtime={"numpy": "0.0.1"})
+
+
+ENVIRONMENT_PROBE = """import json, os
+
+
+def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
+    return {"score": 0.5, "dimensions": {"cwd": os.getcwd(), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "easyocr": os.environ.get("EASYOCR_MODULE_PATH"), "video_abs": os.path.isabs(video_path),
+            "gt_abs": os.path.isabs(gt_info["gt_final_frame"]),
+            "annotations": os.path.isfile("annotations/tasks.json")}}
+"""
+
+
+def test_workers_run_in_the_checkout_with_cuda_hidden_and_absolute_paths(evalkit, tmp_path, dataset, monkeypatch):
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    (kit / "run_evaluation.py").write_text(ENVIRONMENT_PROBE)
+    monkeypatch.chdir(tmp_path)  # the driver elsewhere, with a relative sample path
+    sample = load_split(dataset, "rl")[0]
+    relative = os.path.relpath(sample.directory, tmp_path)
+    with RuleScorer("kit", workers=1, threads_per_worker=1, easyocr_models="ocr-weights") as pool:
+        frames = np.zeros((5, 64, 64, 3), np.uint8)
+        seen = pool.submit(ScoreRequest(frames, sample.task, relative, 16, 64, 5.0, 12, 0.0)).result()["dimensions"]
+    assert seen["cwd"] == str(kit) and seen["cuda"] == "" and seen["easyocr"] == str(kit / "ocr-weights")
+    assert seen["annotations"] and seen["video_abs"] and seen["gt_abs"]
+
+
+def test_the_reference_evalkit_reads_its_annotations_from_the_working_directory(evalkit, tmp_path):
+    import subprocess
+    import sys
+
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", "import run_evaluation"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(evalkit)},
+        capture_output=True,
+        text=True,
+    )
+    assert "annotations/tasks.json" in elsewhere.stderr  # as the real compatibility revisions: run it in the checkout
+    inside = subprocess.run(
+        [sys.executable, "-c", "import run_evaluation"], cwd=evalkit, capture_output=True, text=True
+    )
+    assert inside.returncode == 0, inside.stderr
+
+
+def test_preflight_names_the_tasks_without_an_evaluator_and_fails_when_none_is_scorable(evalkit, dataset, tmp_path):
+    from videogrpo import config
+    from videogrpo.preflight import check_evalkit_tasks
+
+    def kit_config(path):
+        return config.from_dict({"evalkit": {"path": str(path), "digest": evalkit_source_digest(path)}}, partial=True)
+
+    assert check_evalkit_tasks(kit_config(evalkit), dataset).ok
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    registry = kit / "vbvr_bench/evaluators/__init__.py"
+    source = registry.read_text()
+    registry.write_text(source.replace('    "S-2_fill_circle_blue_data-generator": fill_circle_blue,\n', ""))
+    some = check_evalkit_tasks(kit_config(kit), dataset)
+    assert some.ok and "2 of 3 dataset tasks have an evaluator" in some.detail
+    assert "S-2_fill_circle_blue_data-generator" in some.detail
+    registry.write_text(source.split("TASK_EVALUATOR_MAP = {")[0] + 'TASK_EVALUATOR_MAP = {"G-1_other": None}\n')
+    none = check_evalkit_tasks(kit_config(kit), dataset)
+    assert not none.ok and "none of the dataset's 3 tasks is in the TASK_EVALUATOR_MAP" in none.detail
+    assert "G-1_other" in none.detail

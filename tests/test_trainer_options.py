@@ -173,3 +173,30 @@ def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, 
     ):
         resume_in(guarded, tiny_model, dataset)
     assert resume_in(guarded, tiny_model, dataset, resume_across_code_changes=True) == 1
+
+
+@pytest.mark.parametrize("fail_on_error", [False, True])
+def test_evaluator_errors_are_counted_or_stop_the_run(tiny_model, dataset, tmp_path, fail_on_error):
+    import shutil
+    from pathlib import Path
+
+    from videogrpo.errors import VideoGRPOError
+    from videogrpo.provenance.digest import evalkit_source_digest
+
+    cfg = options()
+    kit = tmp_path / "kit"
+    shutil.copytree(Path(cfg["evalkit"]["path"]), kit)
+    entry = kit / "run_evaluation.py"
+    entry.write_text(
+        entry.read_text().replace(
+            "    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
+            "    try:\n        raise KeyError('meta_px')\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
+        )
+    )
+    cfg["evalkit"].update(path=str(kit), digest=evalkit_source_digest(kit), fail_on_error=fail_on_error)
+    if fail_on_error:
+        with pytest.raises(VideoGRPOError, match=r"evaluator of task .* failed on .*KeyError: 'meta_px'"):
+            train_in_process(cfg, tmp_path / "run", tiny_model, dataset)
+        return
+    rows = metrics(train_in_process(cfg, tmp_path / "run", tiny_model, dataset))
+    assert [r["reward_errors"] for r in rows] == [4, 4] and all(r["reward_mean"] == 0.0 for r in rows)

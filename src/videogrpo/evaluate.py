@@ -78,8 +78,9 @@ class BatchRecords:
     in, with its videos beside it. An interrupted evaluation reruns only the batches without a record,
     in the same batches and with the same noise, so it ends exactly where an uninterrupted one would."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, scorer: RuleScorer):
         self.root = root
+        self.scorer = scorer
         self.pending: list[tuple[int, list[tuple[SampleRef, object]]]] = []
 
     def path(self, first: int) -> Path:
@@ -101,12 +102,13 @@ class BatchRecords:
             if not wait and not all(f.done() for _, f in futures):
                 still.append((first, futures))
                 continue
-            results = RuleScorer.collect([f for _, f in futures])
+            results = self.scorer.collect([f for _, f in futures])
             rows = [
                 {
                     "task": s.task,
                     "sample_id": s.sample_id,
                     "score": r["score"],
+                    "error": r.get("error") or "",  # an evaluator failure scored 0 (evalkit.fail_on_error: false)
                     **{f"dim_{k}": v for k, v in r["dimensions"].items()},
                 }
                 for (s, _), r in zip(futures, results)
@@ -142,9 +144,9 @@ def evaluate(
     firsts = list(range(0, len(samples), BATCH))
     records = records or videos_dir.parent / f".{videos_dir.name}.records"
     rows = []
-    with RuleScorer(evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker) as scorer:
+    with RuleScorer.for_config(cfg, evalkit) as scorer:
         for variant, load in variants.items():
-            kept = BatchRecords(records / variant)
+            kept = BatchRecords(records / variant, scorer)
             todo = [first for first in firsts if not kept.done(first)]
             progress = Progress(f"evaluate {variant}", total=len(samples), unit="videos")
             progress.update(len(samples) - sum(len(samples[f : f + BATCH]) for f in todo))
@@ -166,7 +168,7 @@ def evaluate(
             shutil.copytree(records / variant / "videos", videos_dir / variant, dirs_exist_ok=True)
             progress.finish()
     dimensions = sorted({key for row in rows for key in row if key.startswith("dim_")})
-    scores = pd.DataFrame(rows)[["variant", "task", "sample_id", "score", *dimensions]]
+    scores = pd.DataFrame(rows)[["variant", "task", "sample_id", "score", "error", *dimensions]]
     return scores, per_task_table(scores, cfg.evaluate.seed)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,6 +84,40 @@ def check_evalkit(cfg: Config, fingerprint_file: Path) -> Check:
         f"pinned evalkit.digest {cfg.evalkit.digest}; restore the checkout or pin the new digest"
     )
     return Check("evalkit_digest", ok, detail)
+
+
+_LIST_TASKS = (
+    "import json, sys; sys.path.insert(0, '.'); "
+    "from vbvr_bench.evaluators import TASK_EVALUATOR_MAP; print(json.dumps(sorted(TASK_EVALUATOR_MAP)))"
+)
+
+
+def check_evalkit_tasks(cfg: Config, dataset_dir: Path) -> Check:
+    """The dataset's tasks the checkout's TASK_EVALUATOR_MAP knows (imported there, as the scorers do)."""
+    tasks = sorted({entry["task"] for entry in json.loads((dataset_dir / "splits.json").read_text())})
+    checkout = Path(cfg.evalkit.path).resolve()
+    out = subprocess.run(
+        [sys.executable, "-c", _LIST_TASKS], cwd=checkout, capture_output=True, text=True, check=False, timeout=600
+    )
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check("evalkit_tasks", False, f"{checkout}: importing vbvr_bench.evaluators failed: {last}")
+    known = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    unknown = [t for t in tasks if t not in known]
+    if len(unknown) == len(tasks):
+        return Check(
+            "evalkit_tasks",
+            False,
+            f"none of the dataset's {len(tasks)} tasks is in the TASK_EVALUATOR_MAP of {checkout} ({len(known)} "
+            f"tasks there, e.g. {sorted(known)[:3]}): every reward would be evalkit.unsupported_score; check "
+            f"evalkit.path and data.task_list",
+        )
+    detail = f"{len(tasks) - len(unknown)} of {len(tasks)} dataset tasks have an evaluator"
+    if unknown:
+        detail += (
+            f"; {len(unknown)} score evalkit.unsupported_score = {cfg.evalkit.unsupported_score}: {', '.join(unknown)}"
+        )
+    return Check("evalkit_tasks", True, detail)
 
 
 def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: int) -> Check:

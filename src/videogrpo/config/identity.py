@@ -56,9 +56,10 @@ _FIELD_CLASSES = {
     "data.split_name": COSMETIC,
     **{f"data.{f}": EXECUTION for f in ("verify_existing", "max_member_mb", "inflater")},
     **{
-        f"evalkit.{f}": CONTRACT for f in ("digest", "unsupported_score", "video_size", "max_seconds", "crf", "runtime")
+        f"evalkit.{f}": CONTRACT
+        for f in ("digest", "unsupported_score", "fail_on_error", "video_size", "max_seconds", "crf", "runtime")
     },
-    **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker")},
+    **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker", "easyocr_models")},
     **{f"reward.{f}": CONTRACT for f in ("kind", "judge_model", "judge_revision", "judge_frames")},
     **{f"reward.{f}": EXECUTION for f in ("judge_port", "judge_concurrency")},
     **{

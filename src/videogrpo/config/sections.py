@@ -83,6 +83,11 @@ class EvalKitConfig:
     """64-hex source digest the checkout must have (REFERENCE section 3)."""
     unsupported_score: float = 0.0
     """Score of a task the EvalKit does not know."""
+    fail_on_error: bool = True
+    """An evaluator that returns `error` stops the run (true), or scores 0 and is counted in the `reward_errors`
+    metric (false; vbvr_reward_fail_on_error: false in the 5B recipes, true in A14B)."""
+    easyocr_models: str = "easyocr_models"
+    """EasyOCR model folder the scorer workers use (EASYOCR_MODULE_PATH), relative to the checkout."""
     workers: int = 4
     """Scorer processes per rank."""
     threads_per_worker: int = 4

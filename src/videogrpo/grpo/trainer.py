@@ -133,7 +133,7 @@ class Trainer:
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, cfg.grpo.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
-        self.scorer = RuleScorer(paths.evalkit, cfg.evalkit.workers, cfg.evalkit.threads_per_worker)
+        self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
         self.rolled_out: list[int] = []
@@ -197,13 +197,14 @@ class Trainer:
         """Collect this rank's rewards, gather every rank's, set each chunk's advantages; reward stats."""
         mine = []
         for chunk in prepared.chunks:
-            results = RuleScorer.collect(chunk.futures)
+            results = self.scorer.collect(chunk.futures)
             mine += [
-                (j, g, r["score"], s.task) for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
+                (j, g, r["score"], s.task, bool(r.get("error")))
+                for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
             ]
         everyone = [row for part in distributed.all_gather_objects(mine) for row in part]
         table = torch.full((self.cfg.grpo.prompts_per_step, self.cfg.grpo.group_size), float("nan"))
-        for j, g, score, _ in everyone:
+        for j, g, score, _, _ in everyone:
             table[j, g] = score
         if torch.isnan(table).any():
             raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
@@ -215,9 +216,10 @@ class Trainer:
                 self.ctx.device
             )
         per_task: dict[str, list[float]] = {}
-        for _, _, score, task in everyone:
+        for _, _, score, task, _ in everyone:
             per_task.setdefault(task, []).append(score)
-        return {"rewards": table, "advantages": adv, "per_task": per_task}
+        errors = sum(error for *_, error in everyone)
+        return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors}
 
     def update(self, action: replay.Action, prepared: Prepared) -> dict:
         """One optimizer update replaying `prepared`; returns the update's metrics, reduced over all ranks."""
@@ -296,6 +298,7 @@ class Trainer:
             reward_std_within_group=rewards.std(dim=1).mean().item(),
             advantage_mean=gathered["advantages"].mean().item(),
             reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
+            reward_errors=gathered["errors"],
             ppo_ratio_abs_max=ratio_abs_max,
             ppo_clip_range=clip,
             grad_norm=grad_norm,

@@ -22,12 +22,14 @@ def check_checkout(path: str | Path) -> Path:
         where = "no such directory" if not root.is_dir() else "no run_evaluation.py there"
         raise ConfigError(
             f"evalkit.path = {str(root)!r}: {where}; point it at an EvalKit checkout "
-            f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest"
+            f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest. The "
+            f"EvalKit is not vendored: clone it into external/ (README, 'The VBVR EvalKit checkout' says which "
+            f"revision each recipe pins and how to pin the public one instead)"
         )
     return root
 
 
-def fingerprint(path: str | Path, expected: str) -> dict:
+def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_models") -> dict:
     """Compute the source digest of an EvalKit checkout and compare it with the pinned one."""
     root = check_checkout(path)
     files = digest.evalkit_files(root)
@@ -40,11 +42,11 @@ def fingerprint(path: str | Path, expected: str) -> dict:
         "listing": {rel: digest.sha256_file(root / rel) for rel in files},
     }
     if uses_easyocr(root, files):
-        models = root / "easyocr_models"
-        if not (models / "en_char.txt").is_file():
+        models = root / easyocr_models
+        if not models.is_dir():
             raise VideoGRPOError(
-                f"{root}: the evaluators use easyocr.Reader but {models}/en_char.txt is missing; "
-                f"place the EasyOCR model directory there"
+                f"{root}: the evaluators use easyocr.Reader but {models} is missing; link the folder of EasyOCR "
+                f"weights there (evalkit.easyocr_models names it, relative to the checkout)"
             )
         record["easyocr_models_tree_sha256"] = digest.tree_digest(models)
     if found != expected:
@@ -56,46 +58,80 @@ def fingerprint(path: str | Path, expected: str) -> dict:
     return record
 
 
-_PROBE = r"""
-import json, sys
+PROBE_SOURCE = r"""
+import importlib, json, sys
 from importlib import metadata
-contract = json.loads(sys.argv[1])
-found = {}
-for name in contract:
-    try:
-        found[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        found[name] = None
-checks = {}
-if any(n.startswith("opencv") for n in contract):
-    try:
+
+MODULES = {"easyocr": "easyocr", "norfair": "norfair", "scipy": "scipy", "scikit-image": "skimage",
+           "opencv-python": "cv2", "opencv-python-headless": "cv2", "numpy": "numpy", "pillow": "PIL",
+           "imageio": "imageio", "av": "av", "tifffile": "tifffile"}
+
+
+def probe(contract):
+    found, imports, checks = {}, {}, {}
+    for name in contract:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+        module = MODULES.get(name)
+        if module and module not in imports:
+            try:
+                importlib.import_module(module)
+                imports[module] = "ok"
+            except Exception as err:
+                imports[module] = f"{type(err).__name__}: {err}"
+    if imports.get("cv2") == "ok":
         import cv2, numpy as np
+        checks["cv2_version"] = cv2.__version__
         img = np.zeros((64, 64), np.uint8); cv2.line(img, (5, 5), (60, 60), 255, 2)
         lines = cv2.HoughLinesP(img, 1, np.pi / 180, 10, minLineLength=10, maxLineGap=2)
         checks["HoughLinesP_shape"] = None if lines is None else list(lines.shape)
-    except Exception as err:
-        checks["HoughLinesP_shape"] = f"error: {err}"
-print(json.dumps({"found": found, "checks": checks, "python": sys.version.split()[0]}))
+    if imports.get("easyocr") == "ok":
+        import os, easyocr
+        en_char = os.path.join(os.path.dirname(easyocr.__file__), "character", "en_char.txt")
+        checks["easyocr_en_char"] = en_char if os.path.isfile(en_char) else None
+    return {"found": found, "imports": imports, "checks": checks, "python": sys.version.split()[0]}
 """
 
 
-def check_runtime(contract: dict[str, str], python: str | None = None) -> dict:
-    """Versions the scorer interpreter sees against the contract; the fingerprint covers both."""
-    python = python or sys.executable
-    out = subprocess.run([python, "-c", _PROBE, json.dumps(contract)], capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise VideoGRPOError(f"scorer runtime probe with {python} failed:\n{out.stderr}")
-    probe = json.loads(out.stdout)
+def run_probe(contract: dict[str, str]) -> dict:
+    """The probe in this interpreter (scorer workers run it again in themselves)."""
+    namespace: dict = {}
+    exec(PROBE_SOURCE, namespace)  # noqa: S102 - our own source, shared with the subprocess probe
+    return namespace["probe"](contract)
+
+
+def runtime_problems(contract: dict[str, str], probe: dict) -> list[str]:
+    """What the interpreter's packages, imports and behaviour break of the runtime contract."""
     problems = [
         f"{name}: contract {want}, found {probe['found'][name] or 'not installed'}"
         for name, want in sorted(contract.items())
         if probe["found"][name] != want
     ]
-    shape = probe["checks"].get("HoughLinesP_shape")
-    if "HoughLinesP_shape" in probe["checks"] and not (
-        isinstance(shape, list) and len(shape) == 3 and shape[1:] == [1, 4]
-    ):
+    problems += [f"import {module} fails: {why}" for module, why in sorted(probe["imports"].items()) if why != "ok"]
+    checks = probe["checks"]
+    opencv = contract.get("opencv-python") or contract.get("opencv-python-headless")
+    if opencv and "cv2_version" in checks and not opencv.startswith(checks["cv2_version"]):
+        problems.append(f"cv2.__version__ is {checks['cv2_version']}, the contract pins opencv {opencv}")
+    shape = checks.get("HoughLinesP_shape")
+    if "HoughLinesP_shape" in checks and not (isinstance(shape, list) and len(shape) == 3 and shape[1:] == [1, 4]):
         problems.append(f"cv2.HoughLinesP returned shape {shape}, the evaluators need (N, 1, 4)")
+    if "easyocr_en_char" in checks and checks["easyocr_en_char"] is None:
+        problems.append("easyocr's character/en_char.txt is missing from the installed easyocr package")
+    return problems
+
+
+def check_runtime(contract: dict[str, str], python: str | None = None) -> dict:
+    """The scorer interpreter's packages against the contract, probed in that interpreter; the fingerprint
+    covers the contract and everything found."""
+    python = python or sys.executable
+    code = PROBE_SOURCE + "\nprint(json.dumps(probe(json.loads(sys.argv[1]))))\n"
+    out = subprocess.run([python, "-c", code, json.dumps(contract)], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise VideoGRPOError(f"scorer runtime probe with {python} failed:\n{out.stderr}")
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    problems = runtime_problems(contract, probe)
     canonical = json.dumps(
         {"contract": contract, "found": probe["found"], "checks": probe["checks"]},
         sort_keys=True,
@@ -106,6 +142,7 @@ def check_runtime(contract: dict[str, str], python: str | None = None) -> dict:
         "python_version": probe["python"],
         "contract": contract,
         "found": probe["found"],
+        "imports": probe["imports"],
         "checks": probe["checks"],
         "fingerprint": digest.sha256_bytes(canonical.encode()),
     }

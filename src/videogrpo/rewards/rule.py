@@ -15,28 +15,46 @@ import os
 import signal
 import sys
 import tempfile
-import warnings
+import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from videogrpo.errors import VideoGRPOError
+from videogrpo.rewards.evalkit import run_probe, runtime_problems
 
 _EVALKIT = None
+_START_ERROR: str | None = None  # why this worker could not start: reported with the first request, not lost
 
 
-def _init_worker(evalkit_path: str, threads: int) -> None:
-    global _EVALKIT
+def _init_worker(evalkit_path: str, threads: int, easyocr_models: str, contract: dict[str, str]) -> None:
+    """Set a scorer process up as the reference does: in the checkout, CUDA hidden, runtime checked again."""
+    global _EVALKIT, _START_ERROR
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle: it closes the pool
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
-    sys.path.insert(0, evalkit_path)
-    import run_evaluation
-    from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # EasyOCR opens GPU readers whenever CUDA is visible
+    os.environ["EASYOCR_MODULE_PATH"] = os.path.join(evalkit_path, easyocr_models)
+    try:
+        os.chdir(evalkit_path)  # compatibility revisions read ./easyocr_models and annotations/ from here
+        problems = runtime_problems(contract, run_probe(contract))
+        if problems:
+            raise VideoGRPOError("the scorer runtime breaks evalkit.runtime: " + "; ".join(problems))
+        sys.path.insert(0, evalkit_path)
+        import run_evaluation
+        from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
 
-    _EVALKIT = (run_evaluation, TASK_EVALUATOR_MAP)
+        _EVALKIT = (run_evaluation, TASK_EVALUATOR_MAP)
+    except BaseException as err:  # noqa: BLE001 - any failure here must reach the parent with its cause
+        lines = traceback.format_exception_only(type(err), err)
+        _START_ERROR = "".join(lines).strip()
+
+
+def _worker_ready() -> str | None:
+    return _START_ERROR
 
 
 @dataclass
@@ -52,6 +70,11 @@ class ScoreRequest:
     unsupported_score: float
     keep_video: str | None = None
     """Where to keep the MP4 handed to the scorer (None: a temporary file)."""
+
+    def __post_init__(self) -> None:
+        # Made here, in the driver: the workers run in the checkout, where relative paths would point.
+        self.sample_dir = os.path.abspath(self.sample_dir)
+        self.keep_video = os.path.abspath(self.keep_video) if self.keep_video else None
 
 
 def score_request(
@@ -87,6 +110,8 @@ def score_one(request: ScoreRequest) -> dict:
     """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract."""
     from videogrpo.data.video import fit_square, playback_fps, write_mp4
 
+    if _START_ERROR is not None:
+        raise ScorerStartError(f"a scorer worker could not start in the EvalKit checkout: {_START_ERROR}")
     run_evaluation, evaluator_map = _EVALKIT
     if request.task not in evaluator_map:
         return {"score": request.unsupported_score, "dimensions": {}, "unsupported": request.task}
@@ -102,38 +127,105 @@ def score_one(request: ScoreRequest) -> dict:
             f"EvalKit returned score {score!r} for task {request.task} ({request.sample_dir}); "
             f"the contract is a finite score in [0, 1]"
         )
-    return {"score": float(score), "dimensions": result.get("dimensions", {}), "error": result.get("error")}
+    return {
+        "score": float(score),
+        "dimensions": result.get("dimensions", {}),
+        "error": result.get("error"),
+        "task": request.task,
+        "sample": request.sample_dir,
+    }
+
+
+class ScorerStartError(VideoGRPOError):
+    """A scorer process could not import or check the EvalKit: the cause, not a bare BrokenProcessPool."""
+
+
+class EvaluatorError(VideoGRPOError):
+    """An evaluator returned `error` while evalkit.fail_on_error is true."""
 
 
 class RuleScorer:
-    """A pool of scorer processes with the EvalKit checkout importable in each."""
+    """A pool of scorer processes, each started in the EvalKit checkout with the checkout importable.
 
-    def __init__(self, evalkit_path: str | Path, workers: int, threads_per_worker: int):
+    `collect` applies evalkit.fail_on_error: an evaluator error stops the run naming the task, the sample and
+    the message, or scores 0 with one warning per task (the caller counts them as `reward_errors`).
+    """
+
+    def __init__(
+        self,
+        evalkit_path: str | Path,
+        workers: int,
+        threads_per_worker: int,
+        fail_on_error: bool = True,
+        easyocr_models: str = "easyocr_models",
+        runtime: dict[str, str] | None = None,
+    ):
         self.evalkit_path = str(Path(evalkit_path).resolve())
+        self.fail_on_error = fail_on_error
+        self.warned: set[str] = set()
         # spawn: the training process holds torch threads and maybe CUDA, which must not be forked.
         self.pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(self.evalkit_path, threads_per_worker),
+            initargs=(self.evalkit_path, threads_per_worker, easyocr_models, runtime or {}),
         )
+        try:
+            started = self.pool.submit(_worker_ready).result()
+        except BrokenProcessPool as err:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            raise ScorerStartError(f"the scorer processes died while starting in {self.evalkit_path} ({err})") from None
+        if started is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            raise ScorerStartError(
+                f"a scorer worker could not start in the EvalKit checkout {self.evalkit_path}: {started}\n"
+                f"Check evalkit.path, and that the scorer environment has the packages of evalkit.runtime."
+            )
 
     def submit(self, request: ScoreRequest) -> Future:
         return self.pool.submit(score_one, request)
 
-    @staticmethod
-    def collect(futures: list[Future]) -> list[dict]:
-        results = [f.result() for f in futures]
+    def collect(self, futures: list[Future]) -> list[dict]:
+        try:
+            results = [f.result() for f in futures]
+        except BrokenProcessPool as err:
+            raise ScorerStartError(f"a scorer process died ({err}); its log lines above say why") from None
         for r in results:
             if r.get("unsupported"):
-                warnings.warn(
+                self._warn_once(
+                    r["unsupported"],
                     f"task {r['unsupported']} is unknown to the EvalKit: scored evalkit.unsupported_score "
                     f"= {r['score']}",
-                    stacklevel=2,
                 )
             elif r.get("error"):
-                print(f"warning: EvalKit evaluator failed, score 0: {r['error']}", file=sys.stderr)
+                if self.fail_on_error:
+                    raise EvaluatorError(
+                        f"the EvalKit evaluator of task {r['task']} failed on {r['sample']}: {r['error']}\n"
+                        f"evalkit.fail_on_error is true, so the run stops: fix the evaluator or the sample, or set "
+                        f"evalkit.fail_on_error: false to score such rollouts 0 (counted in reward_errors)."
+                    )
+                r["score"] = 0.0
+                self._warn_once(
+                    r["task"],
+                    f"the EvalKit evaluator of task {r['task']} failed ({r['error']}); scored 0 and counted in "
+                    f"reward_errors (evalkit.fail_on_error is false); further failures of this task are not repeated",
+                )
         return results
+
+    @classmethod
+    def for_config(cls, cfg, evalkit_path: str | Path) -> RuleScorer:
+        """The scorer the `evalkit` config section describes."""
+        from videogrpo.config import runtime_contract
+
+        e = cfg.evalkit
+        return cls(
+            evalkit_path, e.workers, e.threads_per_worker, e.fail_on_error, e.easyocr_models, runtime_contract(cfg)
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=args.upstream,
     ) as stage:
-        record = fingerprint(cfg.evalkit.path, cfg.evalkit.digest)
+        record = fingerprint(cfg.evalkit.path, cfg.evalkit.digest, cfg.evalkit.easyocr_models)
         atomic.write_json(args.out, record)
         stage.output("fingerprint", args.out)
         stage.summary = {"source_sha256": record["source_sha256"], "files": record["files"]}

@@ -14,6 +14,11 @@ from pathlib import Path
 from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
 from vbvr_bench.video_io import read_frames, read_image, unpad_resize
 
+# As the real compatibility revisions do, data files are read relative to the working directory: scorer
+# processes must run in the checkout.
+with open("annotations/tasks.json", encoding="utf-8") as _f:
+    TASK_DESCRIPTIONS = json.load(_f)
+
 
 def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
     """Score a generated video against its ground truth: {"score", "dimensions"} (+ "error" on failure)."""
