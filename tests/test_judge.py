@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +151,47 @@ def test_concurrent_requests_score_every_rollout(dataset):
             results = scorer.collect(futures)
         assert len(server.requests) == len(samples)
     assert [r["score"] for r in results] == [0.5 if i % 2 == 0 else 0.0 for i in range(len(samples))]
+
+
+def service_config(tmp_path, command, **reward):
+    import socket
+
+    from videogrpo import config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fields = dict(kind="vbvr_vlm", judge_port=port, judge_serve_command=command, judge_ready_timeout_s=30, **reward)
+    return config.from_dict({"reward": fields}, partial=True)
+
+
+STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--port", "{port}", "--name", "{name}"]
+
+
+def test_the_job_starts_the_judge_service_waits_for_it_and_stops_it(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from videogrpo.rewards.judge_service import judge_service
+
+    cfg = service_config(tmp_path, [*STAND_IN, "--startup-delay", "1.5", "--tp", "{tensor_parallel}"])
+    log = tmp_path / "judge.log"
+    with judge_service(cfg, tmp_path / "model", log) as endpoint:
+        result = judge(JudgeSettings(endpoint, "qwen3.6-27b"), "Rate.", rollout()[0], rollout())
+        assert result["score"] == 0.5
+    assert "judge stand-in serving qwen3.6-27b" in log.read_text()
+    with pytest.raises(urllib.error.URLError):  # stopped with the block: nothing listens any more
+        urllib.request.urlopen(endpoint + "/v1/models", timeout=5)
+
+
+def test_a_judge_service_that_dies_or_serves_another_model_fails_with_its_log(tmp_path):
+    from videogrpo.rewards.judge_service import judge_service
+
+    dying = service_config(tmp_path, [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"])
+    with pytest.raises(VideoGRPOError, match=r"exited with code 3 before it was ready(.|\n)*CUDA out of memory"):
+        with judge_service(dying, tmp_path / "model", tmp_path / "a.log"):
+            pass
+    other = service_config(tmp_path, [*STAND_IN[:-1], "qwen3.6-27b"], judge_served_name="another-model")
+    with pytest.raises(VideoGRPOError, match="serves \\['qwen3.6-27b'\\], not reward.judge_served_name"):
+        with judge_service(other, tmp_path / "model", tmp_path / "b.log"):
+            pass

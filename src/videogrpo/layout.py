@@ -29,6 +29,11 @@ def model_key(cfg: Config) -> str:
     return f"{_slug(m.repo_id)}@{m.revision[:12]}"
 
 
+def judge_key(cfg: Config) -> str:
+    """Directory name of the VLM judge model: the repo at its revision."""
+    return f"{_slug(cfg.reward.judge_model)}@{cfg.reward.judge_revision[:12]}"
+
+
 def data_key(cfg: Config, task_list_text: str) -> str:
     """Directory name of the dataset: the repo at its revision, or the synthetic generator's settings."""
     d = cfg.data

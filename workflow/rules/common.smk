@@ -40,6 +40,10 @@ DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
 # checkout) writes, and on failure deletes, its own outputs, never those of a good checkout.
 EVALKIT = f"{RESULTS}/evalkit/{layout.evalkit_key(CFG)}"
 RULE_REWARD = CFG.reward.kind == "vbvr_rule"
+# The VLM judge: a per-node service the training job starts from the pinned judge model, unless
+# reward.judge_endpoint names a service that already runs.
+JUDGE_SERVICE = CFG.reward.kind == "vbvr_vlm" and not CFG.reward.judge_endpoint
+JUDGE = f"{RESULTS}/models/{layout.judge_key(CFG)}"
 # Features the trainer does not implement yet: a dry run says so, a real run is refused (onstart, in the
 # Snakefile) before any download or allocation; the DAG stays inspectable.
 UNSUPPORTED = vg.unsupported(CFG)
@@ -67,7 +71,10 @@ def stage_params(stage):
         for name, field_value in fields:
             path = f"{section}.{name}" if name else section
             if vg.field_class(path) != vg.COSMETIC:
-                params[path.replace(".", "__")] = f"{path}={json.dumps(field_value, sort_keys=True)}"
+                text = f"{path}={json.dumps(field_value, sort_keys=True)}"
+                # Snakemake expands {wildcards} in params strings; a function's value is taken as it is
+                # (command templates hold braces).
+                params[path.replace(".", "__")] = (lambda wildcards, text=text: text) if "{" in text else text
     return params
 
 
@@ -99,6 +106,8 @@ def evalkit_sources():
 def download_code(stage):
     """A download rule's code param: the generator's code for generated inputs, none for pinned Hub
     snapshots (their revision fixes their bytes), so editing the package never downloads again."""
+    if stage == "fetch_judge":
+        return "pinned Hub snapshot"
     generated = CFG.model.source == "tiny" if stage == "fetch_model" else CFG.data.source == "synthetic"
     return code(stage) if generated else "pinned Hub snapshot"
 
@@ -108,6 +117,11 @@ def synthetic_inputs(**named):
     return named if CFG.data.source == "synthetic" else {}
 
 
+def judge_service_inputs(**named):
+    """Inputs that exist only when the training job starts its own judge service."""
+    return named if JUDGE_SERVICE else {}
+
+
 def rule_reward_inputs(**named):
     """Inputs that exist only when the reward is the EvalKit's rule reward."""
     return named if RULE_REWARD else {}
@@ -115,6 +129,7 @@ def rule_reward_inputs(**named):
 
 STAGE_MANIFESTS = {
     "fetch_model": f"{MODEL}/fetch_model.manifest.json",
+    **judge_service_inputs(fetch_judge=f"{JUDGE}/fetch_judge.manifest.json"),
     "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
     "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
     "validate_dataset": f"{DATA}/validate_dataset.manifest.json",

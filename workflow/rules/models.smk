@@ -12,3 +12,19 @@ rule fetch_model:
     shell:
         "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule fetch_judge:
+    output:
+        judge=directory(f"{JUDGE}/model"),
+        manifest=f"{JUDGE}/fetch_judge.manifest.json",
+    log:
+        f"{JUDGE}/fetch_judge.log",
+    localrule: True
+    params:
+        **stage_params("fetch_judge"),
+        config=stage_config("fetch_judge"),
+        code=download_code("fetch_judge"),
+    shell:
+        "videogrpo fetch-judge --config-json {params.config:q} --out {output.judge:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"

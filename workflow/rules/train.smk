@@ -2,7 +2,8 @@
 # rerun), so a retried or resubmitted job resumes from the last complete checkpoint.
 rule train:
     input:
-        **upstream("fetch_model", "materialize_dataset", "preflight"),
+        **upstream("fetch_model", "fetch_judge", "materialize_dataset", "preflight"),
+        **judge_service_inputs(judge=f"{JUDGE}/model"),
         preflight=f"{RUN}/preflight.json",
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",
@@ -24,9 +25,10 @@ rule train:
         run_dir=directory_of_output("manifest"),
         dataset=directory_of_input("index"),
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
+        judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         upstream=upstream_args,
     shell:
         "videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
-        " {params.evalkit_args} --final {output.final:q} --metrics {output.metrics:q}"
+        " {params.evalkit_args} {params.judge_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

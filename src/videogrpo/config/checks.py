@@ -42,6 +42,12 @@ POSITIVE = {
     "evalkit.max_seconds",
     "reward.judge_frames",
     "reward.judge_concurrency",
+    "reward.judge_timeout_s",
+    "reward.judge_tensor_parallel",
+    "reward.judge_data_parallel",
+    "reward.judge_max_model_len",
+    "reward.judge_max_num_seqs",
+    "reward.judge_ready_timeout_s",
     "grpo.sampling_steps",
     "grpo.shift",
     "grpo.group_size",
@@ -146,9 +152,19 @@ def runtime_contract(cfg: Config) -> dict[str, str]:
 def _reward_problems(cfg: Config) -> list[str]:
     if cfg.reward.kind == "vbvr_rule" and not cfg.evalkit.path:
         return ["evalkit.path = '': the vbvr_rule reward needs an EvalKit checkout directory"]
-    if cfg.reward.kind == "vbvr_vlm" and not HEX40.match(cfg.reward.judge_revision):
-        return [f"reward.judge_revision = {cfg.reward.judge_revision!r}: must be a 40-hex commit id"]
-    return []
+    found = []
+    r = cfg.reward
+    if r.kind == "vbvr_vlm":
+        if not HEX40.match(r.judge_revision):
+            found.append(f"reward.judge_revision = {r.judge_revision!r}: must be a 40-hex commit id")
+        if not r.judge_prompts or not HEX64.match(r.judge_prompts_digest):
+            found.append(
+                f"reward.judge_prompts = {r.judge_prompts!r}, judge_prompts_digest = {r.judge_prompts_digest!r}: the "
+                f"vbvr_vlm reward needs its rubric source (a module defining EVAL_PROMPTS) and its 64-hex SHA-256"
+            )
+        if not 0 < r.judge_gpu_memory <= 1:
+            found.append(f"reward.judge_gpu_memory = {r.judge_gpu_memory}: must be in (0, 1]")
+    return found
 
 
 def _video_problems(cfg: Config) -> list[str]:
@@ -238,8 +254,6 @@ def unsupported(cfg: Config) -> list[str]:
     found = []
     if cfg.parallel.tensor_parallel != 1:
         found.append(f"parallel.tensor_parallel = {cfg.parallel.tensor_parallel} (implemented: 1)")
-    if cfg.reward.kind != "vbvr_rule":
-        found.append(f"reward.kind = {cfg.reward.kind!r} (implemented: 'vbvr_rule')")
     if cfg.model.kind != "ti2v":
         found.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
     return found

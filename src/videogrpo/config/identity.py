@@ -60,8 +60,38 @@ _FIELD_CLASSES = {
         for f in ("digest", "unsupported_score", "fail_on_error", "video_size", "max_seconds", "crf", "runtime")
     },
     **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker", "easyocr_models")},
-    **{f"reward.{f}": CONTRACT for f in ("kind", "judge_model", "judge_revision", "judge_frames")},
-    **{f"reward.{f}": EXECUTION for f in ("judge_port", "judge_concurrency")},
+    **{
+        f"reward.{f}": CONTRACT
+        for f in (
+            "kind",
+            "judge_model",
+            "judge_revision",
+            "judge_frames",
+            "judge_prompts_digest",
+            "judge_served_name",
+            "judge_error_score",
+            "judge_fail_on_error",
+            "judge_max_retries",
+        )
+    },
+    **{
+        f"reward.{f}": EXECUTION
+        for f in (
+            "judge_port",
+            "judge_concurrency",
+            "judge_prompts",
+            "judge_timeout_s",
+            "judge_endpoint",
+            "judge_serve_command",
+            "judge_python",
+            "judge_tensor_parallel",
+            "judge_data_parallel",
+            "judge_gpu_memory",
+            "judge_max_model_len",
+            "judge_max_num_seqs",
+            "judge_ready_timeout_s",
+        )
+    },
     **{
         f"train.{f}": CONTRACT
         for f in (
@@ -146,13 +176,15 @@ STAGE_SECTIONS = {
 }
 
 
-DOWNLOADS = {"fetch_model": "model", "fetch_dataset": "data"}
+DOWNLOADS = {"fetch_model": "model", "fetch_dataset": "data", "fetch_judge": "reward"}
 
 
 def download_fields(cfg: Config, section: str) -> list[str]:
     """What a download rule fetches or generates, and nothing else: its params, so other fields never re-download."""
     if section == "model":
         names = ("source", "tiny_seed") if cfg.model.source == "tiny" else ("source", "repo_id", "revision")
+    elif section == "reward":
+        names = ("judge_model", "judge_revision")
     elif cfg.data.source == "synthetic":
         names = (
             "source",

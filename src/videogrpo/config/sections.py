@@ -132,6 +132,47 @@ class RewardConfig:
     """Frames of the generated video shown to the judge."""
     judge_concurrency: int = 2
     """Judge requests in flight per rank."""
+    judge_prompts: str = ""
+    """Rubric source: a Python module defining EVAL_PROMPTS (task -> rubric text); not vendored (vbvr_vlm)."""
+    judge_prompts_digest: str = ""
+    """64-hex plain SHA-256 of the rubric source file."""
+    judge_served_name: str = "qwen3.6-27b"
+    """Model name the judge service serves and requests name."""
+    judge_error_score: float = 0.0
+    """Score of a rollout the judge could not score after every retry."""
+    judge_fail_on_error: bool = False
+    """Stop the run when the judge cannot score a rollout (false: score judge_error_score, count reward_errors)."""
+    judge_max_retries: int = 2
+    """Retries of a failed request or an invalid answer (backoff 1 s x 2^attempt)."""
+    judge_timeout_s: float = 300.0
+    """Seconds one judge request may take."""
+    judge_endpoint: str = ""
+    """An existing OpenAI-compatible judge service (e.g. http://host:18080); empty: the training job starts one
+    per node on judge_port."""
+    judge_serve_command: list[str] = field(
+        default_factory=lambda: [
+            "{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
+            "--served-model-name", "{name}", "--host", "127.0.0.1", "--port", "{port}",
+            "--tensor-parallel-size", "{tensor_parallel}", "--data-parallel-size", "{data_parallel}",
+            "--gpu-memory-utilization", "{gpu_memory}", "--max-model-len", "{max_model_len}",
+            "--max-num-seqs", "{max_num_seqs}",
+        ]
+    )  # fmt: skip
+    """Command that starts the per-node judge service; {placeholders} are filled from the judge_* fields."""
+    judge_python: str = ""
+    """Interpreter of the judge's own environment (empty: this one)."""
+    judge_tensor_parallel: int = 2
+    """GPUs per judge replica."""
+    judge_data_parallel: int = 4
+    """Judge replicas per node."""
+    judge_gpu_memory: float = 0.5
+    """Share of each GPU's memory the judge may take (the rest is training's)."""
+    judge_max_model_len: int = 32768
+    """Longest context the judge service accepts."""
+    judge_max_num_seqs: int = 32
+    """Sequences the judge service runs at once."""
+    judge_ready_timeout_s: float = 1800.0
+    """Seconds to wait for the judge service to answer before the run fails."""
 
 
 @dataclass

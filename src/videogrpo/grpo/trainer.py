@@ -44,6 +44,7 @@ from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.wan import DTYPES, WanTI2V
+from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
 
 
@@ -133,7 +134,11 @@ class Trainer:
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, cfg.grpo.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
-        self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
+        if cfg.reward.kind == "vbvr_vlm":
+            tasks = sorted({sample.task for sample in self.order})
+            self.scorer = JudgeScorer.for_config(cfg, tasks)
+        else:
+            self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
         self.rolled_out: list[int] = []

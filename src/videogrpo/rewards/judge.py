@@ -222,6 +222,22 @@ class JudgeScorer:
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="judge")
         self.warned: set[str] = set()
 
+    @classmethod
+    def for_config(cls, cfg, tasks: list[str]) -> JudgeScorer:
+        """The judge the `reward` section describes: its endpoint, or the service on this node's judge_port."""
+        r = cfg.reward
+        settings = JudgeSettings(
+            endpoint=endpoint_of(cfg),
+            model=r.judge_served_name,
+            frames=r.judge_frames,
+            timeout_s=r.judge_timeout_s,
+            max_retries=r.judge_max_retries,
+            error_score=r.judge_error_score,
+            fps=cfg.video.fps,
+        )
+        rubrics = load_rubrics(r.judge_prompts, r.judge_prompts_digest, tasks)
+        return cls(settings, rubrics, r.judge_concurrency, r.judge_fail_on_error)
+
     def submit(self, request) -> Future:
         """`request`: a rule.ScoreRequest (frames, task, sample directory)."""
         from PIL import Image
@@ -267,6 +283,10 @@ class JudgeScorer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def endpoint_of(cfg) -> str:
+    return cfg.reward.judge_endpoint or f"http://127.0.0.1:{cfg.reward.judge_port}"
 
 
 def wait_ready(endpoint: str, timeout_s: float, process=None) -> list[str]:

@@ -5,6 +5,7 @@ Each module has `add_arguments(parser)` and `run(args) -> int`; the logic lives 
 
 STAGES = (
     "fetch_model",
+    "fetch_judge",
     "fetch_dataset",
     "materialize_dataset",
     "validate_dataset",
@@ -37,6 +38,7 @@ SHARED_CODE = (
 # Its digest is a param of the stage's rule: Snakemake sees a rule's own text, not imported modules.
 CODE_PARTS = {
     "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
+    "fetch_judge": ("stages/fetch_judge.py", "hub.py"),
     "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),
     "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py", "data/archive.py"),
     "validate_dataset": (

@@ -27,6 +27,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
+from videogrpo.rewards.judge_service import judge_service
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, type=Path, help="materialized dataset directory")
     parser.add_argument("--preflight", required=True, type=Path, help="preflight report")
     parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
+    parser.add_argument("--judge-model", type=Path, help="judge model directory the per-node service serves (VLM)")
     parser.add_argument("--final", required=True, type=Path, help="final checkpoint directory to create")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics file to create (JSON lines)")
     parser.add_argument(
@@ -54,6 +56,7 @@ def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
         "dataset": args.dataset / "raw",
         "splits": args.dataset / "splits.json",
         "evalkit": args.evalkit,
+        "judge_model": args.judge_model,
     }
 
 
@@ -107,9 +110,11 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     ]
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
-    code = subprocess.run(
-        launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg), check=False
-    ).returncode
+    judge_log = args.run_dir / "logs" / f"judge-node{where.node_rank}.log"
+    with judge_service(cfg, args.judge_model, judge_log):
+        code = subprocess.run(
+            launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg), check=False
+        ).returncode
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
     if code != 0:
