@@ -195,3 +195,22 @@ def test_a_judge_service_that_dies_or_serves_another_model_fails_with_its_log(tm
     with pytest.raises(VideoGRPOError, match="serves \\['qwen3.6-27b'\\], not reward.judge_served_name"):
         with judge_service(other, tmp_path / "model", tmp_path / "b.log"):
             pass
+
+
+def test_preflight_checks_the_rubric_source_against_the_dataset(dataset, repo, tmp_path):
+    from videogrpo import config
+    from videogrpo.preflight import check_judge_rubrics
+
+    source = repo / "src/videogrpo/rewards/reference_judge_prompts.py"
+    pinned = hashlib.sha256(source.read_bytes()).hexdigest()
+
+    def cfg(path, digest):
+        fields = {"kind": "vbvr_vlm", "judge_prompts": str(path), "judge_prompts_digest": digest}
+        return config.from_dict({"reward": fields}, partial=True)
+
+    ok = check_judge_rubrics(cfg(source, pinned), dataset)
+    assert ok.ok and "rubrics for all 3 tasks" in ok.detail
+    partial = tmp_path / "prompts.py"
+    partial.write_text('EVAL_PROMPTS = {"S-1_move_red_square_data-generator": "Rate."}\n')
+    short = check_judge_rubrics(cfg(partial, hashlib.sha256(partial.read_bytes()).hexdigest()), dataset)
+    assert not short.ok and "no rubric for task(s)" in short.detail and "covers 1 tasks" in short.detail

@@ -120,6 +120,24 @@ def check_evalkit_tasks(cfg: Config, dataset_dir: Path) -> Check:
     return Check("evalkit_tasks", True, detail)
 
 
+def check_judge_rubrics(cfg: Config, dataset_dir: Path) -> Check:
+    """The pinned rubric source covers every task of the dataset (vbvr_vlm)."""
+    from videogrpo.errors import VideoGRPOError
+    from videogrpo.rewards.judge import load_rubrics
+
+    tasks = sorted({entry["task"] for entry in json.loads((dataset_dir / "splits.json").read_text())})
+    try:
+        rubrics = load_rubrics(cfg.reward.judge_prompts, cfg.reward.judge_prompts_digest, tasks)
+    except VideoGRPOError as err:
+        return Check("judge_rubrics", False, str(err))
+    return Check(
+        "judge_rubrics",
+        True,
+        f"{cfg.reward.judge_prompts}: rubrics for all {len(tasks)} tasks "
+        f"({len(rubrics)} in the source), SHA-256 = reward.judge_prompts_digest",
+    )
+
+
 def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: int) -> Check:
     report = json.loads(validation_file.read_text())
     splits = json.loads((dataset_dir / "splits.json").read_text())

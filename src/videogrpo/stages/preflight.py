@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if cfg.reward.kind == "vbvr_rule":
             checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
+        else:
+            checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
         checks += preflight.node_checks(cfg)
         report = preflight.as_report(checks)
         for check in checks:
