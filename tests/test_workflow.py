@@ -505,11 +505,11 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     out = run(["snakemake", "-n", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
     jobs = jobs_run(out.stdout + out.stderr)
     expected = set(RULES) | {"all"}
-    if recipe == "rl_5b_vlm":
-        expected -= {"fingerprint_evalkit", "check_scorer_runtime"}
+    if recipe == "rl_5b_vlm":  # the judge model instead of the EvalKit
+        expected = expected - {"fingerprint_evalkit", "check_scorer_runtime"} | {"fetch_judge"}
     assert set(jobs) == expected
     assert f"results/runs/{recipe}-" in out.stdout + out.stderr
-    trainable = recipe in ("rl_5b_cps", "rl_5b_sde")
+    trainable = recipe in ("rl_5b_cps", "rl_5b_sde", "rl_5b_vlm")
     assert ("cannot be trained by this version" in out.stderr) != trainable
 
 
