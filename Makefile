@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env demo test test-unit test-e2e lint format dag graphviz profile clean
+.PHONY: env scorer-env demo test test-unit test-e2e lint format dag graphviz profile clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	touch $@
 
 env: $(STAMP)
+
+# The EvalKit scorer's own environment (envs/scorer.txt says why it is separate); then set
+# evalkit.python: .venv-scorer/bin/python. norfair's metadata pins numpy<2: installed --no-deps.
+SCORER_VENV ?= .venv-scorer
+scorer-env:
+	$(PYTHON) -m venv $(SCORER_VENV)
+	$(SCORER_VENV)/bin/pip install --quiet --disable-pip-version-check -r envs/scorer.txt
+	$(SCORER_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps norfair==2.3.0 -e .
+	@echo "scorer environment ready: set evalkit.python: $(SCORER_VENV)/bin/python"
 
 demo: env
 	snakemake --cores 2

@@ -275,3 +275,49 @@ def test_preflight_names_the_tasks_without_an_evaluator_and_fails_when_none_is_s
     none = check_evalkit_tasks(kit_config(kit), dataset)
     assert not none.ok and "none of the dataset's 3 tasks is in the TASK_EVALUATOR_MAP" in none.detail
     assert "G-1_other" in none.detail
+
+
+def test_scorer_workers_run_under_the_configured_interpreter(evalkit, tmp_path, dataset):
+    """evalkit.python: the scorer's own environment (here a wrapper that marks its processes)."""
+    import sys
+
+    wrapper = tmp_path / "scorer-python"
+    wrapper.write_text(f'#!/bin/sh\nexport SCORER_ENV_MARKER=scorer-env\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    (kit / "run_evaluation.py").write_text(
+        "import os\n\n\ndef evaluate_single_video(video_path, task_name, gt_info=None, device='cuda'):\n"
+        "    return {'score': 0.5, 'dimensions': {'env': os.environ.get('SCORER_ENV_MARKER')}}\n"
+    )
+    sample = load_split(dataset, "rl")[0]
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
+    with RuleScorer(kit, workers=1, threads_per_worker=1, python=str(wrapper)) as pool:
+        marked = pool.submit(request(sample, frames)).result()
+    assert marked["dimensions"]["env"] == "scorer-env"
+    with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:  # the default again: this interpreter
+        plain = pool.submit(request(sample, frames)).result()
+    assert plain["dimensions"]["env"] is None
+    record = check_runtime({"numpy": np.__version__}, python=str(wrapper))
+    assert record["python"] == str(wrapper) and record["imports"] == {"numpy": "ok"}
+
+
+def test_runtime_problems_cover_imports_cv2_and_the_ocr_assets():
+    """What the release contract's probe can find wrong (measured on this machine: a CPU torch with PyPI's
+    torchvision makes `import easyocr` fail with `operator torchvision::nms does not exist`)."""
+    from videogrpo.rewards.evalkit import runtime_problems
+
+    contract = {"easyocr": "1.7.2", "opencv-python": "4.13.0.92", "norfair": "2.3.0"}
+    probe = {
+        "found": {"easyocr": "1.7.2", "opencv-python": "4.13.0.92", "norfair": "2.3.0"},
+        "imports": {"easyocr": "RuntimeError: operator torchvision::nms does not exist", "cv2": "ok", "norfair": "ok"},
+        "checks": {"cv2_version": "4.12.0", "HoughLinesP_shape": [3, 4], "easyocr_en_char": None},
+    }
+    problems = runtime_problems(contract, probe)
+    assert "import easyocr fails: RuntimeError: operator torchvision::nms does not exist" in problems
+    assert "cv2.__version__ is 4.12.0, the contract pins opencv 4.13.0.92" in problems
+    assert "cv2.HoughLinesP returned shape [3, 4], the evaluators need (N, 1, 4)" in problems
+    assert "easyocr's character/en_char.txt is missing from the installed easyocr package" in problems
+    probe["imports"]["easyocr"] = "ok"
+    probe["checks"] = {"cv2_version": "4.13.0", "HoughLinesP_shape": [3, 1, 4], "easyocr_en_char": "/x/en_char.txt"}
+    assert runtime_problems(contract, probe) == []

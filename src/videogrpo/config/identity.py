@@ -59,7 +59,7 @@ _FIELD_CLASSES = {
         f"evalkit.{f}": CONTRACT
         for f in ("digest", "unsupported_score", "fail_on_error", "video_size", "max_seconds", "crf", "runtime")
     },
-    **{f"evalkit.{f}": EXECUTION for f in ("path", "workers", "threads_per_worker", "easyocr_models")},
+    **{f"evalkit.{f}": EXECUTION for f in ("path", "python", "workers", "threads_per_worker", "easyocr_models")},
     **{
         f"reward.{f}": CONTRACT
         for f in (
@@ -168,7 +168,7 @@ STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
     "validate_dataset": ("data",),
     "fingerprint_evalkit": ("evalkit.path", "evalkit.digest"),
-    "check_scorer_runtime": ("evalkit.runtime",),
+    "check_scorer_runtime": ("evalkit.runtime", "evalkit.python"),
     "preflight": RUN_SECTIONS,
     "train": RUN_SECTIONS + ("logging",),
     "evaluate": RUN_SECTIONS + ("evaluate",),

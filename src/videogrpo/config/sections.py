@@ -86,6 +86,8 @@ class EvalKitConfig:
     fail_on_error: bool = True
     """An evaluator that returns `error` stops the run (true), or scores 0 and is counted in the `reward_errors`
     metric (false; vbvr_reward_fail_on_error: false in the 5B recipes, true in A14B)."""
+    python: str = ""
+    """Interpreter of the scorer's own environment (`make scorer-env`: .venv-scorer/bin/python); empty: this one."""
     easyocr_models: str = "easyocr_models"
     """EasyOCR model folder the scorer workers use (EASYOCR_MODULE_PATH), relative to the checkout."""
     workers: int = 4

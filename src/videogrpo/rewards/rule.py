@@ -159,14 +159,19 @@ class RuleScorer:
         fail_on_error: bool = True,
         easyocr_models: str = "easyocr_models",
         runtime: dict[str, str] | None = None,
+        python: str = "",
     ):
         self.evalkit_path = str(Path(evalkit_path).resolve())
+        context = multiprocessing.get_context("spawn")
+        # The scorer's own environment (evalkit.python, with videogrpo installed --no-deps), or this one.
+        # multiprocessing keeps one spawn executable per process: always set it, never inherit another's.
+        context.set_executable(python or sys.executable)
         self.fail_on_error = fail_on_error
         self.warned: set[str] = set()
         # spawn: the training process holds torch threads and maybe CUDA, which must not be forked.
         self.pool = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=context,
             initializer=_init_worker,
             initargs=(self.evalkit_path, threads_per_worker, easyocr_models, runtime or {}),
         )
@@ -219,7 +224,13 @@ class RuleScorer:
 
         e = cfg.evalkit
         return cls(
-            evalkit_path, e.workers, e.threads_per_worker, e.fail_on_error, e.easyocr_models, runtime_contract(cfg)
+            evalkit_path,
+            e.workers,
+            e.threads_per_worker,
+            e.fail_on_error,
+            e.easyocr_models,
+            runtime_contract(cfg),
+            e.python,
         )
 
     def _warn_once(self, key: str, message: str) -> None:

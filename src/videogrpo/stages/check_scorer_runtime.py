@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=args.upstream,
     ) as stage:
-        record = check_runtime(runtime_contract(cfg))
+        record = check_runtime(runtime_contract(cfg), cfg.evalkit.python or None)
         atomic.write_json(args.out, record)
         stage.output("runtime", args.out)
         stage.summary = {"fingerprint": record["fingerprint"]}
