@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env scorer-env demo test test-unit test-e2e lint format dag graphviz profile clean
+.PHONY: env scorer-env judge-env demo test test-unit test-e2e lint format dag graphviz profile clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ scorer-env:
 	$(SCORER_VENV)/bin/pip install --quiet --disable-pip-version-check -r envs/scorer.txt
 	$(SCORER_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps norfair==2.3.0 -e .
 	@echo "scorer environment ready: set evalkit.python: $(SCORER_VENV)/bin/python"
+
+# The VLM judge service's environment (GPU nodes; vLLM pulls its own CUDA torch); then set
+# reward.judge_python: .venv-judge/bin/python.
+JUDGE_VENV ?= .venv-judge
+judge-env:
+	$(PYTHON) -m venv $(JUDGE_VENV)
+	$(JUDGE_VENV)/bin/pip install --quiet --disable-pip-version-check -r envs/judge.txt
+	@echo "judge environment ready: set reward.judge_python: $(JUDGE_VENV)/bin/python"
 
 demo: env
 	snakemake --cores 2
