@@ -347,7 +347,8 @@ def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, w
 
 
 def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
-    """A same-size corruption survives a plain re-unpack (sizes match); data.verify_existing repairs it."""
+    """A same-size corruption is found (its archive's record) and repaired, named, by the re-unpack that
+    data.verify_existing (an execution setting) triggers."""
     (raw,) = workdir.glob("results/data/*/materialized/raw")
     victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
     good = victim.read_bytes()
@@ -356,7 +357,7 @@ def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir
     victim.write_bytes(bytes(bad))
     run(["snakemake", "--cores", "2", "validate_dataset", "--config", "data={verify_existing: true}"], workdir)
     log = next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
-    assert "(1 files written," in log, log
+    assert "; 1 files written," in log and f"repairing raw/{victim.relative_to(raw)}" in log, log
     assert victim.read_bytes() == good
 
 
