@@ -62,27 +62,34 @@ REPORT_HTML = f"{RUN}/report/report.html"
 _PACKAGE = Path(videogrpo.__file__).parent
 
 
-def stage_params(stage):
-    """The config fields a stage reads, one param each: a change reruns the stage, and `snakemake -n` names
-    the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Cosmetic fields are left out."""
-    params = {}
+def stage_param_texts(stage):
+    """The config fields a stage reads as `field=value` texts, cosmetic fields left out."""
+    texts = {}
     for section, value in vg.stage_view(CFG, stage).items():
         fields = value.items() if isinstance(value, dict) else [(None, value)]
         for name, field_value in fields:
             path = f"{section}.{name}" if name else section
             if vg.field_class(path) != vg.COSMETIC:
-                text = f"{path}={json.dumps(field_value, sort_keys=True)}"
-                # Snakemake expands {wildcards} in params strings; a function's value is taken as it is
-                # (command templates hold braces).
-                params[path.replace(".", "__")] = (lambda wildcards, text=text: text) if "{" in text else text
-    return params
+                texts[path.replace(".", "__")] = f"{path}={json.dumps(field_value, sort_keys=True)}"
+    return texts
+
+
+def stage_params(stage):
+    """The config fields a stage reads, one param each: a change reruns the stage, and `snakemake -n` names
+    the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Cosmetic fields are left out.
+    Snakemake expands {wildcards} in params strings, so a value holding braces (a command template) is
+    given as a function, whose value is taken as it is."""
+    return {
+        key: (lambda wildcards, text=text: text) if "{" in text else text
+        for key, text in stage_param_texts(stage).items()
+    }
 
 
 def stage_config(stage):
     """What a stage command receives (`--config-json @file`): every config field it reads, cosmetic ones
     included, in a file named by a digest of the other fields. The name is a param, so changing a field
     reruns the stage; a label changes the file in place and reruns nothing."""
-    name = sha256_bytes(vg.canonical_json(stage_params(stage)).encode())[:16]
+    name = sha256_bytes(vg.canonical_json(stage_param_texts(stage)).encode())[:16]
     path = Path(RESULTS) / ".stage-config" / f"{stage}-{name}.json"
     text = vg.canonical_json(vg.stage_view(CFG, stage))
     if not path.is_file() or path.read_text() != text:

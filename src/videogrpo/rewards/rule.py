@@ -15,9 +15,12 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +139,21 @@ def score_one(request: ScoreRequest) -> dict:
     }
 
 
+@contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Scorer processes are started on demand by submit(); started with SIGINT ignored, they ignore it from their
+    first instruction (an ignored signal stays ignored across exec, and Python keeps it so), not only once
+    their initializer has run: a Ctrl-C while one is still importing must not print its traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class ScorerStartError(VideoGRPOError):
     """A scorer process could not import or check the EvalKit: the cause, not a bare BrokenProcessPool."""
 
@@ -176,7 +194,9 @@ class RuleScorer:
             initargs=(self.evalkit_path, threads_per_worker, easyocr_models, runtime or {}),
         )
         try:
-            started = self.pool.submit(_worker_ready).result()
+            with _children_ignore_sigint():
+                ready = self.pool.submit(_worker_ready)
+            started = ready.result()
         except BrokenProcessPool as err:
             self.pool.shutdown(wait=False, cancel_futures=True)
             raise ScorerStartError(f"the scorer processes died while starting in {self.evalkit_path} ({err})") from None
@@ -188,7 +208,8 @@ class RuleScorer:
             )
 
     def submit(self, request: ScoreRequest) -> Future:
-        return self.pool.submit(score_one, request)
+        with _children_ignore_sigint():
+            return self.pool.submit(score_one, request)
 
     def collect(self, futures: list[Future]) -> list[dict]:
         try:
