@@ -411,10 +411,16 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
         victim.write_bytes(good)
         (videos / "stray.txt").unlink()
         index.write_text(index_text)
+    run(["snakemake", "--cores", "2", "--config", "train={lr: 2.0e-4, max_steps: 2}"], workdir)  # the README override
     out = run(["bash", "-c", "videogrpo diff $(ls -d results/runs/tiny-* | head -2)"], workdir, check=False)
+    assert out.returncode == 1 and "config: " in out.stdout, out.stdout + out.stderr  # the README's form
+    # Which two runs `ls` lists first depends on their hashes: compare the demo and the README override.
+    override = run(["videogrpo", "config", "--set", "train.lr=2e-4", "train.max_steps=2", "--run-id"], workdir)
+    pair = [run_dir, f"results/runs/{override.stdout.strip()}"]
+    out = run(["videogrpo", "diff", *pair], workdir, check=False)
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
-    assert "config: 2 differ:" in text  # the two runs of this checkout differ in lr and max_steps only
+    assert "config: 2 differ:" in text  # the two runs differ in lr and max_steps only
     assert re.search(r"train\.lr \(contract\): (0\.0001  \|  0\.0002|0\.0002  \|  0\.0001)", text), text
     assert re.search(r"train\.max_steps \(contract\): (4  \|  2|2  \|  4)", text), text
     assert re.search(r"digests: \d+ differ", text) and "train.final:" in text
