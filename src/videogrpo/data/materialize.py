@@ -19,7 +19,7 @@ import multiprocessing
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,13 +197,12 @@ def _check_kept(raw: Path, files: dict[str, list], verify_existing: bool, thread
             trusted.add(rel)
         else:
             suspect.append(rel)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for rel, found in zip(suspect, pool.map(lambda r: digest.sha256_file(raw / r), suspect)):
-            if found == files[rel][0]:
-                trusted.add(rel)
-                files[rel][2] = os.stat(raw / rel).st_mtime_ns
-            else:
-                repair.append(rel)
+    for rel, (found, _) in digest.tree_entries(raw, suspect, threads=max(1, threads)).items():
+        if found == files[rel][0]:
+            trusted.add(rel)
+            files[rel][2] = os.stat(raw / rel).st_mtime_ns
+        else:
+            repair.append(rel)
     return trusted, sorted(repair)
 
 
