@@ -475,13 +475,11 @@ def _read_record(path: Path, archive: Path | None, expected_sha256: str | None) 
 def _raw_entries(raw: Path, records: dict[str, dict], threads: int, log: Callable[[str], None]) -> dict:
     """(sha256, size) of every file under raw/, from the records where they vouch for it, hashed otherwise."""
     known = {rel: (sha, size) for r in records.values() for rel, (sha, size, _) in r["files"].items()}
-    listed = digest.list_files(raw)
-    strays = [rel for rel in listed if rel not in known]
+    entries = digest.tree_entries(raw, threads=threads, known=known)
+    strays = [rel for rel in entries if rel not in known]
     if strays:
         log(f"note: {len(strays)} files under {raw} come from no archive (e.g. {strays[0]}); kept, and recorded")
-    entries = {rel: known[rel] for rel in listed if rel in known}
-    entries.update(digest.tree_entries(raw, strays, threads=threads))
-    missing = sorted(set(known) - set(listed))
+    missing = sorted(set(known) - set(entries))
     if missing:
         raise DataError(f"{raw}: {len(missing)} unpacked files vanished during the run (e.g. {missing[0]})")
-    return dict(sorted(entries.items(), key=lambda item: item[0].split("/")))
+    return entries

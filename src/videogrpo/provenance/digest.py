@@ -109,11 +109,21 @@ def _entry(path: str) -> tuple[str, int]:
 
 
 def tree_entries(
-    root: str | os.PathLike, files: Iterable[str] | None = None, threads: int | None = None
+    root: str | os.PathLike,
+    files: Iterable[str] | None = None,
+    threads: int | None = None,
+    known: dict[str, tuple[str, int]] | None = None,
 ) -> dict[str, tuple[str, int]]:
-    """Map each file's relative path (all under root, or `files`) to (sha256, size), in path-component order."""
+    """Map each file's relative path (all under root, or `files`) to (sha256, size), in path-component order.
+
+    `known` holds entries the caller hashed while making or reading the files: those are reused, the
+    other files listed are hashed.
+    """
     root = os.fspath(root)
     names = list_files(root) if files is None else sorted(files, key=_component_key)
+    if known:
+        hashed = tree_entries(root, [rel for rel in names if rel not in known], threads)
+        return {rel: known[rel] if rel in known else hashed[rel] for rel in names}
     threads = threads or default_threads()
     paths = [f"{root}/{rel}" for rel in names]
     if threads == 1 or len(names) < 2:

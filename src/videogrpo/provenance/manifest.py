@@ -124,10 +124,7 @@ def describe(
         elif complete:
             entries = dict(known)
         else:
-            listed = digest.list_files(path)
-            entries = {rel: known[rel] for rel in listed if rel in known}
-            entries.update(digest.tree_entries(path, [rel for rel in listed if rel not in known]))
-            entries = {rel: entries[rel] for rel in listed}
+            entries = digest.tree_entries(path, known=known)
         record: dict[str, Any] = {
             "path": str(path),
             "kind": "directory",
