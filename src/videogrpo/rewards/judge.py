@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import sys
 import tempfile
 import time
 import urllib.error
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
+from videogrpo.rewards.rule import warn_once
 
 REPAIR_CHARS = 300
 _LINE = re.compile(r"^\s*([A-Za-z0-9_]+)\s*:\s*(.*?)\s*$")
@@ -265,14 +265,12 @@ class JudgeScorer:
                     f"reward.judge_fail_on_error is true: check the judge service, or set it false to score such "
                     f"rollouts reward.judge_error_score (counted in reward_errors)."
                 )
-            if r["task"] not in self.warned:
-                self.warned.add(r["task"])
-                print(
-                    f"warning: judge failed on task {r['task']} ({r['error']}); scored "
-                    f"{self.settings.error_score}, counted in reward_errors",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            warn_once(
+                self.warned,
+                r["task"],
+                f"judge failed on task {r['task']} ({r['error']}); scored {self.settings.error_score}, counted in "
+                f"reward_errors",
+            )
         return results
 
     def close(self) -> None:

@@ -154,6 +154,13 @@ def _children_ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def warn_once(warned: set[str], key: str, message: str) -> None:
+    """One warning per key (a task) for the whole run, not one per video."""
+    if key not in warned:
+        warned.add(key)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class ScorerStartError(VideoGRPOError):
     """A scorer process could not import or check the EvalKit: the cause, not a bare BrokenProcessPool."""
 
@@ -218,7 +225,8 @@ class RuleScorer:
             raise ScorerStartError(f"a scorer process died ({err}); its log lines above say why") from None
         for r in results:
             if r.get("unsupported"):
-                self._warn_once(
+                warn_once(
+                    self.warned,
                     r["unsupported"],
                     f"task {r['unsupported']} is unknown to the EvalKit: scored evalkit.unsupported_score "
                     f"= {r['score']}",
@@ -231,7 +239,8 @@ class RuleScorer:
                         f"evalkit.fail_on_error: false to score such rollouts 0 (counted in reward_errors)."
                     )
                 r["score"] = 0.0
-                self._warn_once(
+                warn_once(
+                    self.warned,
                     r["task"],
                     f"the EvalKit evaluator of task {r['task']} failed ({r['error']}); scored 0 and counted in "
                     f"reward_errors (evalkit.fail_on_error is false); further failures of this task are not repeated",
@@ -253,11 +262,6 @@ class RuleScorer:
             runtime_contract(cfg),
             e.python,
         )
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self.warned:
-            self.warned.add(key)
-            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
