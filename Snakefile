@@ -16,6 +16,7 @@ include: "workflow/rules/evalkit.smk"
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
 
 

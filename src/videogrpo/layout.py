@@ -45,3 +45,38 @@ def data_key(cfg: Config, task_list_text: str) -> str:
 def evalkit_key(cfg: Config) -> str:
     """Directory name of an EvalKit checkout's records: its pinned digest and a digest of its path."""
     return f"{cfg.evalkit.digest[:12] or 'none'}-{_short_digest(cfg.evalkit.path, 8)}"
+
+
+def evalset_key(cfg: Config, task_list_text: str) -> str:
+    """Directory name of an evaluation set: its pinned tree digest, or the synthetic generator's settings."""
+    from videogrpo.config.identity import STAGE_SECTIONS
+
+    if cfg.matrix.eval_set:
+        return f"evalset-{cfg.matrix.eval_set_digest[:12]}"
+    return f"synthetic-{_short_digest([select(cfg, list(STAGE_SECTIONS['synthesize_eval_set'])), task_names(task_list_text)])}"
+
+
+def matrix_key(cfg: Config, task_list_text: str) -> str:
+    """Directory name of a matrix: its evaluation set and the settings every generated video depends on."""
+    from videogrpo.config.identity import GENERATION_FIELDS
+
+    return f"{evalset_key(cfg, task_list_text)}-gen-{_short_digest(select(cfg, list(GENERATION_FIELDS)), 8)}"
+
+
+def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
+    """matrix.models name -> its directory in the matrix (the `model` wildcard): the base model's by what it
+    is (shared by runs), the trained one's by its run, a hub model's by its revision."""
+    names = {}
+    for name in cfg.matrix.models:
+        if name == "base":
+            names[name] = f"base-{model_key(cfg)}"
+        elif name == "trained":
+            names[name] = run_id
+        else:
+            names[name] = hub_model_key(name, cfg.matrix.hub_models[name])
+    return names
+
+
+def hub_model_key(name: str, spec: str) -> str:
+    """Directory name of a hub model to evaluate: its matrix name and revision."""
+    return f"{name}@{spec.partition('@')[2][:12]}"

@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from videogrpo import config as vg
@@ -53,6 +54,18 @@ if UNSUPPORTED:
         "a run is refused before it starts; dry runs and DAG inspection still work",
         file=sys.stderr,
     )
+
+# The evaluation matrix: cells keyed by model and sampler under a directory of the evaluation set and the
+# generation settings, so base and hub-model cells are shared by runs and other settings never overwrite.
+MATRIX_ON = bool(CFG.matrix.models and CFG.matrix.samplers)
+EVALSET = f"{RESULTS}/evalsets/{layout.evalset_key(CFG, TASK_LIST_TEXT)}"
+EVAL_TREE = CFG.matrix.eval_set or f"{EVALSET}/tree"
+MATRIX = f"{RESULTS}/matrix/{layout.matrix_key(CFG, TASK_LIST_TEXT)}"
+CELL = f"{MATRIX}/{{model}}/{{sampler}}"
+CELL_MODELS = layout.cell_models(CFG, RUN_ID)
+CELL_KINDS = {cell: name if name in ("base", "trained") else "hub" for name, cell in CELL_MODELS.items()}
+HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}
+MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
 
 MODEL_DIR = f"{MODEL}/pipeline"
 ARCHIVES = f"{DATA}/archives"
@@ -147,6 +160,7 @@ STAGE_MANIFESTS = {
     "preflight": f"{RUN}/preflight.manifest.json",
     "train": f"{RUN}/train.manifest.json",
     "evaluate": f"{RUN}/evaluate.manifest.json",
+    **({"matrix": f"{RUN}/matrix.manifest.json"} if MATRIX_ON else {}),
 }
 
 
@@ -175,8 +189,8 @@ def cluster_resources(kind):
     """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded.
 
     kind: `train` (every node of the run, all their GPUs), `preflight` or `evaluate` (one GPU, the
-    cores and memory of `slurm.stage_*`) or `cpu` (data and scorer-runtime jobs). Local execution
-    ignores them.
+    cores and memory of `slurm.stage_*`), `generate` (a matrix cell: matrix.procs GPUs of one node) or
+    `cpu` (data, scorer-runtime and scoring jobs). Local execution ignores them.
     """
     s = CFG.slurm
     gpus = s.gpus_per_node
@@ -205,9 +219,63 @@ def cluster_resources(kind):
             mem_mb=s.stage_mem_mb,
             runtime=s.preflight_minutes if kind == "preflight" else s.evaluate_minutes,
         )
-        gpus = min(gpus, 1)
+        gpus = min(gpus, CFG.matrix.procs if kind == "generate" else 1)
     if gpus:
         res["gres"] = f"gpu:{gpus}"
     if s.constraint:
         res["constraint"] = s.constraint
     return res
+
+
+def eval_tree_inputs():
+    """eval_set's inputs: the synthetic tree and its manifest, or every file of the external tree (so that an
+    edit reruns the check, which then refuses it); nothing while the external tree is absent (dry runs)."""
+    if not CFG.matrix.eval_set:
+        return {"tree": EVAL_TREE, "synthesize_eval_set_manifest": f"{EVALSET}/synthesize_eval_set.manifest.json"}
+    root = Path(EVAL_TREE)
+    if not (root / "split_manifest.json").is_file():
+        return {}
+    return {"tree_files": [str(path) for path in sorted(root.rglob("*")) if path.is_file()]}
+
+
+def cell_model_inputs(wildcards):
+    """generate_cell's model inputs for the `model` wildcard: the pipeline directory, the trained transformer,
+    and the manifests that vouch for them."""
+    kind = CELL_KINDS.get(wildcards.model)
+    if kind is None:
+        raise WorkflowError(f"matrix: {wildcards.model} is none of this configuration's models {sorted(CELL_KINDS)}")
+    if kind == "hub":
+        root = f"{RESULTS}/models/eval/{wildcards.model}"
+        return {"model": f"{root}/pipeline", "fetch_eval_model_manifest": f"{root}/fetch_eval_model.manifest.json"}
+    named = {"model": MODEL_DIR, **upstream("fetch_model")}
+    if kind == "trained":
+        named.update(final=f"{RUN}/train/final", **upstream("train"))
+    return named
+
+
+def trained_transformer_arg(wildcards, input):
+    """--transformer of a trained cell (its final export), nothing for a pipeline evaluated as it is."""
+    return f"--transformer {Path(input.final) / 'transformer'}" if "final" in input.keys() else ""
+
+
+def matrix_cells():
+    """(name, sampler, cell directory) of every cell of this run's matrix."""
+    return [
+        (name, sampler, f"{MATRIX}/{CELL_MODELS[name]}/{sampler}")
+        for name in CFG.matrix.models
+        for sampler in CFG.matrix.samplers
+    ]
+
+
+def matrix_cell_inputs():
+    named = {}
+    for i, (name, sampler, cell) in enumerate(matrix_cells()):
+        named[f"cell{i}_scores"] = f"{cell}/scores.csv"
+        named[f"cell{i}_score_cell_manifest"] = f"{cell}/score_cell.manifest.json"
+    return named
+
+
+def matrix_cell_args(wildcards, input):
+    return " ".join(
+        f"--cell {name}:{sampler}={input[f'cell{i}_scores']}" for i, (name, sampler, _) in enumerate(matrix_cells())
+    )

@@ -3,6 +3,7 @@ rule report:
         **STAGE_MANIFESTS,
         metrics=f"{RUN}/train/metrics.jsonl",
         table=f"{RUN}/evaluate/per_task.csv",
+        **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
     output:
         provenance=report(
             f"{RUN}/report/provenance.json",
@@ -26,8 +27,9 @@ rule report:
         code=code("report"),
         run_id=RUN_ID,
         manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
+        matrix=f"--matrix {MATRIX_TABLE}" if MATRIX_ON else "",
     shell:
         "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
-        " --metrics {input.metrics:q} --table {input.table:q} --provenance {output.provenance:q}"
+        " --metrics {input.metrics:q} --table {input.table:q} {params.matrix} --provenance {output.provenance:q}"
         " --html {output.html:q} --crate {output.crate:q} --invocation {params.invocation:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

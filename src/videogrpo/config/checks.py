@@ -77,6 +77,16 @@ POSITIVE = {
     "parallel.tensor_parallel",
     "parallel.cpu_threads",
     "evaluate.sampling_steps",
+    "matrix.expected_samples",
+    "matrix.synthetic_per_task",
+    "matrix.steps",
+    "matrix.guidance_scale",
+    "matrix.num_frames",
+    "matrix.height",
+    "matrix.width",
+    "matrix.fps",
+    "matrix.procs",
+    "matrix.bootstrap",
 }
 NON_NEGATIVE = {
     "data.heldout_per_task",
@@ -217,6 +227,51 @@ def _evaluate_problems(cfg: Config) -> list[str]:
     return []
 
 
+MATRIX_SAMPLER = re.compile(r"^(unipc|euler|flowcps-(0(\.\d+)?|1(\.0+)?))$")
+MATRIX_MODEL = re.compile(r"^(base|trained|[A-Za-z0-9_.-]+)$")
+
+
+def _matrix_problems(cfg: Config) -> list[str]:
+    m = cfg.matrix
+    found = [
+        f"matrix.samplers: {name!r} is not unipc, euler or flowcps-<noise in [0, 1]>"
+        for name in m.samplers
+        if not MATRIX_SAMPLER.match(name)
+    ]
+    for name in m.models:
+        if name not in ("base", "trained") and name not in m.hub_models:
+            found.append(f"matrix.models: {name!r} is not base, trained or a name in matrix.hub_models")
+    for name, spec in m.hub_models.items():
+        repo_id, _, revision = spec.partition("@")
+        if not MATRIX_MODEL.match(name) or name in ("base", "trained"):
+            found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base or trained)")
+        if not repo_id or not HEX40.match(revision):
+            found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<40-hex revision>")
+    for duplicate in sorted({x for x in m.models if m.models.count(x) > 1} | {x for x in m.samplers if m.samplers.count(x) > 1}):
+        found.append(f"matrix: {duplicate!r} is listed twice")
+    if m.eval_set and not HEX64.match(m.eval_set_digest):
+        found.append(
+            f"matrix.eval_set_digest = {m.eval_set_digest!r}: an evaluation tree (matrix.eval_set) must be pinned by "
+            f"its 64-hex tree digest (the eval_set stage prints the digest it finds)"
+        )
+    if not HEX64.match(m.pipeline_sha256):
+        found.append(f"matrix.pipeline_sha256 = {m.pipeline_sha256!r}: must be 64 hex")
+    if m.height % 32 or m.width % 32 or (m.num_frames - 1) % 4:
+        found.append(
+            f"matrix: {m.width}x{m.height}x{m.num_frames}: sides must be multiples of 32 and frames 4k + 1 (the Wan VAE)"
+        )
+    return found
+
+
+def _matrix_data_problems(cfg: Config) -> list[str]:
+    if cfg.matrix.models and not cfg.matrix.eval_set and cfg.data.source != "synthetic":
+        return [
+            "matrix.eval_set is empty: the matrix of a real dataset needs the release evaluation tree (a synthetic one "
+            "is made only for data.source: synthetic); set matrix.eval_set and matrix.eval_set_digest"
+        ]
+    return []
+
+
 def _parallel_problems(cfg: Config) -> list[str]:
     if cfg.parallel.device == "cpu" and cfg.parallel.backend == "nccl":
         return ["parallel.backend = 'nccl': NCCL needs parallel.device = 'cuda'; use 'gloo' on CPU"]
@@ -233,6 +288,8 @@ CHECKS = (
     (("grpo",), _grpo_problems),
     (("evaluate", "data"), _evaluate_problems),
     (("parallel",), _parallel_problems),
+    (("matrix",), _matrix_problems),
+    (("matrix", "data"), _matrix_data_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
 )
 

@@ -31,6 +31,7 @@ _SECTION_CLASSES = {
     "video": CONTRACT,
     "grpo": CONTRACT,
     "evaluate": EVALUATION,
+    "matrix": EVALUATION,
     "slurm": EXECUTION,
     "recipe": CONTRACT,
     "results": EXECUTION,
@@ -133,6 +134,8 @@ _FIELD_CLASSES = {
     },
     **{f"parallel.{f}": EXECUTION for f in ("backend", "attention_backend", "compile", "master_port", "cpu_threads")},
     "logging.wandb_mode": EXECUTION,
+    # Where the evaluation tree is and how many processes generate: its digest and the settings are the pin.
+    **{f"matrix.{f}": EXECUTION for f in ("eval_set", "procs")},
     "logging.wandb_project": COSMETIC,
 }
 
@@ -163,6 +166,21 @@ def fields_of_class(kind: str) -> list[str]:
 
 # What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
 # params, so changing one reruns it, and nothing else does.
+# What a generated evaluation video depends on (besides the model and the sampler): they key the matrix's
+# directory, so cells of other settings live beside, never in place of, each other.
+GENERATION_FIELDS = (
+    "model.kind",
+    "model.max_text_tokens",
+    "parallel.param_dtype",
+    "grpo.trajectory_dtype",
+    "matrix.steps",
+    "matrix.guidance_scale",
+    "matrix.seed",
+    "matrix.num_frames",
+    "matrix.height",
+    "matrix.width",
+    "matrix.fps",
+)
 RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel")
 STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
@@ -172,6 +190,25 @@ STAGE_SECTIONS = {
     "preflight": RUN_SECTIONS,
     "train": RUN_SECTIONS + ("logging",),
     "evaluate": RUN_SECTIONS + ("evaluate",),
+    "synthesize_eval_set": (
+        "data.task_list",
+        "data.synthetic_seed",
+        "data.gt_frames",
+        "data.gt_height",
+        "data.gt_width",
+        "matrix.synthetic_per_task",
+    ),
+    "eval_set": ("matrix.eval_set", "matrix.eval_set_digest", "matrix.expected_samples"),
+    "fetch_eval_model": ("matrix.pipeline_sha256",),
+    "generate_cell": GENERATION_FIELDS + ("matrix.procs", "parallel.device", "parallel.attention_backend", "parallel.cpu_threads"),
+    "score_cell": (
+        "evalkit",
+        "matrix.num_frames",
+        "matrix.fps",
+        "matrix.bootstrap",
+        "matrix.seed",
+    ),
+    "matrix": ("matrix.models", "matrix.bootstrap", "matrix.seed"),
     "report": ("recipe",),
 }
 

@@ -303,6 +303,52 @@ class EvaluateConfig:
     """Also score the untrained base model on the same samples and noise."""
 
 
+PUBLISHED_PIPELINE_SHA256 = "968acf1b214bce097f4d034bf26923dbf496ac319c1adb6560c16089f2ab0e50"
+
+
+@dataclass
+class MatrixConfig:
+    eval_set: str = ""
+    """Flattened evaluation tree (`In-Domain_50/<task>/<index>/`, ...) holding split_manifest.json; empty: a
+    synthetic tree in that layout, generated here (the tiny default)."""
+    eval_set_digest: str = ""
+    """64-hex tree digest the evaluation tree must have (every file, split_manifest.json included); required
+    with eval_set."""
+    expected_samples: int = 500
+    """Samples split_manifest.json must list (the release split: 500)."""
+    synthetic_per_task: int = 1
+    """Samples per task and domain of the synthetic evaluation tree (eval_set empty)."""
+    models: list[str] = field(default_factory=list)
+    """Models evaluated, one matrix row each: `base` (model.*), `trained` (the run's exported final transformer)
+    or a name in hub_models; empty: no matrix."""
+    hub_models: dict[str, str] = field(default_factory=dict)
+    """Pinned Hub pipelines to evaluate, name -> `repo_id@<40-hex revision>`."""
+    pipeline_sha256: str = PUBLISHED_PIPELINE_SHA256
+    """SHA-256 a hub model's custom pipeline.py must have (any other is refused; REFERENCE section 10)."""
+    samplers: list[str] = field(
+        default_factory=lambda: ["flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"]
+    )
+    """Samplers, one matrix column each: `unipc` (UniPC ODE), `euler` (Euler ODE) or `flowcps-<noise>`."""
+    steps: int = 30
+    """Denoising steps of every cell."""
+    guidance_scale: float = 1.0
+    """Classifier-free guidance scale (1: none)."""
+    seed: int = 0
+    """Base seed: sample i of the evaluation set draws its noise from (seed, i)."""
+    num_frames: int = 81
+    """Frames per generated video."""
+    height: int = 512
+    """Generated height in pixels."""
+    width: int = 512
+    """Generated width in pixels."""
+    fps: int = 16
+    """Frame rate of generated videos."""
+    procs: int = 1
+    """Generation processes per cell job: one per GPU of the node (data parallel), CPU processes on cpu."""
+    bootstrap: int = 2000
+    """Bootstrap resamples of the matrix's 95 % intervals (over samples)."""
+
+
 @dataclass
 class LoggingConfig:
     wandb_mode: str = "offline"
@@ -360,6 +406,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     results: str = "results"

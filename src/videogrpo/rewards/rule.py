@@ -73,6 +73,8 @@ class ScoreRequest:
     unsupported_score: float
     keep_video: str | None = None
     """Where to keep the MP4 handed to the scorer (None: a temporary file)."""
+    gt: dict | None = None
+    """The EvalKit's ground-truth description (None: that of a dataset sample directory, `gt_info`)."""
 
     def __post_init__(self) -> None:
         # Made here, in the driver: the workers run in the checkout, where relative paths would point.
@@ -123,7 +125,8 @@ def score_one(request: ScoreRequest) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = request.keep_video or os.path.join(tmp, "generated.mp4")
         write_mp4(path, frames, fps=fps, crf=request.crf)
-        result = run_evaluation.evaluate_single_video(path, request.task, gt_info(request.sample_dir), device="cpu")
+        gt = request.gt or gt_info(request.sample_dir)
+        result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
     score = result.get("score")
     if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0.0 <= score <= 1.0:
         raise VideoGRPOError(

@@ -14,6 +14,12 @@ STAGES = (
     "preflight",
     "train",
     "evaluate",
+    "synthesize_eval_set",
+    "eval_set",
+    "fetch_eval_model",
+    "generate_cell",
+    "score_cell",
+    "matrix",
     "report",
 )
 
@@ -76,5 +82,17 @@ CODE_PARTS = {
         "parallelize.py",
     ),
     "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py"),
+    "synthesize_eval_set": ("stages/synthesize_eval_set.py", "matrix/evalset.py", "data/synthetic.py", "data/video.py"),
+    "eval_set": ("stages/eval_set.py", "matrix/evalset.py", "data/video.py"),
+    "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "models"),
+    "generate_cell": ("stages/generate_cell.py", "matrix/evalset.py", "matrix/generate.py", "grpo", "models", "data/video.py"),
+    "score_cell": (
+        "stages/score_cell.py",
+        "stages/generate_cell.py",
+        "matrix",
+        "rewards",
+        "data/video.py",
+    ),
+    "matrix": ("stages/matrix.py", "matrix/aggregate.py", "matrix/evalset.py"),
     "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py"),
 }

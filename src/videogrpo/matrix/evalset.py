@@ -1,0 +1,173 @@
+"""The evaluation set of the reference's release evaluation (REFERENCE section 10).
+
+A flattened tree `<domain>/<task>/<index>/{first_frame.png, prompt.txt, ground_truth.mp4, metadata.json}`
+with domains In-Domain_50 then Out-of-Domain_50, and `split_manifest.json` at its root: a list of
+`{"task", "split", "bench": [sample ids]}` records, the sample id of `<task>/<index>` being bench[index]
+(metadata.json's `task_id` must equal it). The evaluation list is the exact set the manifest names, in
+domain, task, index order; a sample's position in it offsets its seed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from videogrpo.errors import DataError
+
+DOMAINS = ("In-Domain_50", "Out-of-Domain_50")
+SAMPLE_FILES = ("first_frame.png", "prompt.txt", "ground_truth.mp4", "metadata.json")
+MANIFEST = "split_manifest.json"
+INDEX = re.compile(r"^\d{5}$")
+
+
+class EvalSetError(DataError):
+    """The evaluation tree or its split manifest is not the exact set it must be."""
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    index: int
+    """Position in the evaluation list: the sample's seed offset."""
+    domain: str
+    task: str
+    sample: str
+    """The sample's directory name, `00000`."""
+    sample_id: str
+    """bench[int(sample)] of its task in the split manifest (metadata.json's task_id)."""
+
+    @property
+    def name(self) -> str:
+        """`<domain>/<task>/<index>`: the sample's directory in the tree and its video's path in a cell."""
+        return f"{self.domain}/{self.task}/{self.sample}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_split_manifest(root: Path) -> dict[str, tuple[str, list[str]]]:
+    """task -> (domain, bench) of the records whose split is one of DOMAINS."""
+    path = root / MANIFEST
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EvalSetError(f"{path}: no split manifest; the evaluation tree must hold {MANIFEST}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise EvalSetError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(records, list):
+        raise EvalSetError(f"{path}: expected a list of {{task, split, bench}} records, found {type(records).__name__}")
+    tasks: dict[str, tuple[str, list[str]]] = {}
+    for position, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("task"), str):
+            raise EvalSetError(f"{path}: record {position} has no task name")
+        task = record["task"]
+        if record.get("split") not in DOMAINS:
+            continue
+        if task in tasks:
+            raise EvalSetError(f"{path}: task {task!r} is listed twice")
+        bench = record.get("bench")
+        if not isinstance(bench, list) or not bench or not all(isinstance(s, str) for s in bench):
+            raise EvalSetError(f"{path}: task {task!r} has no bench list of sample ids")
+        repeated = sorted({s for s in bench if bench.count(s) > 1})
+        if repeated:
+            raise EvalSetError(f"{path}: task {task!r} lists sample ids twice: {repeated[:5]}")
+        tasks[task] = (record["split"], bench)
+    return tasks
+
+
+def eval_samples(root: Path, expected: int) -> list[EvalSample]:
+    """The evaluation list of the tree at `root`, after checking it is exactly the manifest's set."""
+    root = Path(root)
+    tasks = read_split_manifest(root)
+    samples: list[EvalSample] = []
+    problems: list[str] = []
+    for domain in DOMAINS:
+        domain_dir = root / domain
+        if not domain_dir.is_dir():
+            continue
+        for task_dir in sorted(domain_dir.iterdir()):
+            task = task_dir.name
+            if task not in tasks:
+                problems.append(f"{domain}/{task}: task absent from {MANIFEST}")
+                continue
+            if tasks[task][0] != domain:
+                problems.append(f"{domain}/{task}: the manifest assigns this task to {tasks[task][0]}")
+                continue
+            bench = tasks[task][1]
+            for sample_dir in sorted(task_dir.iterdir()):
+                where = f"{domain}/{task}/{sample_dir.name}"
+                if not INDEX.match(sample_dir.name) or not sample_dir.is_dir():
+                    problems.append(f"{where}: not a sample directory (five digits)")
+                    continue
+                if int(sample_dir.name) >= len(bench):
+                    problems.append(f"{where}: index beyond the task's {len(bench)} bench samples")
+                    continue
+                missing = [f for f in SAMPLE_FILES if not (sample_dir / f).is_file()]
+                if missing:
+                    problems.append(f"{where}: missing {', '.join(missing)}")
+                    continue
+                expected_id = bench[int(sample_dir.name)]
+                found_id = _task_id(sample_dir / "metadata.json")
+                if found_id != expected_id:
+                    problems.append(f"{where}: metadata.json task_id {found_id!r}, the manifest says {expected_id!r}")
+                    continue
+                samples.append(EvalSample(len(samples), domain, task, sample_dir.name, expected_id))
+    present = {(s.task, int(s.sample)) for s in samples}
+    for task, (domain, bench) in tasks.items():
+        absent = [f"{domain}/{task}/{i:05d}" for i in range(len(bench)) if (task, i) not in present]
+        problems += [f"{name}: listed in {MANIFEST} but not in the tree" for name in absent]
+    if not problems and len(samples) != expected:
+        problems.append(f"{len(samples)} samples, expected exactly {expected} (matrix.expected_samples)")
+    if problems:
+        shown = "\n  - ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise EvalSetError(f"{root}: the evaluation set is not the exact set of its split manifest:\n  - {shown}")
+    return samples
+
+
+def _task_id(path: Path) -> str | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("task_id")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise EvalSetError(f"{path}: not a JSON object ({err})") from None
+    return value if isinstance(value, str) else None
+
+
+def write_synthetic_tree(
+    root: Path, tasks: list[str], per_task: int, seed: int, frames: int, height: int, width: int, fps: int
+) -> None:
+    """A synthetic evaluation tree in the release layout: every task in both domains (Out-of-Domain_50 drawn
+    with another seed: the tiny default has no unseen task family), `per_task` samples each."""
+    from videogrpo import atomic
+    from videogrpo.data import synthetic
+
+    records = []
+    for domain_number, domain in enumerate(DOMAINS):
+        for task in tasks:
+            bench = []
+            for index in range(per_task):
+                # Indices far from the training set's (0 .. samples_per_task): other draws of the generator.
+                members = synthetic.sample_members(
+                    task, 10_000 * (domain_number + 1) + index, seed, frames, height, width, fps
+                )
+                sample_id = f"{domain}_{task}_{index:05d}"
+                target = root / domain / task / f"{index:05d}"
+                target.mkdir(parents=True, exist_ok=True)
+                for member, data in members.items():
+                    leaf = member.rsplit("/", 1)[1]
+                    if leaf == "metadata.json":
+                        data = json.dumps(dict(json.loads(data), task_id=sample_id), indent=2).encode()
+                    if leaf in SAMPLE_FILES:
+                        atomic.write_bytes(target / leaf, data)
+                bench.append(sample_id)
+            records.append({"task": task, "split": domain, "bench": bench})
+    atomic.write_json(root / MANIFEST, records)
+
+
+def last_frame(video: Path) -> np.ndarray:
+    """The last frame of a ground-truth video (what the EvalKit compares a generated final frame with)."""
+    from videogrpo.data.video import read_video
+
+    return read_video(video)[-1]

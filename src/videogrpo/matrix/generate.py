@@ -1,0 +1,243 @@
+"""Generation of one matrix cell: every evaluation sample by one model with one sampler.
+
+Samplers (REFERENCE section 10): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
+UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
+with the model's flow shift) and `flowcps-<noise>` (the Flow-CPS transition of training, over
+sigma = shift t / (1 + (shift - 1) t)). Latent frame 0 is the first frame's latent after every step.
+
+Videos go to `<partial>/<domain>/<task>/<index>.mp4` through a temporary name and are validated
+(frames, size, fps) before their rename: a video that exists is complete, so an interrupted cell resumes
+with the ones it lacks. Ranks take samples rank, rank + procs, ... (data parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.matrix.evalset import EvalSample
+
+SAMPLER = re.compile(r"^(unipc|euler|flowcps-(\d+(?:\.\d+)?))$")
+SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
+DEFAULT_FLOW_SHIFT = 5.0
+
+
+@dataclass(frozen=True)
+class Sampler:
+    kind: str
+    """`unipc`, `euler` or `flowcps`."""
+    noise: float = 0.0
+    """Flow-CPS noise level eta in [0, 1]."""
+
+
+def parse_sampler(name: str) -> Sampler:
+    """A sampler cell name: `unipc`, `euler` or `flowcps-<noise>` with noise in [0, 1]."""
+    match = SAMPLER.match(name)
+    if not match:
+        raise ConfigError(f"matrix.samplers: {name!r} is not a sampler; use unipc, euler or flowcps-<noise> (0..1)")
+    if match.group(2) is None:
+        return Sampler(name)
+    noise = float(match.group(2))
+    if not 0.0 <= noise <= 1.0:
+        raise ConfigError(f"matrix.samplers: {name!r}: the Flow-CPS noise level must be in [0, 1]")
+    return Sampler("flowcps", noise)
+
+
+def flow_shift(model_dir: Path) -> float:
+    """The model scheduler's flow shift (`flow_shift`, else `shift`), 5.0 without one: the reference's rule."""
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        return DEFAULT_FLOW_SHIFT
+    config = json.loads(path.read_text())
+    return float(config.get("flow_shift") or config.get("shift") or DEFAULT_FLOW_SHIFT)
+
+
+def ode_scheduler(kind: str, model_dir: Path, shift: float):
+    """The diffusers scheduler of an ODE cell."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    if kind == "euler":
+        return FlowMatchEulerDiscreteScheduler(shift=shift)
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    if path.is_file() and json.loads(path.read_text()).get("_class_name") == "UniPCMultistepScheduler":
+        return UniPCMultistepScheduler.from_pretrained(Path(model_dir) / "scheduler")
+    # Wan2.2's own scheduler settings (its Diffusers snapshots ship this UniPC).
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)
+
+
+@dataclass(frozen=True)
+class Settings:
+    steps: int
+    guidance_scale: float
+    seed: int
+    num_frames: int
+    height: int
+    width: int
+    fps: int
+
+    @classmethod
+    def from_config(cls, cfg) -> Settings:
+        m = cfg.matrix
+        return cls(m.steps, m.guidance_scale, m.seed, m.num_frames, m.height, m.width, m.fps)
+
+
+@torch.no_grad()
+def generate_video(
+    model, transformer, model_dir: Path, sample_dir: Path, sample: EvalSample, sampler: Sampler, s: Settings, shift: float
+):
+    """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step)."""
+    from videogrpo.grpo.rollout import seeded_normal
+    from videogrpo.grpo.samplers import sigma_schedule, transition
+
+    prompt = (sample_dir / "prompt.txt").read_text(encoding="utf-8").strip()
+    embeds, condition = model.encode_conditions([prompt], [sample_dir / "first_frame.png"], s.height, s.width)
+    shape = model.geometry(s.num_frames, s.height, s.width).shape
+    device = model.device
+    condition = condition.to(device)
+    x = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index).unsqueeze(0)
+    x[:, :, :1] = condition
+    if sampler.kind == "flowcps":
+        sigmas = sigma_schedule(s.steps, shift)
+        for i in range(s.steps):
+            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = model.velocity(transformer, x, sigma, embeds, s.guidance_scale)
+            mean, std = transition("flowcps", x, v, sigma, sigma_next, sampler.noise)
+            noise = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index, i + 1).unsqueeze(0)
+            x = mean + std * noise
+            x[:, :, :1] = condition
+    else:
+        scheduler = ode_scheduler(sampler.kind, model_dir, shift)
+        scheduler.set_timesteps(s.steps, device=device)
+        for t in scheduler.timesteps:
+            v = model.velocity(transformer, x, float(t) / scheduler.config.num_train_timesteps, embeds, s.guidance_scale)
+            x = scheduler.step(v, t, x, return_dict=False)[0].float()
+            x[:, :, :1] = condition
+    return model.decode(x)[0]
+
+
+def video_problem(path: Path, frames: int, width: int, height: int, fps: float) -> str | None:
+    """Why the video at `path` is not frames x width x height at fps (None: it is)."""
+    import av
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return "file is missing or empty"
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            found_fps = float(stream.average_rate or 0)
+            found = sum(1 for _ in container.decode(video=0))
+            size = (stream.codec_context.width, stream.codec_context.height)
+    except (av.error.FFmpegError, OSError, IndexError) as err:
+        return f"video decode failed: {err}"
+    if found != frames:
+        return f"frames={found}, expected={frames}"
+    if size != (width, height):
+        return f"size={size[0]}x{size[1]}, expected={width}x{height}"
+    if not math.isclose(found_fps, fps, abs_tol=1e-3):
+        return f"fps={found_fps:g}, expected={fps:g}"
+    return None
+
+
+def generated_problem(path: Path, s: Settings) -> str | None:
+    return video_problem(path, s.num_frames, s.width, s.height, s.fps)
+
+
+def output_problems(videos: Path, samples: list[EvalSample], s: Settings) -> list[str]:
+    """The exact-set check of a cell's videos: one per sample (no missing, no extra), each valid."""
+    expected = [f"{sample.name}.mp4" for sample in samples]
+    repeated = sorted({name for name in expected if expected.count(name) > 1})
+    if repeated:
+        return [f"the evaluation list names {name} twice" for name in repeated]
+    found = {
+        str(p.relative_to(videos))
+        for p in videos.rglob("*")
+        if p.is_file() and not p.name.startswith(".")  # temporaries of an interrupted attempt
+    }
+    problems = [f"missing {name}" for name in expected if name not in found]
+    problems += [f"extra {name}" for name in sorted(found - set(expected))]
+    for name in expected:
+        if name in found and (why := generated_problem(videos / name, s)):
+            problems.append(f"invalid {name}: {why}")
+    return problems
+
+
+def temporary_name(target: Path, rank: int) -> Path:
+    return target.with_name(f".{target.stem}.tmp-rank{rank}-pid{os.getpid()}.mp4")
+
+
+def generate_rank(
+    rank: int,
+    procs: int,
+    cfg,
+    model_dir: Path,
+    transformer_dir: Path | None,
+    tree: Path,
+    samples: list[EvalSample],
+    sampler_name: str,
+    partial: Path,
+    device_kind: str,
+    progress=None,
+) -> int:
+    """Generate this rank's samples that have no valid video yet; returns how many it generated."""
+    from videogrpo.data.video import write_mp4
+    from videogrpo.models.wan import WanTI2V, load_transformer
+
+    torch.set_num_threads(cfg.parallel.cpu_threads)
+    device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
+    s = Settings.from_config(cfg)
+    sampler = parse_sampler(sampler_name)
+    mine = [sample for sample in samples[rank::procs] if generated_problem(partial / f"{sample.name}.mp4", s)]
+    if progress:
+        progress.update(len(samples[rank::procs]) - len(mine))
+    if not mine:
+        return 0
+    model = WanTI2V.from_config(model_dir, device, cfg)
+    transformer = model.transformer
+    if transformer_dir is not None:
+        transformer = load_transformer(transformer_dir, device, cfg.parallel.attention_backend)
+    transformer.eval()
+    shift = flow_shift(model_dir)
+    for sample in mine:
+        frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift)
+        target = partial / f"{sample.name}.mp4"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_name(target, rank)
+        write_mp4(tmp, frames, fps=s.fps)
+        if why := generated_problem(tmp, s):
+            raise VideoGRPOError(f"{tmp}: the generated video failed validation ({why})")
+        os.replace(tmp, target)
+        if progress:
+            progress.update()
+    return len(mine)
+
+
+def _spawned_rank(rank: int, *args) -> None:
+    generate_rank(rank, *args)
+
+
+def generate_cell(cfg, model_dir, transformer_dir, tree, samples, sampler_name, partial: Path, progress=None) -> None:
+    """Every sample's video of the cell under `partial` (resuming), over matrix.procs processes."""
+    procs = cfg.matrix.procs
+    device_kind = cfg.parallel.device
+    if device_kind == "cuda" and procs > torch.cuda.device_count():
+        raise ConfigError(f"matrix.procs = {procs}: this node has {torch.cuda.device_count()} GPUs")
+    partial.mkdir(parents=True, exist_ok=True)
+    args = (procs, cfg, model_dir, transformer_dir, tree, samples, sampler_name, partial, device_kind)
+    if procs == 1:
+        generate_rank(0, *args, progress=progress)
+        return
+    import torch.multiprocessing as mp
+
+    try:
+        mp.spawn(_spawned_rank, args=args, nprocs=procs, join=True)
+    except mp.ProcessRaisedException as err:
+        raise VideoGRPOError(f"a generation process failed:\n{err}") from None
+    except mp.ProcessExitedException as err:
+        raise VideoGRPOError(f"a generation process died ({err}); the videos it completed are kept") from None

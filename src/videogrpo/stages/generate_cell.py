@@ -1,0 +1,86 @@
+"""generate_cell: the videos of one (model, sampler) cell of the evaluation matrix, exact set validated.
+
+Videos accumulate in <work>/<key>/ (outside the declared output, which Snakemake deletes before a rerun),
+keyed by the stage's config and its input digests: an interrupted cell resumes with the videos it lacks,
+and videos made by other weights or settings are never reused. The output directory appears only once
+the set is exact (one valid video per sample, nothing else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+from videogrpo.config import canonical_json
+from videogrpo.errors import DigestMismatch, VideoGRPOError
+from videogrpo.matrix.evalset import EvalSample
+from videogrpo.provenance.digest import sha256_bytes, sha256_file
+from videogrpo.provenance.manifest import StageRun, record_digest
+from videogrpo.stages.common import add_config_argument, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--model", required=True, type=Path, help="Diffusers pipeline directory")
+    parser.add_argument("--transformer", type=Path, help="transformer replacing the pipeline's (a trained one)")
+    parser.add_argument("--samples", required=True, type=Path, help="the evaluation list (eval_set's samples.json)")
+    parser.add_argument("--sampler", required=True, help="unipc, euler or flowcps-<noise>")
+    parser.add_argument("--videos", required=True, type=Path, help="directory of the cell's videos to create")
+    parser.add_argument("--work", required=True, type=Path, help="where videos accumulate for a resume")
+
+
+def load_samples(path: Path, check: tuple[str, ...] = ()) -> tuple[Path, list[EvalSample]]:
+    """The evaluation tree and list of samples.json; the files named in `check` must still have their recorded
+    SHA-256 (the tree is read in place, after eval_set pinned it)."""
+    listed = json.loads(path.read_text())
+    tree = Path(listed["tree"])
+    samples = []
+    for entry in listed["samples"]:
+        for name in check:
+            file = tree / entry["name"] / name
+            if not file.is_file() or sha256_file(file) != entry["files"][name]:
+                raise DigestMismatch(
+                    f"{file}: changed since eval_set recorded it (SHA-256 {entry['files'][name]} in {path}); "
+                    f"restore the evaluation tree, or rerun eval_set (snakemake --forcerun eval_set)"
+                )
+        samples.append(EvalSample(**{k: entry[k] for k in ("index", "domain", "task", "sample", "sample_id")}))
+    return tree, samples
+
+
+def run(args: argparse.Namespace) -> int:
+    from videogrpo.matrix.generate import Settings, generate_cell, output_problems
+    from videogrpo.progress import Progress
+
+    cfg, sections = load_config(args)
+    inputs = {"model": args.model, "transformer": args.transformer, "samples": args.samples}
+    with StageRun("generate_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+        tree, samples = load_samples(args.samples, check=("first_frame.png", "prompt.txt"))
+        key = {
+            "config": sections,
+            "sampler": args.sampler,
+            "inputs": {k: record_digest(v) for k, v in stage.input_records.items()},
+        }
+        work = args.work / sha256_bytes(canonical_json(key).encode())[:12]
+        progress = Progress(f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos")
+        generate_cell(cfg, args.model, args.transformer, tree, samples, args.sampler, work / "videos", progress)
+        progress.finish()
+        for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt
+            temporary.unlink()
+        problems = output_problems(work / "videos", samples, Settings.from_config(cfg))
+        if problems:
+            shown = "\n  - ".join(problems[:20])
+            raise VideoGRPOError(
+                f"{work / 'videos'}: the cell's videos are not the exact set of {args.samples} "
+                f"({len(problems)} problems):\n  - {shown}"
+            )
+        args.videos.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(work / "videos", args.videos)
+        for stale in args.work.iterdir():  # work of other weights or settings: never resumed
+            shutil.rmtree(stale, ignore_errors=True)
+        stage.output("videos", args.videos)
+        stage.summary = {"sampler": args.sampler, "videos": len(samples)}
+    print(f"{args.videos}: {len(samples)} videos")
+    return 0

@@ -1,0 +1,60 @@
+"""matrix: the run's evaluation matrix, every (model, sampler) cell's domain and overall means with
+bootstrap intervals and the paired change from the base model, plus every cell's per-task means."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from videogrpo import atomic
+from videogrpo.errors import VideoGRPOError
+from videogrpo.matrix.aggregate import matrix_table
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument(
+        "--cell", action="append", default=[], metavar="MODEL:SAMPLER=SCORES_CSV", help="a scored cell (repeat)"
+    )
+    parser.add_argument("--table", required=True, type=Path, help="the matrix (CSV) to create")
+    parser.add_argument("--per-task", required=True, type=Path, help="per-task means of every cell (CSV) to create")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, sections = load_config(args)
+    cells: dict[tuple[str, str], Path] = {}
+    for text in args.cell:
+        label, _, path = text.partition("=")
+        model, _, sampler = label.partition(":")
+        cells[(model, sampler)] = Path(path)
+    inputs = {f"{model}:{sampler}": path for (model, sampler), path in cells.items()}
+    with StageRun("matrix", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+        scores = {cell: pd.read_csv(path) for cell, path in cells.items()}
+        names = {cell: sorted(frame["name"]) for cell, frame in scores.items()}
+        reference = next(iter(names.values()))
+        differing = [f"{m}:{s}" for (m, s), listed in names.items() if listed != reference]
+        if differing:
+            raise VideoGRPOError(f"cells {differing} scored other samples than the first cell; rerun them")
+        base = "base" if "base" in cfg.matrix.models else None
+        table = matrix_table(scores, base, cfg.matrix.bootstrap, cfg.matrix.seed)
+        per_task = (
+            pd.concat([frame.assign(model=m, sampler=s) for (m, s), frame in scores.items()])
+            .groupby(["model", "sampler", "domain", "task"], sort=False)
+            .score.agg(["count", "mean"])
+            .reset_index()
+            .rename(columns={"count": "samples"})
+        )
+        with atomic.atomic_path(args.table) as tmp:
+            table.to_csv(tmp, index=False)
+        with atomic.atomic_path(args.per_task) as tmp:
+            per_task.to_csv(tmp, index=False)
+        stage.output("table", args.table)
+        stage.output("per_task", args.per_task)
+        overall = table[table.domain == "overall"]
+        stage.summary = {f"{r.model}:{r.sampler}": round(float(r["mean"]), 6) for _, r in overall.iterrows()}
+        print(overall.to_string(index=False))
+    return 0

@@ -1,0 +1,148 @@
+# The evaluation matrix (REFERENCE section 10): an evaluation set pinned and checked, models validated,
+# one generate and one score job per (model, sampler) cell, and the run's matrix table.
+
+
+wildcard_constraints:
+    model="[^/]+",
+    sampler="[^/]+",
+    hub="[^/]+",
+
+
+rule synthesize_eval_set:
+    output:
+        tree=directory(f"{EVALSET}/tree"),
+        manifest=f"{EVALSET}/synthesize_eval_set.manifest.json",
+    log:
+        f"{EVALSET}/synthesize_eval_set.log",
+    localrule: True
+    params:
+        **stage_params("synthesize_eval_set"),
+        config=stage_config("synthesize_eval_set"),
+        code=code("synthesize_eval_set"),
+    shell:
+        "videogrpo synthesize-eval-set --config-json {params.config:q} --out {output.tree:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule eval_set:
+    input:
+        **eval_tree_inputs(),
+    output:
+        samples=f"{EVALSET}/samples.json",
+        final_frames=directory(f"{EVALSET}/final_frames"),
+        manifest=f"{EVALSET}/eval_set.manifest.json",
+    log:
+        f"{EVALSET}/eval_set.log",
+    resources:
+        **cluster_resources("cpu"),
+    params:
+        **stage_params("eval_set"),
+        config=stage_config("eval_set"),
+        code=code("eval_set"),
+        tree=EVAL_TREE,
+        upstream=upstream_args,
+    shell:
+        "videogrpo eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"
+        " --final-frames {output.final_frames:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule fetch_eval_model:
+    output:
+        model=directory(f"{RESULTS}/models/eval/{{hub}}/pipeline"),
+        manifest=f"{RESULTS}/models/eval/{{hub}}/fetch_eval_model.manifest.json",
+    log:
+        f"{RESULTS}/models/eval/{{hub}}/fetch_eval_model.log",
+    localrule: True
+    params:
+        **stage_params("fetch_eval_model"),
+        config=stage_config("fetch_eval_model"),
+        code="pinned Hub snapshot",
+        spec=lambda wildcards: HUB_SPECS[wildcards.hub],
+        name=lambda wildcards: wildcards.hub.split("@")[0],
+    shell:
+        "videogrpo fetch-eval-model --config-json {params.config:q} --name {params.name:q} --spec {params.spec:q}"
+        " --out {output.model:q} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule generate_cell:
+    input:
+        unpack(cell_model_inputs),
+        samples=f"{EVALSET}/samples.json",
+        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+    output:
+        videos=directory(f"{CELL}/videos"),
+        manifest=f"{CELL}/generate_cell.manifest.json",
+    log:
+        f"{CELL}/generate_cell.log",
+    resources:
+        **cluster_resources("generate"),
+    params:
+        **stage_params("generate_cell"),
+        config=stage_config("generate_cell"),
+        code=code("generate_cell"),
+        transformer=trained_transformer_arg,
+        work=f"{CELL}/.generate-work",
+        upstream=upstream_args,
+    shell:
+        "videogrpo generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
+        " --samples {input.samples:q} --sampler {wildcards.sampler:q} --videos {output.videos:q}"
+        " --work {params.work:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule score_cell:
+    input:
+        videos=f"{CELL}/videos",
+        samples=f"{EVALSET}/samples.json",
+        final_frames=f"{EVALSET}/final_frames",
+        generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
+        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+        fingerprint_evalkit_manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
+        check_scorer_runtime_manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+    output:
+        scores=f"{CELL}/scores.csv",
+        aggregate=f"{CELL}/aggregate.csv",
+        prepared=directory(f"{CELL}/prepared"),
+        manifest=f"{CELL}/score_cell.manifest.json",
+    log:
+        f"{CELL}/score_cell.log",
+    resources:
+        **cluster_resources("cpu"),
+    params:
+        **stage_params("score_cell"),
+        config=stage_config("score_cell"),
+        code=code("score_cell"),
+        evalkit=CFG.evalkit.path,
+        work=f"{CELL}/.score-work",
+        upstream=upstream_args,
+    shell:
+        "videogrpo score-cell --config-json {params.config:q} --videos {input.videos:q} --samples {input.samples:q}"
+        " --final-frames {input.final_frames:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
+        " --aggregate {output.aggregate:q} --prepared {output.prepared:q} --work {params.work:q}"
+        " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule matrix:
+    input:
+        **matrix_cell_inputs(),
+    output:
+        table=report(MATRIX_TABLE, caption="../report/matrix.rst", category="Evaluation"),
+        per_task=f"{RUN}/matrix/per_task.csv",
+        manifest=f"{RUN}/matrix.manifest.json",
+    log:
+        f"{RUN}/logs/matrix.log",
+    localrule: True
+    params:
+        **stage_params("matrix"),
+        config=stage_config("matrix"),
+        code=code("matrix"),
+        cells=matrix_cell_args,
+        upstream=upstream_args,
+    shell:
+        "videogrpo matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
+        " --per-task {output.per_task:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+rule evaluate_matrix:
+    input:
+        MATRIX_TABLE,
+    localrule: True
