@@ -200,7 +200,15 @@ STAGE_SECTIONS = {
     ),
     "eval_set": ("matrix.eval_set", "matrix.eval_set_digest", "matrix.expected_samples"),
     "fetch_eval_model": ("matrix.pipeline_sha256",),
-    "generate_cell": GENERATION_FIELDS + ("matrix.procs", "parallel.device", "parallel.attention_backend", "parallel.cpu_threads"),
+    "generate_cell": (
+        "model",
+        *GENERATION_FIELDS,
+        "matrix.procs",
+        "parallel.device",
+        "parallel.backend",
+        "parallel.attention_backend",
+        "parallel.cpu_threads",
+    ),
     "score_cell": (
         "evalkit",
         "matrix.num_frames",

@@ -138,31 +138,31 @@ def _task_id(path: Path) -> str | None:
 def write_synthetic_tree(
     root: Path, tasks: list[str], per_task: int, seed: int, frames: int, height: int, width: int, fps: int
 ) -> None:
-    """A synthetic evaluation tree in the release layout: every task in both domains (Out-of-Domain_50 drawn
-    with another seed: the tiny default has no unseen task family), `per_task` samples each."""
+    """A synthetic evaluation tree in the release layout: the last task is Out-of-Domain_50, the others
+    In-Domain_50 (a manifest lists a task once), `per_task` fresh draws of each task's generator."""
     from videogrpo import atomic
     from videogrpo.data import synthetic
 
+    if len(tasks) < 2:
+        raise EvalSetError(f"a synthetic evaluation tree needs two tasks (one per domain), the task list has {len(tasks)}")
     records = []
-    for domain_number, domain in enumerate(DOMAINS):
-        for task in tasks:
-            bench = []
-            for index in range(per_task):
-                # Indices far from the training set's (0 .. samples_per_task): other draws of the generator.
-                members = synthetic.sample_members(
-                    task, 10_000 * (domain_number + 1) + index, seed, frames, height, width, fps
-                )
-                sample_id = f"{domain}_{task}_{index:05d}"
-                target = root / domain / task / f"{index:05d}"
-                target.mkdir(parents=True, exist_ok=True)
-                for member, data in members.items():
-                    leaf = member.rsplit("/", 1)[1]
-                    if leaf == "metadata.json":
-                        data = json.dumps(dict(json.loads(data), task_id=sample_id), indent=2).encode()
-                    if leaf in SAMPLE_FILES:
-                        atomic.write_bytes(target / leaf, data)
-                bench.append(sample_id)
-            records.append({"task": task, "split": domain, "bench": bench})
+    for task in tasks:
+        domain = DOMAINS[1] if task == tasks[-1] else DOMAINS[0]
+        bench = []
+        for index in range(per_task):
+            # Indices far from the training set's (0 .. samples_per_task): other draws of the generator.
+            members = synthetic.sample_members(task, 10_000 + index, seed, frames, height, width, fps)
+            sample_id = f"{task}_eval_{index:05d}"
+            target = root / domain / task / f"{index:05d}"
+            target.mkdir(parents=True, exist_ok=True)
+            for member, data in members.items():
+                leaf = member.rsplit("/", 1)[1]
+                if leaf == "metadata.json":
+                    data = json.dumps(dict(json.loads(data), task_id=sample_id), indent=2).encode()
+                if leaf in SAMPLE_FILES:
+                    atomic.write_bytes(target / leaf, data)
+            bench.append(sample_id)
+        records.append({"task": task, "split": domain, "bench": bench})
     atomic.write_json(root / MANIFEST, records)
 
 

@@ -170,10 +170,60 @@ code { font-size: 0.85em; }
 """
 
 
+def matrix_png(matrix: list[dict]) -> str:
+    """Overall mean per sampler, one bar per model, with the 95 % bootstrap interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    overall = [row for row in matrix if row["domain"] == "overall"]
+    models = list(dict.fromkeys(row["model"] for row in overall))
+    samplers = list(dict.fromkeys(row["sampler"] for row in overall))
+    width = 0.8 / len(models)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(samplers) * len(models) / 2 + 2), 3.2))
+    for k, model in enumerate(models):
+        rows = {row["sampler"]: row for row in overall if row["model"] == model}
+        means = [float(rows[s]["mean"]) for s in samplers]
+        low = [float(rows[s]["mean"]) - float(rows[s]["ci_low"] or "nan") for s in samplers]
+        high = [float(rows[s]["ci_high"] or "nan") - float(rows[s]["mean"]) for s in samplers]
+        xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(samplers))]
+        ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=model)
+    ax.set_xticks(range(len(samplers)), samplers)
+    ax.set_ylabel("mean score (overall)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _figure_png(fig)
+
+
+def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
+    """Overall `mean [ci_low, ci_high]` per model (rows) and sampler (columns), formatted to three decimals."""
+    overall = [row for row in matrix if row["domain"] == "overall"]
+    samplers = list(dict.fromkeys(row["sampler"] for row in overall))
+    rows = []
+    for model in dict.fromkeys(row["model"] for row in overall):
+        cells = {row["sampler"]: row for row in overall if row["model"] == model}
+        rows.append(
+            {
+                "model": model,
+                **{
+                    s: f"{float(c['mean']):.3f} [{float(c['ci_low']):.3f}, {float(c['ci_high']):.3f}]"
+                    for s, c in cells.items()
+                },
+            }
+        )
+    return rows, ["model", *samplers]
+
+
 def render_html(
-    provenance: dict[str, Any], metrics: list[dict], table: list[dict], videos: dict[str, list[str]] | None = None
+    provenance: dict[str, Any],
+    metrics: list[dict],
+    table: list[dict],
+    videos: dict[str, list[str]] | None = None,
+    matrix: list[dict] | None = None,
 ) -> str:
-    """The report page. `videos`: per variant, paths of evaluation videos relative to the report."""
+    """The report page. `videos`: per variant, paths of evaluation videos relative to the report; `matrix`: the
+    evaluation matrix's rows (matrix.csv)."""
     git = provenance["git"]
     dirty = ' <span class="warn">(uncommitted changes)</span>' if git.get("dirty") else ""
     parts = [
@@ -214,6 +264,17 @@ def render_html(
         parts.append(_videos(table, videos or {}))
     else:
         parts.append("<p class='warn'>No evaluation table.</p>")
+    if matrix:
+        parts.append("<h2>Evaluation matrix (matrix.models x matrix.samplers, the evaluation set)</h2>")
+        parts.append(
+            "<p>Overall mean EvalKit score of each cell with its 95 % bootstrap interval over samples; below, every "
+            "domain, and each model's paired change from the base model under the same sampler "
+            "(<code>delta_vs_base</code>).</p>"
+        )
+        pivot, columns = _matrix_pivot(matrix)
+        parts.append(_table(pivot, columns))
+        parts.append(f"<img alt='evaluation matrix' src='data:image/png;base64,{matrix_png(matrix)}'>")
+        parts.append(_table(matrix, list(matrix[0].keys())))
     parts.append("<h2>Stages</h2>")
     parts.append(
         _table(

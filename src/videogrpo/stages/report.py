@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics", required=True, type=Path, help="training metrics (JSON lines)")
     parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
+    parser.add_argument("--matrix", type=Path, help="the evaluation matrix (CSV), when the run has one")
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
     parser.add_argument("--crate", required=True, type=Path, help="the run's ro-crate-metadata.json (run dir root)")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     with StageRun(
         "report",
         args.manifest,
-        inputs=dict(manifests, metrics=args.metrics, table=args.table),
+        inputs=dict(manifests, metrics=args.metrics, table=args.table, **({"matrix": args.matrix} if args.matrix else {})),
         params=sections,
         upstream=[*manifests.values(), *args.upstream],
     ) as stage:
@@ -62,8 +63,12 @@ def run(args: argparse.Namespace) -> int:
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
         with open(args.table, newline="") as f:
             table = list(csv.DictReader(f))
+        matrix = None
+        if args.matrix:
+            with open(args.matrix, newline="") as f:
+                matrix = list(csv.DictReader(f))
         atomic.write_json(args.provenance, provenance)
-        atomic.write_text(args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html)))
+        atomic.write_text(args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html), matrix))
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))

@@ -28,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
                 d.gt_width or 64, 16,
             )
         stage.output("tree", args.out)
-        stage.summary = {"tasks": len(tasks), "samples": 2 * len(tasks) * m.synthetic_per_task}
+        stage.summary = {"tasks": len(tasks), "samples": len(tasks) * m.synthetic_per_task}
     print(f"synthetic evaluation tree: {args.out}")
     return 0
