@@ -53,7 +53,8 @@ def evalset_key(cfg: Config, task_list_text: str) -> str:
 
     if cfg.matrix.eval_set:
         return f"evalset-{cfg.matrix.eval_set_digest[:12]}"
-    return f"synthetic-{_short_digest([select(cfg, list(STAGE_SECTIONS['synthesize_eval_set'])), task_names(task_list_text)])}"
+    generator = select(cfg, list(STAGE_SECTIONS["synthesize_eval_set"]))
+    return f"synthetic-{_short_digest([generator, task_names(task_list_text)])}"
 
 
 def matrix_key(cfg: Config, task_list_text: str) -> str:

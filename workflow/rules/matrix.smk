@@ -39,7 +39,7 @@ rule eval_set:
         **stage_params("eval_set"),
         config=stage_config("eval_set"),
         code=code("eval_set"),
-        tree=EVAL_TREE,
+        tree=lambda wildcards: EVAL_TREE,
         upstream=upstream_args,
     shell:
         "videogrpo eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"

@@ -1,9 +1,9 @@
 rule report:
     input:
         **STAGE_MANIFESTS,
+        **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
         metrics=f"{RUN}/train/metrics.jsonl",
         table=f"{RUN}/evaluate/per_task.csv",
-        **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
     output:
         provenance=report(
             f"{RUN}/report/provenance.json",

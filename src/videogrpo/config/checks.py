@@ -247,7 +247,9 @@ def _matrix_problems(cfg: Config) -> list[str]:
             found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base or trained)")
         if not repo_id or not HEX40.match(revision):
             found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<40-hex revision>")
-    for duplicate in sorted({x for x in m.models if m.models.count(x) > 1} | {x for x in m.samplers if m.samplers.count(x) > 1}):
+    for duplicate in sorted(
+        {x for x in m.models if m.models.count(x) > 1} | {x for x in m.samplers if m.samplers.count(x) > 1}
+    ):
         found.append(f"matrix: {duplicate!r} is listed twice")
     if m.eval_set and not HEX64.match(m.eval_set_digest):
         found.append(
@@ -258,7 +260,8 @@ def _matrix_problems(cfg: Config) -> list[str]:
         found.append(f"matrix.pipeline_sha256 = {m.pipeline_sha256!r}: must be 64 hex")
     if m.height % 32 or m.width % 32 or (m.num_frames - 1) % 4:
         found.append(
-            f"matrix: {m.width}x{m.height}x{m.num_frames}: sides must be multiples of 32 and frames 4k + 1 (the Wan VAE)"
+            f"matrix: {m.width}x{m.height}x{m.num_frames}: sides must be multiples of 32 and frames 4k + 1 "
+            f"(the Wan VAE)"
         )
     return found
 

@@ -94,3 +94,26 @@ def fit_square(frames: np.ndarray, side: int) -> np.ndarray:
         resized = Image.fromarray(frame).resize((new_w, new_h), Image.LANCZOS)
         out[i, top : top + new_h, left : left + new_w] = np.asarray(resized)
     return out
+
+
+def video_problem(path: Path, frames: int, width: int, height: int, fps: float) -> str | None:
+    """Why the video at `path` is not frames x width x height at fps (None: it is)."""
+    import av
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return "file is missing or empty"
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            found_fps = float(stream.average_rate or 0)
+            found = sum(1 for _ in container.decode(video=0))
+            size = (stream.codec_context.width, stream.codec_context.height)
+    except (av.error.FFmpegError, OSError, IndexError) as err:
+        return f"video decode failed: {err}"
+    if found != frames:
+        return f"frames={found}, expected={frames}"
+    if size != (width, height):
+        return f"size={size[0]}x{size[1]}, expected={width}x{height}"
+    if not math.isclose(found_fps, fps, abs_tol=1e-3):
+        return f"fps={found_fps:g}, expected={fps:g}"
+    return None

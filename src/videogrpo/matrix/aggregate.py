@@ -39,12 +39,21 @@ def summarize(scores: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
     for level, name, part in _groups(scores):
         low, high = bootstrap_interval(part.score.to_numpy(), resamples, seed)
         rows.append(
-            {"level": level, "name": name, "samples": len(part), "mean": float(part.score.mean()), "ci_low": low, "ci_high": high}
+            {
+                "level": level,
+                "name": name,
+                "samples": len(part),
+                "mean": float(part.score.mean()),
+                "ci_low": low,
+                "ci_high": high,
+            }
         )
     return pd.DataFrame(rows)
 
 
-def matrix_table(cells: dict[tuple[str, str], pd.DataFrame], base: str | None, resamples: int, seed: int) -> pd.DataFrame:
+def matrix_table(
+    cells: dict[tuple[str, str], pd.DataFrame], base: str | None, resamples: int, seed: int
+) -> pd.DataFrame:
     """Every cell's domain and overall means with intervals, and (given the base model's name) each other
     model's paired change from the base under the same sampler."""
     rows = []

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from videogrpo.errors import DataError
+from videogrpo.errors import DataError, DigestMismatch
+from videogrpo.provenance.digest import sha256_file
 
 DOMAINS = ("In-Domain_50", "Out-of-Domain_50")
 SAMPLE_FILES = ("first_frame.png", "prompt.txt", "ground_truth.mp4", "metadata.json")
@@ -135,39 +136,26 @@ def _task_id(path: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def write_synthetic_tree(
-    root: Path, tasks: list[str], per_task: int, seed: int, frames: int, height: int, width: int, fps: int
-) -> None:
-    """A synthetic evaluation tree in the release layout: the last task is Out-of-Domain_50, the others
-    In-Domain_50 (a manifest lists a task once), `per_task` fresh draws of each task's generator."""
-    from videogrpo import atomic
-    from videogrpo.data import synthetic
-
-    if len(tasks) < 2:
-        raise EvalSetError(f"a synthetic evaluation tree needs two tasks (one per domain), the task list has {len(tasks)}")
-    records = []
-    for task in tasks:
-        domain = DOMAINS[1] if task == tasks[-1] else DOMAINS[0]
-        bench = []
-        for index in range(per_task):
-            # Indices far from the training set's (0 .. samples_per_task): other draws of the generator.
-            members = synthetic.sample_members(task, 10_000 + index, seed, frames, height, width, fps)
-            sample_id = f"{task}_eval_{index:05d}"
-            target = root / domain / task / f"{index:05d}"
-            target.mkdir(parents=True, exist_ok=True)
-            for member, data in members.items():
-                leaf = member.rsplit("/", 1)[1]
-                if leaf == "metadata.json":
-                    data = json.dumps(dict(json.loads(data), task_id=sample_id), indent=2).encode()
-                if leaf in SAMPLE_FILES:
-                    atomic.write_bytes(target / leaf, data)
-            bench.append(sample_id)
-        records.append({"task": task, "split": domain, "bench": bench})
-    atomic.write_json(root / MANIFEST, records)
-
-
 def last_frame(video: Path) -> np.ndarray:
     """The last frame of a ground-truth video (what the EvalKit compares a generated final frame with)."""
     from videogrpo.data.video import read_video
 
     return read_video(video)[-1]
+
+
+def load_samples(path: Path, check: tuple[str, ...] = ()) -> tuple[Path, list[EvalSample]]:
+    """The evaluation tree and list of samples.json; the files named in `check` must still have their recorded
+    SHA-256 (the tree is read in place, after eval_set pinned it)."""
+    listed = json.loads(path.read_text())
+    tree = Path(listed["tree"])
+    samples = []
+    for entry in listed["samples"]:
+        for name in check:
+            file = tree / entry["name"] / name
+            if not file.is_file() or sha256_file(file) != entry["files"][name]:
+                raise DigestMismatch(
+                    f"{file}: changed since eval_set recorded it (SHA-256 {entry['files'][name]} in {path}); "
+                    f"restore the evaluation tree, or rerun eval_set (snakemake --forcerun eval_set)"
+                )
+        samples.append(EvalSample(**{k: entry[k] for k in ("index", "domain", "task", "sample", "sample_id")}))
+    return tree, samples

@@ -13,7 +13,6 @@ with the ones it lacks. Ranks take samples rank, rank + procs, ... (data paralle
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from videogrpo.data.video import video_problem
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.matrix.evalset import EvalSample
 
@@ -90,7 +90,14 @@ class Settings:
 
 @torch.no_grad()
 def generate_video(
-    model, transformer, model_dir: Path, sample_dir: Path, sample: EvalSample, sampler: Sampler, s: Settings, shift: float
+    model,
+    transformer,
+    model_dir: Path,
+    sample_dir: Path,
+    sample: EvalSample,
+    sampler: Sampler,
+    s: Settings,
+    shift: float,
 ):
     """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step)."""
     from videogrpo.grpo.rollout import seeded_normal
@@ -116,33 +123,12 @@ def generate_video(
         scheduler = ode_scheduler(sampler.kind, model_dir, shift)
         scheduler.set_timesteps(s.steps, device=device)
         for t in scheduler.timesteps:
-            v = model.velocity(transformer, x, float(t) / scheduler.config.num_train_timesteps, embeds, s.guidance_scale)
+            v = model.velocity(
+                transformer, x, float(t) / scheduler.config.num_train_timesteps, embeds, s.guidance_scale
+            )
             x = scheduler.step(v, t, x, return_dict=False)[0].float()
             x[:, :, :1] = condition
     return model.decode(x)[0]
-
-
-def video_problem(path: Path, frames: int, width: int, height: int, fps: float) -> str | None:
-    """Why the video at `path` is not frames x width x height at fps (None: it is)."""
-    import av
-
-    if not path.is_file() or path.stat().st_size == 0:
-        return "file is missing or empty"
-    try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            found_fps = float(stream.average_rate or 0)
-            found = sum(1 for _ in container.decode(video=0))
-            size = (stream.codec_context.width, stream.codec_context.height)
-    except (av.error.FFmpegError, OSError, IndexError) as err:
-        return f"video decode failed: {err}"
-    if found != frames:
-        return f"frames={found}, expected={frames}"
-    if size != (width, height):
-        return f"size={size[0]}x{size[1]}, expected={width}x{height}"
-    if not math.isclose(found_fps, fps, abs_tol=1e-3):
-        return f"fps={found_fps:g}, expected={fps:g}"
-    return None
 
 
 def generated_problem(path: Path, s: Settings) -> str | None:

@@ -16,10 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from videogrpo import atomic
-from videogrpo.data.video import playback_fps, read_video
+from videogrpo.data.video import playback_fps, read_video, video_problem
 from videogrpo.errors import VideoGRPOError
 from videogrpo.matrix.evalset import EvalSample
-from videogrpo.matrix.generate import video_problem
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -69,7 +68,12 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
                 record_path, keep = paths(sample)
                 keep.parent.mkdir(parents=True, exist_ok=True)
                 request = score_request(
-                    e, cfg.matrix.fps, read_video(videos / f"{sample.name}.mp4"), sample.task, str(tree / sample.name), str(keep)
+                    e,
+                    cfg.matrix.fps,
+                    read_video(videos / f"{sample.name}.mp4"),
+                    sample.task,
+                    str(tree / sample.name),
+                    str(keep),
                 )
                 request.gt = gt_for(tree, final_frames, sample)
                 pending.append((sample, scorer.submit(request)))

@@ -9,15 +9,14 @@ the set is exact (one valid video per sample, nothing else).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 from pathlib import Path
 
 from videogrpo.config import canonical_json
-from videogrpo.errors import DigestMismatch, VideoGRPOError
-from videogrpo.matrix.evalset import EvalSample
-from videogrpo.provenance.digest import sha256_bytes, sha256_file
+from videogrpo.errors import VideoGRPOError
+from videogrpo.matrix.evalset import load_samples
+from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -30,24 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampler", required=True, help="unipc, euler or flowcps-<noise>")
     parser.add_argument("--videos", required=True, type=Path, help="directory of the cell's videos to create")
     parser.add_argument("--work", required=True, type=Path, help="where videos accumulate for a resume")
-
-
-def load_samples(path: Path, check: tuple[str, ...] = ()) -> tuple[Path, list[EvalSample]]:
-    """The evaluation tree and list of samples.json; the files named in `check` must still have their recorded
-    SHA-256 (the tree is read in place, after eval_set pinned it)."""
-    listed = json.loads(path.read_text())
-    tree = Path(listed["tree"])
-    samples = []
-    for entry in listed["samples"]:
-        for name in check:
-            file = tree / entry["name"] / name
-            if not file.is_file() or sha256_file(file) != entry["files"][name]:
-                raise DigestMismatch(
-                    f"{file}: changed since eval_set recorded it (SHA-256 {entry['files'][name]} in {path}); "
-                    f"restore the evaluation tree, or rerun eval_set (snakemake --forcerun eval_set)"
-                )
-        samples.append(EvalSample(**{k: entry[k] for k in ("index", "domain", "task", "sample", "sample_id")}))
-    return tree, samples
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
             "inputs": {k: record_digest(v) for k, v in stage.input_records.items()},
         }
         work = args.work / sha256_bytes(canonical_json(key).encode())[:12]
-        progress = Progress(f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos")
+        progress = Progress(
+            f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos"
+        )
         generate_cell(cfg, args.model, args.transformer, tree, samples, args.sampler, work / "videos", progress)
         progress.finish()
         for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt

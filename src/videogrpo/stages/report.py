@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     with StageRun(
         "report",
         args.manifest,
-        inputs=dict(manifests, metrics=args.metrics, table=args.table, **({"matrix": args.matrix} if args.matrix else {})),
+        inputs=dict(
+            manifests, metrics=args.metrics, table=args.table, **({"matrix": args.matrix} if args.matrix else {})
+        ),
         params=sections,
         upstream=[*manifests.values(), *args.upstream],
     ) as stage:
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
             with open(args.matrix, newline="") as f:
                 matrix = list(csv.DictReader(f))
         atomic.write_json(args.provenance, provenance)
-        atomic.write_text(args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html), matrix))
+        atomic.write_text(
+            args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html), matrix)
+        )
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))

@@ -15,10 +15,10 @@ from pathlib import Path
 from videogrpo import atomic
 from videogrpo.config import canonical_json
 from videogrpo.matrix.aggregate import summarize
+from videogrpo.matrix.evalset import load_samples
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.stages.common import add_config_argument, load_config
-from videogrpo.stages.generate_cell import load_samples
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from videogrpo.matrix.score import ScoringFailed, score_cell
 
     cfg, sections = load_config(args)
-    inputs = {"videos": args.videos, "samples": args.samples, "final_frames": args.final_frames, "evalkit": args.evalkit}
+    inputs = {
+        "videos": args.videos,
+        "samples": args.samples,
+        "final_frames": args.final_frames,
+        "evalkit": args.evalkit,
+    }
     with StageRun("score_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         tree, samples = load_samples(args.samples, check=("ground_truth.mp4", "metadata.json", "prompt.txt"))
         key = {"config": sections, "inputs": {k: record_digest(v) for k, v in stage.input_records.items()}}

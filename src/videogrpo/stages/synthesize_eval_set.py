@@ -7,7 +7,7 @@ from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.config import read_task_list
-from videogrpo.matrix.evalset import write_synthetic_tree
+from videogrpo.matrix.synthetic_tree import write_synthetic_tree
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -24,8 +24,14 @@ def run(args: argparse.Namespace) -> int:
         tasks = read_task_list(d.task_list)
         with atomic.atomic_directory(args.out) as tmp:
             write_synthetic_tree(
-                tmp, tasks, m.synthetic_per_task, d.synthetic_seed, d.gt_frames or 17, d.gt_height or 64,
-                d.gt_width or 64, 16,
+                tmp,
+                tasks,
+                m.synthetic_per_task,
+                d.synthetic_seed,
+                d.gt_frames or 17,
+                d.gt_height or 64,
+                d.gt_width or 64,
+                16,
             )
         stage.output("tree", args.out)
         stage.summary = {"tasks": len(tasks), "samples": len(tasks) * m.synthetic_per_task}
