@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TASKS
 from videogrpo.data.video import write_mp4
 from videogrpo.errors import DigestMismatch
 from videogrpo.matrix.aggregate import bootstrap_interval, matrix_table, summarize
@@ -26,6 +25,7 @@ from videogrpo.matrix.models import ModelRefused, validate_pipeline
 from videogrpo.matrix.synthetic_tree import write_synthetic_tree
 from videogrpo.provenance.digest import sha256_file, tree_digest
 
+from conftest import TASKS
 from hub_server import HubServer, files_of
 
 BIN = Path(sys.executable).parent
@@ -406,7 +406,7 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
         "score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit, final_frames), check=False
     )
     assert failed.returncode != 0
-    assert f"1 of 6 samples have scorer errors" in failed.stderr and samples[2].name in failed.stderr
+    assert "1 of 6 samples have scorer errors" in failed.stderr and samples[2].name in failed.stderr
     assert not (out / "scores.csv").exists() and not (out / "m.json").exists()
     records = {
         p.relative_to(out / "work").as_posix(): json.loads(p.read_text()) for p in (out / "work").rglob("*.json")
