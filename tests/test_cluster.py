@@ -71,7 +71,12 @@ def final_state(run_dir: Path) -> tuple[bytes, list[dict], str]:
     for m in metrics:  # wall-clock timings legitimately differ
         for key in [k for k in m if k.startswith("time_")]:
             del m[key]
-    return weights, metrics, (run_dir / "evaluate/per_task.csv").read_text()
+    return (
+        weights,
+        metrics,
+        (run_dir / "evaluate/per_task.csv").read_text(),
+        (run_dir / "matrix/matrix.csv").read_text(),
+    )
 
 
 def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm, checkout):
@@ -80,6 +85,8 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     out = run(["snakemake", *TEST_PROFILE], checkout)
     jobs = jobs_run(out.stdout + out.stderr)
     assert {"preflight", "train", "evaluate", "report"} <= set(jobs)  # shared stages were reused
+    # The base model's matrix cells are shared by the runs; the trained model's are this run's.
+    assert jobs["generate_cell"] == 3 and jobs["score_cell"] == 3 and "eval_set" not in jobs
     (cluster_run,) = [p for p in (checkout / "results/runs").iterdir() if p != local_run]
     log = (cluster_run / "logs/train.log").read_text()
     assert re.search(r"\[rank \d/2\] host \S+ slurm node node1", log), log
@@ -110,6 +117,7 @@ def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout,
         "--config",
         f"train={{max_steps: {8 + 2 * retries}, save_steps: 2, epochs: 2}}",
         f"slurm={{train_retries: {retries}}}",
+        "matrix={models: [base]}",  # the base cells exist: no trained cells to make for this run
     ]
     total = 8 + 2 * retries
     env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -28,8 +28,20 @@ RULES = [
     "preflight",
     "train",
     "evaluate",
+    "synthesize_eval_set",
+    "eval_set",
+    "generate_cell",
+    "score_cell",
+    "matrix",
     "report",
 ]
+# The tiny default's matrix: base and trained by three samplers, one generate and one score job per cell.
+MODELS, SAMPLERS = ["base", "trained"], ["unipc", "euler", "flowcps-0.7"]
+CELLS = [f"{model}:{sampler}" for model in MODELS for sampler in SAMPLERS]
+# Stages as the report's provenance names them: a cell's stages once per cell.
+PROVENANCE_STAGES = {r for r in RULES if r not in ("generate_cell", "score_cell", "report")} | {
+    f"{stage}:{cell}" for stage in ("generate_cell", "score_cell") for cell in CELLS
+}
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -95,7 +107,10 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
     assert_table_shows_csv(shown, rows)
     manifests = sorted(workdir.glob("results/**/*.manifest.json"))
-    assert sorted(json.loads(m.read_text())["stage"] for m in manifests) == sorted(RULES)
+    per_cell = {"generate_cell": len(CELLS), "score_cell": len(CELLS)}
+    assert sorted(json.loads(m.read_text())["stage"] for m in manifests) == sorted(
+        rule for rule in RULES for _ in range(per_cell.get(rule, 1))
+    )
     for path in manifests:
         manifest = json.loads(path.read_text())
         for name, record in manifest["outputs"].items():
@@ -109,7 +124,7 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     private = [p for p in (workdir / "results").rglob("*") if not p.stat().st_mode & 0o040]
     assert not private, f"not readable by the group sharing results/: {private[:5]}"
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
-    assert set(provenance["stages"]) == set(RULES) - {"report"}
+    assert set(provenance["stages"]) == PROVENANCE_STAGES
     assert provenance["topology"]["nnodes"] == 1 and provenance["topology"]["nproc"] == 2
     assert provenance["git"]["commit"] is None  # the copy is not a git checkout
     assert all(m["git"] is None for m in provenance["stages"].values())  # recorded by each stage when it ran
@@ -128,7 +143,7 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     crate = json.loads(next(workdir.glob("results/runs/*/ro-crate-metadata.json")).read_text())
     graph = {entity["@id"]: entity for entity in crate["@graph"]}
     actions = {e["name"]: e for e in graph.values() if e.get("@type") == "CreateAction"}
-    assert set(actions) == set(RULES) - {"report"}
+    assert set(actions) == PROVENANCE_STAGES
     final = graph[actions["train"]["result"][0]["@id"]]  # a data entity of the run directory
     assert final["@id"] == "train/final/" and final["sha256"] == train["outputs"]["final"]["tree_sha256"]
     model = graph[actions["fetch_model"]["result"][0]["@id"]]  # a shared download, named by its path
@@ -136,6 +151,101 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
         model["name"].startswith("results/models/")
         and model["sha256"] == (provenance["stages"]["fetch_model"]["outputs"]["model"]["tree_sha256"])
     )
+
+
+def test_the_demo_evaluates_the_matrix_of_two_models_by_three_samplers(demo, workdir):
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    with open(run_dir / "matrix/matrix.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    domains = ["In-Domain_50", "Out-of-Domain_50", "overall"]
+    assert [(r["model"], r["sampler"], r["domain"]) for r in rows] == [
+        (m, s, d) for m in MODELS for s in SAMPLERS for d in domains
+    ]
+    assert {r["samples"] for r in rows if r["domain"] == "overall"} == {"6"}
+    assert all(r["delta_vs_base"] for r in rows if r["model"] == "trained")
+    assert not any(r["delta_vs_base"] for r in rows if r["model"] == "base")
+    page = (run_dir / "report/report.html").read_text()
+    assert "Evaluation matrix" in page and "alt='evaluation matrix'" in page
+    tables = report_tables(page)
+    (pivot,) = [t for t in tables if t[0] == ["model", *SAMPLERS]]
+    assert [row[0] for row in pivot[1:]] == MODELS
+    overall = {(r["model"], r["sampler"]): r for r in rows if r["domain"] == "overall"}
+    for row in pivot[1:]:
+        for sampler, shown in zip(SAMPLERS, row[1:]):
+            cell = overall[(row[0], sampler)]
+            assert shown == f"{float(cell['mean']):.3f} [{float(cell['ci_low']):.3f}, {float(cell['ci_high']):.3f}]"
+    (full,) = [t for t in tables if t[0][:3] == ["model", "sampler", "domain"]]
+    assert_table_shows_csv(full, rows)
+    # Each cell's scores are the exact evaluation set, and the matrix is what the cells scored.
+    (cells,) = workdir.glob("results/matrix/*")
+    for row in overall.values():
+        model_dir = "base-" if row["model"] == "base" else first_run_id(workdir)
+        (scores,) = [p for p in cells.glob(f"*/{row['sampler']}/scores.csv") if p.parts[-3].startswith(model_dir)]
+        with open(scores, newline="") as f:
+            scored = [float(r["score"]) for r in csv.DictReader(f)]
+        assert len(scored) == 6 and abs(sum(scored) / 6 - float(row["mean"])) < 1e-12
+
+
+def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, workdir):
+    run(["snakemake", "--cores", "2"], workdir)  # up to date first
+    out = run(["snakemake", "evaluate_matrix", "--cores", "2"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr  # the demo made every cell
+    out = run(["snakemake", "-n", "--config", "matrix={samplers: [unipc, euler, flowcps-0.3]}"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {
+        "generate_cell": 2,
+        "score_cell": 2,
+        "matrix": 1,
+        "report": 1,
+        "all": 1,
+    }
+    out = run(["snakemake", "-n", "--config", "matrix={steps: 4}"], workdir)
+    text = out.stdout + out.stderr
+    assert jobs_run(text) == {"generate_cell": 6, "score_cell": 6, "matrix": 1, "report": 1, "all": 1}
+    assert f"results/runs/{first_run_id(workdir)}/report" in text  # evaluation settings: the same run
+    out = run(["snakemake", "-n", "evaluate_matrix"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, workdir, repo):
+    """The README's command for the published TI2V-5B checkpoints: 2 models x 6 samplers listed, no training."""
+    readme = (repo / "README.md").read_text()
+    (command,) = re.findall(r"^(snakemake -n evaluate_matrix .*published_5b.*)$", readme, re.M)
+    env = {"EVAL_SET": "/data/VBVR-Pro-Eval", "EVAL_DIGEST": "ab" * 32}
+
+    def written() -> list[Path]:  # what stages made (a dry run writes the stage config files only)
+        return sorted(
+            p.relative_to(workdir) for p in (workdir / "results").rglob("*") if ".stage-config" not in p.parts
+        )
+
+    before = written()
+    out = run(["bash", "-c", command], workdir, **env)
+    text = out.stdout + out.stderr
+    jobs = jobs_run(text)
+    assert jobs == {
+        "fetch_eval_model": 2,
+        "eval_set": 1,
+        "fingerprint_evalkit": 1,
+        "check_scorer_runtime": 1,
+        "generate_cell": 12,
+        "score_cell": 12,
+        "matrix": 1,
+        "evaluate_matrix": 1,
+    }
+    for sampler in ("flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"):
+        for model in ("rule_rl@003373efcbc3", "judge_rl@1282a14cf537"):
+            assert f"/{model}/{sampler}/scores.csv" in text
+    assert "results/matrix/evalset-abababababab-gen-" in text
+    assert written() == before
+    # The README's second form: this run's trained model and its base, through the SLURM profile (dry run).
+    (command,) = re.findall(r"^(snakemake --profile profiles/slurm evaluate_matrix .*release.yaml.*)$", readme, re.M)
+    cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", readme, re.S).group(1)
+    (workdir / "cluster.yaml").write_text(cluster_yaml)
+    out = run(["bash", "-c", command.replace("snakemake ", "snakemake -n ", 1)], workdir, **env)
+    text = out.stdout + out.stderr
+    jobs = jobs_run(text)
+    assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1
+    generate = resources_of(text, "generate_cell")
+    assert (generate["nodes"], generate["gres"]) == ("1", "gpu:8")  # matrix.procs: one process per GPU
 
 
 def test_secrets_reach_no_file_under_results_or_snakemake(demo, workdir):
@@ -186,7 +296,17 @@ def test_forcerun_evaluate_reruns_only_evaluate_and_report(demo, workdir):
 def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     out = run(["snakemake", "--cores", "2", "--config", "train={lr: 2.0e-4, max_steps: 2}"], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {"preflight": 1, "train": 1, "evaluate": 1, "report": 1, "all": 1}
+    # The base model's matrix cells are shared with the demo run: only the trained model's cells are new.
+    assert jobs_run(out.stdout + out.stderr) == {
+        "preflight": 1,
+        "train": 1,
+        "evaluate": 1,
+        "generate_cell": 3,
+        "score_cell": 3,
+        "matrix": 1,
+        "report": 1,
+        "all": 1,
+    }
     (new,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     assert len((workdir / "results/runs" / new / "train/metrics.jsonl").read_text().splitlines()) == 2
 
@@ -511,7 +631,8 @@ def test_config_error_names_the_field(demo, workdir):
 def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     out = run(["snakemake", "-n", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
     jobs = jobs_run(out.stdout + out.stderr)
-    expected = set(RULES) | {"all"}
+    # The recipes' matrix is off until a layer names its models and evaluation set (config/matrix/).
+    expected = set(RULES) - {"synthesize_eval_set", "eval_set", "generate_cell", "score_cell", "matrix"} | {"all"}
     if recipe == "rl_5b_vlm":  # the judge model instead of the EvalKit
         expected = expected - {"fingerprint_evalkit", "check_scorer_runtime"} | {"fetch_judge"}
     assert set(jobs) == expected

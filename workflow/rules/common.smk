@@ -160,8 +160,27 @@ STAGE_MANIFESTS = {
     "preflight": f"{RUN}/preflight.manifest.json",
     "train": f"{RUN}/train.manifest.json",
     "evaluate": f"{RUN}/evaluate.manifest.json",
-    **({"matrix": f"{RUN}/matrix.manifest.json"} if MATRIX_ON else {}),
 }
+
+
+def matrix_manifests():
+    """The manifests behind the run's matrix, by `stage` or `stage:model:sampler`: the report's provenance and
+    RO-Crate include every cell."""
+    if not MATRIX_ON:
+        return {}
+    found = {}
+    if not CFG.matrix.eval_set:
+        found["synthesize_eval_set"] = f"{EVALSET}/synthesize_eval_set.manifest.json"
+    found["eval_set"] = f"{EVALSET}/eval_set.manifest.json"
+    for name, spec in CFG.matrix.hub_models.items():
+        if name in CFG.matrix.models:
+            key = layout.hub_model_key(name, spec)
+            found[f"fetch_eval_model:{name}"] = f"{RESULTS}/models/eval/{key}/fetch_eval_model.manifest.json"
+    for name, sampler, cell in matrix_cells():
+        found[f"generate_cell:{name}:{sampler}"] = f"{cell}/generate_cell.manifest.json"
+        found[f"score_cell:{name}:{sampler}"] = f"{cell}/score_cell.manifest.json"
+    found["matrix"] = f"{RUN}/matrix.manifest.json"
+    return found
 
 
 def directory_of_input(name):
@@ -279,3 +298,6 @@ def matrix_cell_args(wildcards, input):
     return " ".join(
         f"--cell {name}:{sampler}={input[f'cell{i}_scores']}" for i, (name, sampler, _) in enumerate(matrix_cells())
     )
+
+
+STAGE_MANIFESTS.update(matrix_manifests())

@@ -25,6 +25,19 @@ def stages_git_state(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def merged_params(manifests) -> dict[str, Any]:
+    """The config fields the stages read, merged field by field (a stage that reads a few fields of a section
+    adds them, never replaces the section)."""
+    merged: dict[str, Any] = {}
+    for manifest in manifests:
+        for section, value in manifest["params"].items():
+            if isinstance(value, dict) and isinstance(merged.get(section), dict):
+                merged[section].update(value)
+            else:
+                merged[section] = value.copy() if isinstance(value, dict) else value
+    return merged
+
+
 def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[str, Any]) -> dict[str, Any]:
     stages = {name: read_manifest(path) for name, path in manifests.items()}
     digests = {}
@@ -45,7 +58,7 @@ def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[s
         "generated_at": now_iso(),
         "git": stages_git_state(stages),
         "invocation": invocation,
-        "config": {k: v for manifest in stages.values() for k, v in manifest["params"].items()},
+        "config": merged_params(stages.values()),
         "digests": digests,
         "versions": {p: sorted(v)[0] if len(v) == 1 else sorted(v) for p, v in sorted(versions.items())},
         "topology": train.get("summary", {}).get("launch"),
