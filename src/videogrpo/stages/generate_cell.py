@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         generate_cell(cfg, args.model, args.transformer, tree, samples, args.sampler, work / "videos", progress)
         progress.finish()
         for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt
-            temporary.unlink()
+            if temporary.is_file():
+                temporary.unlink()
         problems = output_problems(work / "videos", samples, Settings.from_config(cfg))
         if problems:
             shown = "\n  - ".join(problems[:20])

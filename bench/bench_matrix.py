@@ -1,0 +1,199 @@
+"""Benchmark: generation and scoring throughput of one evaluation-matrix cell on the tiny model.
+
+    .venv/bin/python bench/bench_matrix.py [--per-task 4] [--repeats 2]
+
+In one invocation, for every sampler of the tiny default (unipc, euler, flowcps-0.7): the whole
+`videogrpo generate-cell` stage (process start, model load, every video generated, validated and
+promoted, its manifest) with one process and with two data-parallel processes, against the bare
+generation loop of the same videos in this process (model already loaded: what the stage cannot go
+below); then the whole `videogrpo score-cell` stage (scorer pool in the EvalKit checkout, preparation,
+scoring, aggregates, manifest). Videos per second are printed with the ratios. Record the output in
+bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SAMPLERS = ("unipc", "euler", "flowcps-0.7")
+TASKS = [
+    "S-1_move_red_square_data-generator",
+    "S-2_fill_circle_blue_data-generator",
+    "S-3_grow_bar_to_line_data-generator",
+]
+
+
+def stage(name: str, sections: dict, *args: str) -> float:
+    """Wall time of one stage invocation through the CLI."""
+    start = time.perf_counter()
+    subprocess.run(
+        [str(BIN / "videogrpo"), name, "--config-json", json.dumps(sections), *args],
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+    )
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-task", type=int, default=4, help="samples per task of the evaluation tree")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of every measurement")
+    args = parser.parse_args()
+    import torch
+
+    from videogrpo.config import from_dict
+    from videogrpo.matrix.evalset import load_samples
+    from videogrpo.matrix.generate import generate_rank
+    from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+    from videogrpo.models.tiny import save_tiny_pipeline
+    from videogrpo.provenance.digest import tree_digest
+
+    matrix = {
+        "expected_samples": 3 * args.per_task,
+        "steps": 8,
+        "num_frames": 17,
+        "height": 64,
+        "width": 64,
+        "fps": 16,
+        "seed": 0,
+        "bootstrap": 200,
+    }
+    generation = {
+        "model": {"source": "tiny", "repo_id": "", "revision": "", "max_text_tokens": 64},
+        "parallel": {
+            "device": "cpu",
+            "backend": "gloo",
+            "attention_backend": "native",
+            "cpu_threads": 1,
+            "param_dtype": "float32",
+        },
+    }
+    scoring = {
+        "evalkit": {
+            "workers": 2,
+            "threads_per_worker": 1,
+            "video_size": 256,
+            "max_seconds": 5.0625,
+            "digest": "0" * 64,
+            "runtime": [],
+        }
+    }
+    evalkit = REPO / "src/videogrpo/rewards/reference_evalkit"
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="videogrpo-matrix-") as tmp:
+        root = Path(tmp)
+        model = root / "model"
+        save_tiny_pipeline(model, 0)
+        tree = root / "tree"
+        write_synthetic_tree(tree, TASKS, args.per_task, seed=0, frames=17, height=64, width=64, fps=16)
+        pinned = dict(matrix, eval_set=str(tree), eval_set_digest=tree_digest(tree))
+        stage(
+            "eval-set",
+            {"matrix": pinned},
+            "--tree",
+            str(tree),
+            "--samples",
+            str(root / "samples.json"),
+            "--final-frames",
+            str(root / "ff"),
+            "--manifest",
+            str(root / "eval_set.manifest.json"),
+        )
+        _, samples = load_samples(root / "samples.json")
+        n = len(samples)
+        cfg = from_dict({**generation, "matrix": dict(matrix, procs=1)}, partial=True)
+        rows = []
+        for sampler in SAMPLERS:
+            times: dict[str, list[float]] = {"loop": [], "stage 1 proc": [], "stage 2 procs": [], "score": []}
+            for repeat in range(args.repeats):
+                loop_dir = root / f"loop-{sampler}-{repeat}"
+                from videogrpo.models.wan import WanTI2V
+
+                WanTI2V.from_config(model, torch.device("cpu"), cfg)  # warm the file cache like the stage's
+                start = time.perf_counter()
+                generate_rank(0, 1, cfg, model, None, tree, samples, sampler, loop_dir, "cpu")
+                times["loop"].append(time.perf_counter() - start)
+                for procs in (1, 2):
+                    cell = root / f"cell-{sampler}-{procs}-{repeat}"
+                    times["stage 1 proc" if procs == 1 else "stage 2 procs"].append(
+                        stage(
+                            "generate-cell",
+                            {**generation, "matrix": dict(matrix, procs=procs)},
+                            "--model",
+                            str(model),
+                            "--samples",
+                            str(root / "samples.json"),
+                            "--sampler",
+                            sampler,
+                            "--videos",
+                            str(cell / "videos"),
+                            "--work",
+                            str(cell / "work"),
+                            "--manifest",
+                            str(cell / "m.json"),
+                        )
+                    )
+                cell = root / f"cell-{sampler}-1-{repeat}"
+                times["score"].append(
+                    stage(
+                        "score-cell",
+                        {**scoring, "matrix": matrix},
+                        "--videos",
+                        str(cell / "videos"),
+                        "--samples",
+                        str(root / "samples.json"),
+                        "--final-frames",
+                        str(root / "ff"),
+                        "--evalkit",
+                        str(evalkit),
+                        "--scores",
+                        str(cell / "scores.csv"),
+                        "--aggregate",
+                        str(cell / "aggregate.csv"),
+                        "--prepared",
+                        str(cell / "prepared"),
+                        "--work",
+                        str(cell / "score-work"),
+                        "--manifest",
+                        str(cell / "s.json"),
+                    )
+                )
+                shutil.rmtree(loop_dir)
+            rows.append((sampler, {k: statistics.median(v) for k, v in times.items()}, times))
+        print(
+            f"{n} samples per cell (17 frames, 64x64, 8 steps, tiny model), {args.repeats} runs; "
+            f"{os.cpu_count()} CPUs\n"
+        )
+        print(
+            "| sampler | bare loop videos/s | stage, 1 proc | stage, 2 procs | 2 procs / 1 | loop / stage (1 proc) "
+            "| score stage videos/s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for sampler, med, _ in rows:
+            rate = {k: n / v for k, v in med.items()}
+            print(
+                f"| {sampler} | {rate['loop']:.2f} | {rate['stage 1 proc']:.2f} | {rate['stage 2 procs']:.2f} | "
+                f"{rate['stage 2 procs'] / rate['stage 1 proc']:.2f} | {med['loop'] / med['stage 1 proc']:.2f} | "
+                f"{rate['score']:.2f} |"
+            )
+        spreads = [
+            (max(v) - min(v)) / statistics.median(v) for _, _, times in rows for v in times.values() if len(v) > 1
+        ]
+        if spreads:
+            print(f"\nlargest spread between identical runs: {max(spreads):.0%}")
+
+
+if __name__ == "__main__":
+    main()
