@@ -25,6 +25,7 @@ from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
+from videogrpo.matrix.aggregate import bootstrap_interval
 from videogrpo.models.wan import WanTI2V, load_transformer
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
@@ -175,16 +176,6 @@ def evaluate(
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def paired_delta_interval(deltas: np.ndarray, seed: int) -> tuple[float, float]:
-    """95 % bootstrap interval of the mean of paired (trained - base) differences, resampling samples."""
-    if len(deltas) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = deltas[rng.integers(0, len(deltas), (BOOTSTRAP_RESAMPLES, len(deltas)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
-
-
 def per_task_table(scores: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Per task and over ALL samples: each variant's mean score and standard error, and (with a base) the
     trained - base difference with a 95 % paired bootstrap interval (the same samples and noise per pair)."""
@@ -200,7 +191,7 @@ def per_task_table(scores: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         if "base" in by_variant:
             deltas = (by_variant["trained"] - by_variant["base"].reindex(by_variant["trained"].index)).to_numpy()
             row["delta"] = float(deltas.mean())
-            row["delta_ci_low"], row["delta_ci_high"] = paired_delta_interval(deltas, seed)
+            row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, BOOTSTRAP_RESAMPLES, seed)
         return row
 
     rows = [{"task": task, **summarise(frame)} for task, frame in scores.groupby("task", sort=True)]

@@ -81,7 +81,17 @@ CODE_PARTS = {
         "checkpoint.py",
         "parallelize.py",
     ),
-    "evaluate": ("stages/evaluate.py", "evaluate.py", "grpo", "models", "rewards", "data/dataset.py", "data/video.py"),
+    "evaluate": (
+        "stages/evaluate.py",
+        "evaluate.py",
+        "grpo",
+        "models",
+        "rewards",
+        "data/dataset.py",
+        "data/video.py",
+        "matrix/aggregate.py",
+        "matrix/evalset.py",
+    ),
     "synthesize_eval_set": (
         "stages/synthesize_eval_set.py",
         "matrix/evalset.py",
