@@ -397,7 +397,7 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
         ["bash", "-c", command], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        run(["snakemake", "--cores", "2", *override], workdir, RANK="0", **contract)
+        run(["snakemake", "--cores", "2", "train", *override], workdir, RANK="0", **contract)
         output, _ = machine1.communicate(timeout=300)
     finally:
         machine1.kill()

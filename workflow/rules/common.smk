@@ -62,6 +62,16 @@ EVALSET = f"{RESULTS}/evalsets/{layout.evalset_key(CFG, TASK_LIST_TEXT)}"
 EVAL_TREE = CFG.matrix.eval_set or f"{EVALSET}/tree"
 MATRIX = f"{RESULTS}/matrix/{layout.matrix_key(CFG, TASK_LIST_TEXT)}"
 CELL = f"{MATRIX}/{{model}}/{{sampler}}"
+if MATRIX_ON and not CFG.matrix.eval_set:
+    from videogrpo.data.synthetic import TASKS as SYNTHETIC_TASKS
+
+    _NO_GENERATOR = sorted(set(vg.task_names(TASK_LIST_TEXT)) - set(SYNTHETIC_TASKS))
+    if _NO_GENERATOR:
+        raise WorkflowError(
+            f"matrix.eval_set is empty, and a synthetic evaluation tree can only be made for the synthetic tasks "
+            f"(not {_NO_GENERATOR[:3]}): set matrix.eval_set and matrix.eval_set_digest to the release evaluation "
+            f"tree, or matrix.models: [] for no matrix"
+        )
 CELL_MODELS = layout.cell_models(CFG, RUN_ID)
 CELL_KINDS = {cell: name if name in ("base", "trained") else "hub" for name, cell in CELL_MODELS.items()}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}

@@ -266,15 +266,6 @@ def _matrix_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _matrix_data_problems(cfg: Config) -> list[str]:
-    if cfg.matrix.models and not cfg.matrix.eval_set and cfg.data.source != "synthetic":
-        return [
-            "matrix.eval_set is empty: the matrix of a real dataset needs the release evaluation tree (a synthetic one "
-            "is made only for data.source: synthetic); set matrix.eval_set and matrix.eval_set_digest"
-        ]
-    return []
-
-
 def _parallel_problems(cfg: Config) -> list[str]:
     if cfg.parallel.device == "cpu" and cfg.parallel.backend == "nccl":
         return ["parallel.backend = 'nccl': NCCL needs parallel.device = 'cuda'; use 'gloo' on CPU"]
@@ -292,7 +283,6 @@ CHECKS = (
     (("evaluate", "data"), _evaluate_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),
-    (("matrix", "data"), _matrix_data_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
 )
 

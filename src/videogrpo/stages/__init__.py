@@ -101,11 +101,14 @@ CODE_PARTS = {
     ),
     "eval_set": ("stages/eval_set.py", "matrix/evalset.py", "data/video.py"),
     "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "models"),
+    # The two GRPO modules generation runs (not the trainer: its edits never regenerate a matrix).
     "generate_cell": (
         "stages/generate_cell.py",
         "matrix/evalset.py",
         "matrix/generate.py",
-        "grpo",
+        "grpo/__init__.py",
+        "grpo/rollout.py",
+        "grpo/samplers.py",
         "models",
         "data/video.py",
     ),
