@@ -445,3 +445,21 @@ def test_aggregates_are_plain_means_and_the_delta_pairs_samples():
     assert matrix.loc[("trained", "In-Domain_50"), "delta_vs_base"] == pytest.approx(0.1)
     assert matrix.loc[("trained", "overall"), "delta_vs_base"] == pytest.approx(0.0)
     assert np.isnan(matrix.loc[("base", "overall")].get("delta_vs_base", np.nan))
+
+
+def test_the_report_shows_a_matrix_whose_interval_is_undefined():
+    """One sample in a domain has no interval (empty in the CSV): shown as nan, not a crash."""
+    from videogrpo.provenance.report import render_html
+
+    provenance = {
+        "git": {"commit": None},
+        "run_id": "tiny-x",
+        "generated_at": "now",
+        "timings": {},
+        "digests": {},
+        "versions": {},
+        "config": {},
+    }
+    row = {"model": "base", "sampler": "euler", "domain": "overall", "samples": "1", "mean": "0.5"}
+    page = render_html(provenance, [], [], None, [dict(row, ci_low="", ci_high="")])
+    assert "0.500 [nan, nan]" in page and "alt='evaluation matrix'" in page

@@ -183,6 +183,11 @@ code { font-size: 0.85em; }
 """
 
 
+def _float(text: str) -> float:
+    """A CSV cell as a number; empty (an interval of one sample) is NaN."""
+    return float(text) if text != "" else float("nan")
+
+
 def matrix_png(matrix: list[dict]) -> str:
     """Overall mean per sampler, one bar per model, with the 95 % bootstrap interval."""
     import matplotlib
@@ -198,8 +203,8 @@ def matrix_png(matrix: list[dict]) -> str:
     for k, model in enumerate(models):
         rows = {row["sampler"]: row for row in overall if row["model"] == model}
         means = [float(rows[s]["mean"]) for s in samplers]
-        low = [float(rows[s]["mean"]) - float(rows[s]["ci_low"] or "nan") for s in samplers]
-        high = [float(rows[s]["ci_high"] or "nan") - float(rows[s]["mean"]) for s in samplers]
+        low = [_float(rows[s]["mean"]) - _float(rows[s]["ci_low"]) for s in samplers]
+        high = [_float(rows[s]["ci_high"]) - _float(rows[s]["mean"]) for s in samplers]
         xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(samplers))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=model)
     ax.set_xticks(range(len(samplers)), samplers)
@@ -220,7 +225,7 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
             {
                 "model": model,
                 **{
-                    s: f"{float(c['mean']):.3f} [{float(c['ci_low']):.3f}, {float(c['ci_high']):.3f}]"
+                    s: f"{_float(c['mean']):.3f} [{_float(c['ci_low']):.3f}, {_float(c['ci_high']):.3f}]"
                     for s, c in cells.items()
                 },
             }
