@@ -144,5 +144,5 @@ rule matrix:
 
 rule evaluate_matrix:
     input:
-        MATRIX_TABLE,
+        table=MATRIX_TABLE,
     localrule: True
