@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from videogrpo.data.video import video_problem
+from videogrpo.config.checks import MATRIX_SAMPLER
+from videogrpo.data.video import video_problem, write_mp4
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.matrix.evalset import EvalSample
 
-SAMPLER = re.compile(r"^(unipc|euler|flowcps-(\d+(?:\.\d+)?))$")
 SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
 DEFAULT_FLOW_SHIFT = 5.0
 
@@ -39,15 +38,10 @@ class Sampler:
 
 def parse_sampler(name: str) -> Sampler:
     """A sampler cell name: `unipc`, `euler` or `flowcps-<noise>` with noise in [0, 1]."""
-    match = SAMPLER.match(name)
+    match = MATRIX_SAMPLER.match(name)  # the grammar the config check enforces
     if not match:
         raise ConfigError(f"matrix.samplers: {name!r} is not a sampler; use unipc, euler or flowcps-<noise> (0..1)")
-    if match.group(2) is None:
-        return Sampler(name)
-    noise = float(match.group(2))
-    if not 0.0 <= noise <= 1.0:
-        raise ConfigError(f"matrix.samplers: {name!r}: the Flow-CPS noise level must be in [0, 1]")
-    return Sampler("flowcps", noise)
+    return Sampler(name) if match.group(2) is None else Sampler("flowcps", float(match.group(2)))
 
 
 def flow_shift(model_dir: Path) -> float:
@@ -172,7 +166,6 @@ def generate_rank(
     progress=None,
 ) -> int:
     """Generate this rank's samples that have no valid video yet; returns how many it generated."""
-    from videogrpo.data.video import write_mp4
     from videogrpo.models.wan import WanTI2V, load_transformer
 
     torch.set_num_threads(cfg.parallel.cpu_threads)

@@ -60,9 +60,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
     progress.update(len(samples) - len(todo))
     if todo:
         # Errors are collected, not raised at the first: the caller refuses the cell naming every one.
-        with RuleScorer(
-            evalkit, e.workers, e.threads_per_worker, False, e.easyocr_models, _runtime(cfg), e.python
-        ) as scorer:
+        with RuleScorer.for_config(cfg, evalkit, fail_on_error=False) as scorer:
             pending = []
             for sample in todo:
                 record_path, keep = paths(sample)
@@ -103,9 +101,3 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
         ]
     )
     return table, errors
-
-
-def _runtime(cfg) -> dict[str, str]:
-    from videogrpo.config import runtime_contract
-
-    return runtime_contract(cfg)

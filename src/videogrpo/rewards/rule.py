@@ -251,8 +251,8 @@ class RuleScorer:
         return results
 
     @classmethod
-    def for_config(cls, cfg, evalkit_path: str | Path) -> RuleScorer:
-        """The scorer the `evalkit` config section describes."""
+    def for_config(cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None) -> RuleScorer:
+        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error)."""
         from videogrpo.config import runtime_contract
 
         e = cfg.evalkit
@@ -260,7 +260,7 @@ class RuleScorer:
             evalkit_path,
             e.workers,
             e.threads_per_worker,
-            e.fail_on_error,
+            e.fail_on_error if fail_on_error is None else fail_on_error,
             e.easyocr_models,
             runtime_contract(cfg),
             e.python,

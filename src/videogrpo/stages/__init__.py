@@ -38,6 +38,7 @@ SHARED_CODE = (
     "stages/__init__.py",
     "stages/common.py",
     "data/__init__.py",
+    "matrix/__init__.py",
 )
 
 # Package code each stage runs, beyond the shared plumbing.

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.videos}: {len(errors)} of {len(samples)} samples have scorer errors, so no score file is "
                 f"written (every record is kept in {work / 'records'}):\n  - {shown}"
             )
-        if len(scores) != len(samples) or scores.name.duplicated().any():
+        if len(scores) != len(samples) or scores["name"].duplicated().any():
             raise ScoringFailed(f"{args.videos}: {len(scores)} scores for {len(samples)} samples")
         table = summarize(scores, cfg.matrix.bootstrap, cfg.matrix.seed)
         with atomic.atomic_path(args.scores) as tmp:
