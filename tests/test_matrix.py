@@ -424,6 +424,60 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     assert overall["samples"] == 6 and overall["mean"] == pytest.approx(scores.score.mean())
 
 
+def _flaky_evalkit(evalkit: Path, dest: Path) -> tuple[Path, str]:
+    """A copy of the EvalKit whose evaluators fail on a task while VG_TEST_FAIL_TASK names it (an outage the
+    inputs do not show), and its source digest."""
+    from videogrpo.provenance.digest import digest_length_prefixed, evalkit_files
+
+    root = Path(shutil.copytree(evalkit, dest, ignore=shutil.ignore_patterns("__pycache__")))
+    entry = root / "run_evaluation.py"
+    entry.write_text(
+        entry.read_text().replace(
+            "    try:\n",
+            "    try:\n        import os\n\n        if os.environ.get('VG_TEST_FAIL_TASK') == task_name:\n"
+            "            raise OSError('scorer outage')\n",
+            1,
+        )
+    )
+    return root, digest_length_prefixed(root, evalkit_files(root))
+
+
+def test_a_rerun_scores_again_the_samples_whose_record_holds_an_error(evalset, evalkit, tmp_path):
+    """Same inputs, config and code: a record holding an error is not a result to keep, it is scored again."""
+    _, samples = load_samples(evalset / "samples.json")
+    _videos(tmp_path / "videos", samples)
+    flaky, digest = _flaky_evalkit(evalkit, tmp_path / "evalkit")
+    sections = {"evalkit": {**SCORING["evalkit"], "digest": digest}, "matrix": MATRIX}
+    out = tmp_path / "cell"
+    args = score_args(evalset, tmp_path / "videos", out, flaky)
+    failed = stage("score-cell", sections, *args, check=False, VG_TEST_FAIL_TASK=samples[0].task)
+    assert failed.returncode != 0 and "scorer outage" in failed.stderr, failed.stderr[-3000:]
+    failing = [s.name for s in samples if s.task == samples[0].task]
+    kept = [json.loads(p.read_text()) for p in (out / "work").rglob("*.json")]
+    assert sorted(r["name"] for r in kept if r["error"]) == sorted(failing), (kept, failed.stderr[-3000:])
+    assert len(kept) == len(samples)
+    stage("score-cell", sections, *args)
+    scores = pd.read_csv(out / "scores.csv").set_index("name")
+    assert sorted(scores.index) == sorted(s.name for s in samples)
+
+
+def test_scoring_plays_the_videos_at_the_evaluation_duration_cap_not_the_training_one(evalset, evalkit, tmp_path):
+    """matrix.max_seconds (the release evaluation's 5 s) caps the scorer videos, whatever evalkit.max_seconds
+    (the training reward's) says: 17 frames in at most 0.5 s play at ceil(17 / 0.5) = 34 fps, not 16."""
+    from videogrpo.config import Config
+    from videogrpo.data.video import playback_fps, video_problem
+
+    assert Config().matrix.max_seconds == 5.0 and playback_fps(81, 16, Config().matrix.max_seconds) == 17
+    _, samples = load_samples(evalset / "samples.json")
+    _videos(tmp_path / "videos", samples)
+    out = tmp_path / "cell"
+    sections = {**SCORING, "matrix": {**MATRIX, "max_seconds": 0.5}}
+    stage("score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit))
+    prepared = sorted((out / "prepared").rglob("*.mp4"))
+    assert len(prepared) == len(samples)
+    assert all(video_problem(p, 17, 128, 128, 34) is None for p in prepared)
+
+
 def test_aggregates_are_plain_means_and_the_delta_pairs_samples():
     names = [f"d/t{i}/0000{i}" for i in range(4)]
     frame = pd.DataFrame(

@@ -160,7 +160,13 @@ def evaluate(
                     keep = kept.video(sample)
                     keep.parent.mkdir(parents=True, exist_ok=True)
                     request = score_request(
-                        cfg.evalkit, cfg.video.fps, video, sample.task, str(sample.directory), str(keep)
+                        cfg.evalkit,
+                        cfg.video.fps,
+                        video,
+                        sample.task,
+                        str(sample.directory),
+                        str(keep),
+                        cfg.matrix.max_seconds,
                     )
                     futures.append((sample, scorer.submit(request)))
                     progress.update()
@@ -170,13 +176,10 @@ def evaluate(
             progress.finish()
     dimensions = sorted({key for row in rows for key in row if key.startswith("dim_")})
     scores = pd.DataFrame(rows)[["variant", "task", "sample_id", "score", "error", *dimensions]]
-    return scores, per_task_table(scores, cfg.evaluate.seed)
+    return scores, per_task_table(scores, cfg.matrix.bootstrap, cfg.evaluate.seed)
 
 
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def per_task_table(scores: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def per_task_table(scores: pd.DataFrame, resamples: int, seed: int = 0) -> pd.DataFrame:
     """Per task and over ALL samples: each variant's mean score and standard error, and (with a base) the
     trained - base difference with a 95 % paired bootstrap interval (the same samples and noise per pair)."""
 
@@ -191,7 +194,7 @@ def per_task_table(scores: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         if "base" in by_variant:
             deltas = (by_variant["trained"] - by_variant["base"].reindex(by_variant["trained"].index)).to_numpy()
             row["delta"] = float(deltas.mean())
-            row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, BOOTSTRAP_RESAMPLES, seed)
+            row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, resamples, seed)
         return row
 
     rows = [{"task": task, **summarise(frame)} for task, frame in scores.groupby("task", sort=True)]

@@ -40,7 +40,9 @@ POSITIVE = {
     "evalkit.threads_per_worker",
     "evalkit.video_size",
     "evalkit.max_seconds",
+    "matrix.max_seconds",
     "reward.judge_frames",
+    "reward.judge_fps",
     "reward.judge_concurrency",
     "reward.judge_timeout_s",
     "reward.judge_tensor_parallel",
@@ -102,6 +104,7 @@ NON_NEGATIVE = {
     "model.tiny_seed",
     "slurm.gpus_per_node",
     "slurm.train_retries",
+    "reward.judge_max_retries",
 }
 
 
@@ -171,6 +174,12 @@ def _reward_problems(cfg: Config) -> list[str]:
             found.append(
                 f"reward.judge_prompts = {r.judge_prompts!r}, judge_prompts_digest = {r.judge_prompts_digest!r}: the "
                 f"vbvr_vlm reward needs its rubric source (a module defining EVAL_PROMPTS) and its 64-hex SHA-256"
+            )
+        if not r.judge_protocol or not HEX64.match(r.judge_protocol_digest):
+            found.append(
+                f"reward.judge_protocol = {r.judge_protocol!r}, judge_protocol_digest = {r.judge_protocol_digest!r}: "
+                f"the vbvr_vlm reward needs its protocol source (a module defining TASK_VLM_JUDGE_OUTPUT_REMINDER and "
+                f"TASK_VLM_JUDGE_REPAIR_PROMPT) and its 64-hex SHA-256"
             )
         if not 0 < r.judge_gpu_memory <= 1:
             found.append(f"reward.judge_gpu_memory = {r.judge_gpu_memory}: must be in (0, 1]")

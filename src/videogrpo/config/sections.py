@@ -138,6 +138,13 @@ class RewardConfig:
     """Rubric source: a Python module defining EVAL_PROMPTS (task -> rubric text); not vendored (vbvr_vlm)."""
     judge_prompts_digest: str = ""
     """64-hex plain SHA-256 of the rubric source file."""
+    judge_protocol: str = ""
+    """Protocol source: a Python module defining the judge's fixed texts TASK_VLM_JUDGE_OUTPUT_REMINDER and
+    TASK_VLM_JUDGE_REPAIR_PROMPT (string literals, parsed, never executed); not vendored (vbvr_vlm)."""
+    judge_protocol_digest: str = ""
+    """64-hex plain SHA-256 of the protocol source file."""
+    judge_fps: int = 16
+    """Frame rate of the rollout MP4 sent to the judge (vlm_reward_video_fps; every frame kept)."""
     judge_served_name: str = "qwen3.6-27b"
     """Model name the judge service serves and requests name."""
     judge_error_score: float = 0.0
@@ -346,7 +353,10 @@ class MatrixConfig:
     procs: int = 1
     """Generation processes per cell job: one per GPU of the node (data parallel), CPU processes on cpu."""
     bootstrap: int = 2000
-    """Bootstrap resamples of the matrix's 95 % intervals (over samples)."""
+    """Bootstrap resamples of the 95 % intervals (over samples) of the matrix and of `evaluate`."""
+    max_seconds: float = 5.0
+    """Duration cap of evaluation scorer videos: they play at max(fps, ceil(frames / max_seconds)) (the release
+    evaluation's 5 s: 81 frames at 17 fps; the training reward's cap is evalkit.max_seconds)."""
 
 
 @dataclass

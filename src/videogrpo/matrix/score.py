@@ -1,7 +1,8 @@
 """Preparation and scoring of one matrix cell with the reward's own code.
 
 Each generated video is prepared as the reward prepares a rollout (scale to fit without cropping, pad,
-every frame kept, fps raised for the duration cap: `rewards.rule.score_one`) and scored by the EvalKit
+every frame kept, fps raised for the release evaluation's duration cap `matrix.max_seconds`:
+`rewards.rule.score_one`) and scored by the EvalKit
 in the CPU scorer pool (workers in the checkout, CUDA hidden, thread limits). Every sample's result,
 error included, is kept as one record in the work directory, so an interrupted scoring resumes and a
 failed one shows every error; the caller promotes a score file only when the set is exact and no
@@ -41,7 +42,10 @@ def gt_for(tree: Path, final_frames: Path, sample: EvalSample) -> dict:
 
 
 def _record_ok(record_path: Path, prepared: Path, frames: int, side: int, fps: int) -> bool:
-    return record_path.is_file() and video_problem(prepared, frames, side, side, fps) is None
+    """A record kept from an earlier attempt is reused only when it holds a score: an error is scored again."""
+    if not record_path.is_file() or json.loads(record_path.read_text()).get("error"):
+        return False
+    return video_problem(prepared, frames, side, side, fps) is None
 
 
 def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list[EvalSample], videos: Path, work: Path):
@@ -49,7 +53,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
     error. Records and prepared videos accumulate in `work` (records/, prepared/)."""
     e = cfg.evalkit
     frames = cfg.matrix.num_frames
-    fps = playback_fps(frames, cfg.matrix.fps, e.max_seconds)
+    fps = playback_fps(frames, cfg.matrix.fps, cfg.matrix.max_seconds)
     records, prepared = work / "records", work / "prepared"
 
     def paths(sample: EvalSample) -> tuple[Path, Path]:
@@ -72,6 +76,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
                     sample.task,
                     str(tree / sample.name),
                     str(keep),
+                    cfg.matrix.max_seconds,
                 )
                 request.gt = gt_for(tree, final_frames, sample)
                 pending.append((sample, scorer.submit(request)))

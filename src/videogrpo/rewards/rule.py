@@ -83,16 +83,23 @@ class ScoreRequest:
 
 
 def score_request(
-    evalkit, fps: int, frames: np.ndarray, task: str, sample_dir: str, keep_video: str | None = None
+    evalkit,
+    fps: int,
+    frames: np.ndarray,
+    task: str,
+    sample_dir: str,
+    keep_video: str | None = None,
+    max_seconds: float | None = None,
 ) -> ScoreRequest:
-    """A request with the scorer settings of the `evalkit` config section."""
+    """A request with the scorer settings of the `evalkit` config section (`max_seconds` overrides its duration
+    cap: evaluation scores with the release evaluation's own, matrix.max_seconds)."""
     return ScoreRequest(
         frames,
         task,
         sample_dir,
         fps,
         evalkit.video_size,
-        evalkit.max_seconds,
+        evalkit.max_seconds if max_seconds is None else max_seconds,
         evalkit.crf,
         evalkit.unsupported_score,
         keep_video,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import videogrpo
 from videogrpo import config as config_mod
-from videogrpo.config import Config
+from videogrpo.config import Config, canonical_json
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -30,3 +31,20 @@ def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
     """The stage's Config (other sections at their defaults, unvalidated) and the sections as given."""
     sections = config_mod.sections_from_argument(args.config_json)
     return config_mod.from_dict(sections, partial=True), sections
+
+
+def resume_key(stage: str, sections: dict, stage_run, **extra) -> str:
+    """Name of the folder where a stage keeps work for a resume: a digest of the config it reads, the digests of
+    its inputs and the package code it runs (CODE_PARTS, the rule's code param), so work made under other
+    settings, inputs or code is never reused: after an edit of the sampler or the reward, nothing stale returns."""
+    from videogrpo.provenance.digest import package_digest, sha256_bytes
+    from videogrpo.provenance.manifest import record_digest
+    from videogrpo.stages import CODE_PARTS
+
+    key = {
+        "config": sections,
+        "inputs": {k: record_digest(v) for k, v in stage_run.input_records.items()},
+        "code": package_digest(Path(videogrpo.__file__).parent, CODE_PARTS[stage]),
+        **extra,
+    }
+    return sha256_bytes(canonical_json(key).encode())[:12]

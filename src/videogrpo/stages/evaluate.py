@@ -12,10 +12,8 @@ import shutil
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.config import canonical_json
-from videogrpo.provenance.digest import sha256_bytes
-from videogrpo.provenance.manifest import StageRun, record_digest
-from videogrpo.stages.common import add_config_argument, load_config
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "evalkit": args.evalkit,
     }
     with StageRun("evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
-        key = {"config": sections, "inputs": {k: record_digest(v) for k, v in stage.input_records.items()}}
-        records = args.records / sha256_bytes(canonical_json(key).encode())[:12]
+        records = args.records / resume_key("evaluate", sections, stage)
         with atomic.atomic_directory(args.videos) as videos_tmp:
             scores, table = evaluate(
                 cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device, records

@@ -13,12 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
-from videogrpo.config import canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.matrix.evalset import load_samples
-from videogrpo.provenance.digest import sha256_bytes
-from videogrpo.provenance.manifest import StageRun, record_digest
-from videogrpo.stages.common import add_config_argument, load_config
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,12 +37,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = {"model": args.model, "transformer": args.transformer, "samples": args.samples}
     with StageRun("generate_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         tree, samples = load_samples(args.samples, check=("first_frame.png", "prompt.txt"))
-        key = {
-            "config": sections,
-            "sampler": args.sampler,
-            "inputs": {k: record_digest(v) for k, v in stage.input_records.items()},
-        }
-        work = args.work / sha256_bytes(canonical_json(key).encode())[:12]
+        work = args.work / resume_key("generate_cell", sections, stage, sampler=args.sampler)
         progress = Progress(
             f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos"
         )

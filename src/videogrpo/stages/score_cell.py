@@ -13,12 +13,10 @@ import shutil
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.config import canonical_json
 from videogrpo.matrix.aggregate import summarize
 from videogrpo.matrix.evalset import load_samples
-from videogrpo.provenance.digest import sha256_bytes
-from videogrpo.provenance.manifest import StageRun, record_digest
-from videogrpo.stages.common import add_config_argument, load_config
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     }
     with StageRun("score_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         tree, samples = load_samples(args.samples, check=("ground_truth.mp4", "metadata.json", "prompt.txt"))
-        key = {"config": sections, "inputs": {k: record_digest(v) for k, v in stage.input_records.items()}}
-        work = args.work / sha256_bytes(canonical_json(key).encode())[:12]
+        work = args.work / resume_key("score_cell", sections, stage)
         scores, errors = score_cell(cfg, args.evalkit, tree, args.final_frames, samples, args.videos, work)
         if errors:
             shown = "\n  - ".join(f"{r['name']}: {r['error']}" for r in errors[:20])
