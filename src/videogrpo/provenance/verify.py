@@ -2,8 +2,9 @@
 
 verify starts from the manifests in a run directory, follows each manifest's upstream manifests (the
 shared downloads, dataset and EvalKit records), re-hashes every output they name and lists what
-changed, is missing or was added. diff compares two runs' config fields (by class), output digests
-and final metrics.
+changed, is missing or was added; then it checks the external inputs the run pinned in its config (the
+EvalKit checkout, the judge's rubric and protocol files, an external evaluation tree: `pins`). diff
+compares two runs' config fields (by class), output digests and final metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
-from videogrpo.provenance import digest
+from videogrpo.provenance import digest, pins
 from videogrpo.provenance.manifest import read_manifest
 
 
@@ -42,7 +43,8 @@ class Verification:
 
 
 def verify_run(run_dir: Path, log=print) -> Verification:
-    """Re-hash every output the run's manifests record; a problem per changed, missing or added file."""
+    """Re-hash every output the run's manifests record, and every external input they pin; a problem per
+    changed, missing or added file."""
     result = Verification()
     manifests = run_manifests(run_dir)
     progress = Progress("verify", total=len(manifests), unit="manifests")
@@ -74,6 +76,9 @@ def verify_run(run_dir: Path, log=print) -> Verification:
                     )
         progress.update()
     progress.finish()
+    checked, problems = pins.pin_problems(manifests)
+    result.checked += checked
+    result.problems += problems
     for line in result.problems:
         log(line)
     log(f"{len(manifests)} manifests, {result.checked} files checked, {len(result.problems)} problems")

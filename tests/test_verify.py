@@ -1,0 +1,190 @@
+"""`videogrpo verify` re-checks the external inputs a run pinned: the EvalKit checkout, the judge's rubric and
+protocol files, an external evaluation tree. A hand-built run: the real fingerprint_evalkit and eval_set stages
+(their manifests as the workflow writes them) and the run's own manifests naming them upstream."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from videogrpo import cli
+from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+from videogrpo.provenance.digest import evalkit_source_digest, sha256_file, tree_digest
+from videogrpo.provenance.manifest import StageRun
+from videogrpo.provenance.verify import verify_run
+
+from conftest import TASKS
+
+RUBRIC = 'EVAL_PROMPTS = {"S-1_move_red_square_data-generator": "Score it.\\nOutput format (exactly these lines):"}\n'
+PROTOCOL = 'TASK_VLM_JUDGE_OUTPUT_REMINDER = "reminder"\nTASK_VLM_JUDGE_REPAIR_PROMPT = "repair"\n'
+
+
+def edit_keeping_mtime(path: Path, data: bytes) -> None:
+    """An edit Snakemake cannot see: the file's times restored."""
+    st = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def stage(*argv: str) -> None:
+    assert cli.main(list(argv)) == 0
+
+
+def make_run(root: Path, evalkit: Path, tree: Path, kind: str) -> dict[str, Path]:
+    """A run with reward.kind `kind` whose evaluation scored with an EvalKit copy and whose matrix read the
+    external tree at `tree`; the judge files exist whatever the kind."""
+    kit = Path(shutil.copytree(evalkit, root / "evalkit", ignore=shutil.ignore_patterns("__pycache__")))
+    judge = root / "judge"
+    judge.mkdir()
+    (judge / "eval_prompts.py").write_text(RUBRIC)
+    (judge / "vbvr_vlm_protocol.py").write_text(PROTOCOL)
+    records = root / "results"
+    kit_config = {"evalkit": {"path": str(kit), "digest": evalkit_source_digest(kit)}}
+    stage(
+        "fingerprint-evalkit",
+        "--config-json",
+        json.dumps(kit_config),
+        "--out",
+        str(records / "evalkit/fingerprint.json"),
+        "--manifest",
+        str(records / "evalkit/fingerprint_evalkit.manifest.json"),
+    )
+    matrix = {"eval_set": str(tree), "eval_set_digest": tree_digest(tree), "expected_samples": len(TASKS)}
+    stage(
+        "eval-set",
+        "--config-json",
+        json.dumps({"matrix": matrix}),
+        "--tree",
+        str(tree),
+        "--samples",
+        str(records / "evalset/samples.json"),
+        "--final-frames",
+        str(records / "evalset/final_frames"),
+        "--manifest",
+        str(records / "evalset/eval_set.manifest.json"),
+    )
+    reward = {
+        "kind": kind,
+        "judge_prompts": str(judge / "eval_prompts.py"),
+        "judge_prompts_digest": sha256_file(judge / "eval_prompts.py"),
+        "judge_protocol": str(judge / "vbvr_vlm_protocol.py"),
+        "judge_protocol_digest": sha256_file(judge / "vbvr_vlm_protocol.py"),
+    }
+    run = records / "runs/run"
+    run.mkdir(parents=True)
+    table = run / "per_task.csv"
+    table.write_text("task,score\nALL,0.5\n")
+    with StageRun(
+        "evaluate",
+        run / "evaluate.manifest.json",
+        inputs={},
+        params={"reward": reward, **kit_config},
+        upstream=[records / "evalkit/fingerprint_evalkit.manifest.json"],
+    ) as s:
+        s.output("table", table)
+    with StageRun(
+        "matrix",
+        run / "matrix.manifest.json",
+        inputs={},
+        params={},
+        upstream=[records / "evalset/eval_set.manifest.json"],
+    ):
+        pass
+    return {"run": run, "kit": kit, "rubric": judge / "eval_prompts.py", "protocol": judge / "vbvr_vlm_protocol.py"}
+
+
+@pytest.fixture(scope="module")
+def source_tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("evalset") / "tree"
+    write_synthetic_tree(root, TASKS, 1, seed=0, frames=9, height=32, width=32, fps=16)
+    return root
+
+
+@pytest.fixture
+def layout(tmp_path, evalkit, source_tree) -> dict[str, Path]:
+    tree = Path(shutil.copytree(source_tree, tmp_path / "tree"))
+    return {**make_run(tmp_path, evalkit, tree, "vbvr_vlm"), "tree": tree}
+
+
+def problems_after(layout: dict[str, Path], edit) -> list[str]:
+    lines: list[str] = []
+    assert not verify_run(layout["run"], log=lines.append).problems, lines
+    assert cli.main(["verify", str(layout["run"])]) == 0
+    edit(layout)
+    problems = verify_run(layout["run"], log=lambda line: None).problems
+    assert cli.main(["verify", str(layout["run"])]) == 4  # verify's exit code for a changed file
+    return problems
+
+
+def test_an_evalkit_file_edited_with_its_time_kept_is_named_with_both_digests(layout):
+    victim = layout["kit"] / "vbvr_bench/evaluators/synthetic.py"
+    pinned, before = evalkit_source_digest(layout["kit"]), sha256_file(victim)
+    problems = problems_after(layout, lambda _: edit_keeping_mtime(victim, victim.read_bytes() + b"\n# edited\n"))
+    found = evalkit_source_digest(layout["kit"])
+    assert problems == [
+        f"CHANGED {victim} (evalkit.digest): EvalKit source digest pinned {pinned}, found {found}; "
+        f"fingerprint_evalkit recorded {before}"
+    ]
+
+
+def test_an_evalkit_file_added_to_the_digested_set_is_named(layout):
+    extra = layout["kit"] / "vbvr_bench/evaluators/extra.py"
+    problems = problems_after(layout, lambda _: extra.write_text("X = 1\n"))
+    assert len(problems) == 1 and problems[0].startswith(f"ADDED   {extra} (evalkit.digest): EvalKit source digest")
+
+
+@pytest.mark.parametrize("name,field", [("rubric", "judge_prompts_digest"), ("protocol", "judge_protocol_digest")])
+def test_an_edited_judge_file_is_named_with_its_field_and_both_digests(layout, name, field):
+    victim = layout[name]
+    pinned = sha256_file(victim)
+    problems = problems_after(layout, lambda _: edit_keeping_mtime(victim, victim.read_bytes().replace(b"e", b"E")))
+    assert problems == [f"CHANGED {victim} (reward.{field}): pinned {pinned}, found {sha256_file(victim)}"]
+
+
+def test_a_missing_rubric_is_named_with_its_pin(layout):
+    pinned = sha256_file(layout["rubric"])
+    problems = problems_after(layout, lambda lay: lay["rubric"].unlink())
+    assert problems == [
+        f"MISSING {layout['rubric']} (reward.judge_prompts, pinned by reward.judge_prompts_digest {pinned})"
+    ]
+
+
+def test_an_edited_sample_of_the_external_evaluation_tree_is_named(layout):
+    tree = layout["tree"]
+    (sample,) = sorted(tree.glob("In-Domain_50/*/00000"))[:1]
+    victim = sample / "prompt.txt"
+    pinned, before = tree_digest(tree), sha256_file(victim)
+    problems = problems_after(layout, lambda _: edit_keeping_mtime(victim, victim.read_bytes() + b" (edited)"))
+    samples = layout["run"].parent.parent / "evalset/samples.json"
+    assert problems == [
+        f"CHANGED {tree}/ (matrix.eval_set_digest): pinned {pinned}, found {tree_digest(tree)}",
+        f"CHANGED {victim} (matrix.eval_set sample, SHA-256 recorded in {samples}): recorded {before}, "
+        f"found {sha256_file(victim)}",
+    ]
+
+
+def test_an_edited_split_manifest_fails_the_tree_pin(layout):
+    manifest = layout["tree"] / "split_manifest.json"
+    pinned = tree_digest(layout["tree"])
+    problems = problems_after(layout, lambda _: edit_keeping_mtime(manifest, manifest.read_bytes() + b"\n"))
+    assert problems == [
+        f"CHANGED {layout['tree']}/ (matrix.eval_set_digest): pinned {pinned}, found {tree_digest(layout['tree'])}"
+    ]
+
+
+def test_a_rule_reward_run_does_not_check_judge_files_it_never_read(tmp_path, evalkit, source_tree):
+    tree = Path(shutil.copytree(source_tree, tmp_path / "tree"))
+    layout = make_run(tmp_path, evalkit, tree, "vbvr_rule")
+    layout["rubric"].write_text("EVAL_PROMPTS = {}\n")
+    assert not verify_run(layout["run"], log=lambda line: None).problems
+    victim = layout["kit"] / "run_evaluation.py"
+    pinned, before = evalkit_source_digest(layout["kit"]), sha256_file(victim)
+    victim.write_text(victim.read_text() + "\n")
+    assert verify_run(layout["run"], log=lambda line: None).problems == [
+        f"CHANGED {victim} (evalkit.digest): EvalKit source digest pinned {pinned}, "
+        f"found {evalkit_source_digest(layout['kit'])}; fingerprint_evalkit recorded {before}"
+    ]
