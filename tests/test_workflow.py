@@ -638,8 +638,16 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     jobs = jobs_run(out.stdout + out.stderr)
     # The recipes' matrix is off until a layer names its models and evaluation set (config/matrix/).
     expected = set(RULES) - {"synthesize_eval_set", "eval_set", "generate_cell", "score_cell", "matrix"} | {"all"}
-    if recipe == "rl_5b_vlm":  # the judge model instead of the EvalKit
-        expected = expected - {"fingerprint_evalkit", "check_scorer_runtime"} | {"fetch_judge"}
+    if recipe == "rl_5b_vlm":  # the judge model trains; the EvalKit scores the evaluation (REFERENCE section 10)
+        expected = expected | {"fetch_judge"}
+        training = run(["snakemake", "-n", "train", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
+        assert set(jobs_run(training.stdout + training.stderr)) == expected - {
+            "fingerprint_evalkit",
+            "check_scorer_runtime",
+            "evaluate",
+            "report",
+            "all",
+        }
     assert set(jobs) == expected
     assert f"results/runs/{recipe}-" in out.stdout + out.stderr
     trainable = recipe in ("rl_5b_cps", "rl_5b_sde", "rl_5b_vlm")

@@ -126,9 +126,10 @@ def code(stage):
 
 
 def evalkit_sources():
-    """The EvalKit files its source digest covers: inputs, so that an edit reruns the fingerprint."""
+    """The EvalKit files its source digest covers: inputs, so that an edit reruns the fingerprint (whatever
+    reward.kind: evaluation scores with the EvalKit)."""
     root = Path(CFG.evalkit.path)
-    if not RULE_REWARD or not (root / "run_evaluation.py").is_file():
+    if not (root / "run_evaluation.py").is_file():
         return []
     return [str(root / rel) for rel in evalkit_files(root)]
 
@@ -157,16 +158,19 @@ def rule_reward_inputs(**named):
     return named if RULE_REWARD else {}
 
 
+# The EvalKit's records. Evaluation (evaluate, score_cell) scores with the EvalKit whatever reward.kind (the
+# release evaluation, REFERENCE section 10), so they are always in the DAG; preflight and training read them
+# only for the rule reward (RULE_REWARD_STAGES).
+EVALKIT_STAGES = ("fingerprint_evalkit", "check_scorer_runtime")
+RULE_REWARD_STAGES = EVALKIT_STAGES if RULE_REWARD else ()
 STAGE_MANIFESTS = {
     "fetch_model": f"{MODEL}/fetch_model.manifest.json",
     **judge_service_inputs(fetch_judge=f"{JUDGE}/fetch_judge.manifest.json"),
     "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
     "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
     "validate_dataset": f"{DATA}/validate_dataset.manifest.json",
-    **rule_reward_inputs(
-        fingerprint_evalkit=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
-        check_scorer_runtime=f"{EVALKIT}/check_scorer_runtime.manifest.json",
-    ),
+    "fingerprint_evalkit": f"{EVALKIT}/fingerprint_evalkit.manifest.json",
+    "check_scorer_runtime": f"{EVALKIT}/check_scorer_runtime.manifest.json",
     "preflight": f"{RUN}/preflight.manifest.json",
     "train": f"{RUN}/train.manifest.json",
     "evaluate": f"{RUN}/evaluate.manifest.json",

@@ -1,6 +1,6 @@
 rule evaluate:
     input:
-        **upstream("fetch_model", "materialize_dataset", "train"),
+        **upstream("fetch_model", "materialize_dataset", "train", *EVALKIT_STAGES),
         final=f"{RUN}/train/final",
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",

@@ -96,8 +96,7 @@ rule score_cell:
         final_frames=f"{EVALSET}/final_frames",
         generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
         eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
-        fingerprint_evalkit_manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
-        check_scorer_runtime_manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
+        **upstream(*EVALKIT_STAGES),
     output:
         scores=f"{CELL}/scores.csv",
         aggregate=f"{CELL}/aggregate.csv",

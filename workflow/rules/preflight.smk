@@ -1,6 +1,6 @@
 rule preflight:
     input:
-        **upstream("fetch_model", "validate_dataset", "fingerprint_evalkit", "check_scorer_runtime"),
+        **upstream("fetch_model", "validate_dataset", *RULE_REWARD_STAGES),
         **rule_reward_inputs(
             evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
             scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
