@@ -19,9 +19,10 @@ import json
 import re
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, quote, unquote, urlparse
 
 # (repo type, repo id) -> {commit: {path: bytes}}
 Repos = dict[tuple[str, str], dict[str, dict[str, bytes]]]
@@ -47,6 +48,32 @@ def lfs_pointer(data: bytes) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {len(data)}\n".encode()
 
 
+def signature(sha: str, repo_id: str) -> str:
+    """What the storage accepts for object `sha` of `repo_id` (the Hub's redirects carry it)."""
+    return hashlib.sha256(f"loopback-storage-key/{repo_id}/{sha}".encode()).hexdigest()[:32]
+
+
+@dataclass
+class Request:
+    """One request as the server saw it."""
+
+    origin: str  # "hub" or "storage"
+    method: str
+    path: str
+    headers: dict[str, str]
+    status: int = 0
+    repo: tuple[str, str] | None = None  # (repo type, repo id) of a Hub route
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def range(self) -> str | None:
+        return self.headers.get("range")
+
+    @property
+    def authorization(self) -> str | None:
+        return self.headers.get("authorization")
+
+
 def files_of(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
@@ -54,12 +81,44 @@ def files_of(directory: Path) -> dict[str, bytes]:
 class HubHandler(BaseHTTPRequestHandler):
     repos: Repos = {}
     requests: list[str] = []
+    log: list[Request] = []
     throttle: int = 0
     corrupt: set[str] = set()
+    short: set[str] = set()
+    gated: dict[tuple[str, str], str] = {}
     storage: str = ""  # another origin, as the Hub's storage is another host: clients do not follow it on HEAD
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.current.status = code
+        super().send_response(code, message)
+
+    def _allowed(self, repo_type: str, repo_id: str) -> bool:
+        """A gated repository answers only its token, as the Hub does (401 without one, 403 with another)."""
+        self.current.repo = (repo_type, repo_id)
+        token = self.gated.get((repo_type, repo_id))
+        if token is None:
+            return True
+        sent = self.headers.get("Authorization")
+        if sent == f"Bearer {token}":
+            return True
+        kind = "dataset" if repo_type == "dataset" else "model"
+        if sent is None:
+            self._error(
+                401,
+                "GatedRepo",
+                f"Access to {kind} {repo_id} is restricted. You must have access to it and be authenticated to "
+                f"access it. Please log in.",
+            )
+        else:
+            self._error(
+                403,
+                "GatedRepo",
+                f"Access to {kind} {repo_id} is restricted and you are not in the authorized list.",
+            )
+        return False
 
     def _error(self, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
@@ -83,11 +142,19 @@ class HubHandler(BaseHTTPRequestHandler):
         return commits[revision]
 
     def do_GET(self) -> None:
+        origin = self.server.origin  # type: ignore[attr-defined]
+        self.current = Request(origin, self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+        self.log.append(self.current)
         self.requests.append(f"{self.command} {self.path}")
         url = urlparse(self.path)
         path = unquote(url.path)
+        if origin == "storage":
+            self._storage(path, parse_qs(url.query))
+            return
         if match := TREE.match(path):
             kind, repo_id, revision, prefix = match.groups()
+            if not self._allowed(kind[:-1], repo_id):
+                return
             files = self._files(kind[:-1], repo_id, revision)
             if files is None:
                 return
@@ -114,6 +181,8 @@ class HubHandler(BaseHTTPRequestHandler):
             return
         if match := RESOLVE.match(path):
             dataset, repo_id, revision, name = match.groups()
+            if not self._allowed("dataset" if dataset else "model", repo_id):
+                return
             files = self._files("dataset" if dataset else "model", repo_id, revision)
             if files is None:
                 return
@@ -128,33 +197,50 @@ class HubHandler(BaseHTTPRequestHandler):
                 self.send_header("ETag", f'"{git_blob_id(lfs_pointer(data))}"')
                 self.send_header("X-Linked-Etag", f'"{sha}"')
                 self.send_header("X-Linked-Size", str(len(data)))
-                self.send_header("Location", f"{self.storage}/lfs-cdn/{sha}?repo={repo_id}&file={name}")
+                query = f"repo={quote(repo_id)}&file={quote(name)}&sig={signature(sha, repo_id)}"
+                self.send_header("Location", f"{self.storage}/lfs-cdn/{sha}?{query}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
             self._send_bytes(data, {"X-Repo-Commit": revision, "ETag": f'"{git_blob_id(data)}"'})
             return
-        if path.startswith("/lfs-cdn/"):
-            sha = path.rsplit("/", 1)[1]
-            found = [(n, d) for commits in self.repos.values() for fs in commits.values() for n, d in fs.items()]
-            match = next(((n, d) for n, d in found if hashlib.sha256(d).hexdigest() == sha), None)
-            if match is None:
-                self._error(404, "EntryNotFound", f"no object {sha}")
-                return
-            name, data = match
-            if name in self.corrupt:
-                data = data[:-1] + bytes([data[-1] ^ 0xFF])
-            self._send_bytes(data, {"ETag": f'"{sha}"'}, throttle=self.throttle)
-            return
         self._error(404, "NotFound", f"no route for {path}")
 
     do_HEAD = do_GET
+
+    def _storage(self, path: str, query: dict[str, list[str]]) -> None:
+        """An object of the LFS storage, served only under the signature the Hub's redirect carried."""
+        if not path.startswith("/lfs-cdn/"):
+            self._error(404, "NotFound", f"no route for {path} on the storage")
+            return
+        sha = path.rsplit("/", 1)[1]
+        repo_id = query.get("repo", [""])[0]
+        if query.get("sig", [""])[0] != signature(sha, repo_id):
+            self._error(403, "AccessDenied", "the signature of this URL does not match")
+            return
+        files = [fs for (_, rid), commits in self.repos.items() if rid == repo_id for fs in commits.values()]
+        match = next(((n, d) for fs in files for n, d in fs.items() if hashlib.sha256(d).hexdigest() == sha), None)
+        if match is None:
+            self._error(404, "EntryNotFound", f"no object {sha}")
+            return
+        name, data = match
+        if name in self.corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        if name in self.short:
+            data = data[: len(data) // 2]
+        self._send_bytes(data, {"ETag": f'"{sha}"'}, throttle=self.throttle)
 
     def _send_bytes(self, data: bytes, headers: dict[str, str], throttle: int = 0) -> None:
         start = 0
         if (rng := self.headers.get("Range")) and (m := re.match(r"bytes=(\d+)-$", rng)):
             start = int(m.group(1))
             self.requests.append(f"RANGE {start} {self.path}")
+        if start and start >= len(data):  # nothing at or past the end: 416, as the Hub and its storage answer
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(data)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(206 if start else 200)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -177,11 +263,27 @@ class HubHandler(BaseHTTPRequestHandler):
 class HubServer:
     """`with HubServer(repos) as hub:` serves `repos` at hub.endpoint until the block ends."""
 
-    def __init__(self, repos: Repos, throttle: int = 0, corrupt: set[str] | None = None):
-        attrs = {"repos": repos, "requests": [], "throttle": throttle, "corrupt": corrupt or set()}
+    def __init__(
+        self,
+        repos: Repos,
+        throttle: int = 0,
+        corrupt: set[str] | None = None,
+        short: set[str] | None = None,
+        gated: dict[tuple[str, str], str] | None = None,
+    ):
+        attrs = {
+            "repos": repos,
+            "requests": [],
+            "log": [],
+            "throttle": throttle,
+            "corrupt": corrupt or set(),
+            "short": short or set(),
+            "gated": gated or {},
+        }
         handler = type("Handler", (HubHandler,), attrs)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.storage_httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.origin, self.storage_httpd.origin = "hub", "storage"
         self.handler = handler
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         handler.storage = f"http://127.0.0.1:{self.storage_httpd.server_address[1]}"
@@ -199,3 +301,7 @@ class HubServer:
     @property
     def requests(self) -> list[str]:
         return self.handler.requests
+
+    @property
+    def log(self) -> list[Request]:
+        return self.handler.log

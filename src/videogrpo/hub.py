@@ -14,6 +14,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from videogrpo.config import HEX40
 from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
@@ -46,14 +47,17 @@ def _hash_file(path: Path, with_git_blob: bool) -> tuple[str, int, str | None]:
     return sha256.hexdigest(), size, blob.hexdigest() if blob else None
 
 
+def hub_token() -> str | bool:
+    """$HF_TOKEN, or False: huggingface_hub then sends no token at all (not a stored login's)."""
+    return os.environ.get("HF_TOKEN") or False
+
+
 def list_files(repo_id: str, revision: str, repo_type: str, allow_patterns: list[str] | None) -> list[ListedFile]:
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import filter_repo_objects
 
-    tree = HfApi().list_repo_tree(
-        repo_id, revision=revision, repo_type=repo_type, recursive=True, token=os.environ.get("HF_TOKEN") or None
-    )
+    tree = HfApi().list_repo_tree(repo_id, revision=revision, repo_type=repo_type, recursive=True, token=hub_token())
     files = [entry for entry in tree if isinstance(entry, RepoFile)]
     chosen = filter_repo_objects(files, allow_patterns=allow_patterns, key=lambda entry: entry.path)
     return [ListedFile(f.path, f.size, f.lfs.sha256 if f.lfs else None, f.blob_id) for f in chosen]
@@ -92,10 +96,28 @@ def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[st
     return {rel: (sha256, size) for rel, (sha256, size, _) in found.items()}
 
 
-def _download(listed: ListedFile, url: str, partial: Path, token: str | None, progress: Progress) -> None:
-    """One file into partial/, resuming a `.incomplete` file an interrupted run left (HTTP byte range)."""
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
+
+
+def _is_listed(path: Path, listed: ListedFile) -> bool:
+    """Whether a file already at its listed size holds the listed bytes (hashed once)."""
+    sha256, size, blob = _hash_file(path, listed.lfs_sha256 is None)
+    return size == listed.size and (sha256 == listed.lfs_sha256 if listed.lfs_sha256 else blob == listed.git_blob_id)
+
+
+def _download(listed: ListedFile, url: str, partial: Path, token: str | bool, progress: Progress) -> None:
+    """One file into partial/, resuming a `.incomplete` file an interrupted run left (HTTP byte range).
+
+    A `.incomplete` file already at its listed size (a run killed between its last byte and the rename) is
+    hashed and promoted without a request: the Hub answers 416 to a range that starts at the end. A 416 to
+    a range inside the listed size means the server holds fewer bytes than this partial file, which is
+    then no prefix of the served file: it is downloaded again from byte 0, once, never left for a rerun
+    that would send the same range again.
+    """
     from huggingface_hub import get_hf_file_metadata
-    from huggingface_hub.utils import get_session, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     target = partial / listed.path
     if target.is_file() and target.stat().st_size == listed.size:
@@ -104,24 +126,44 @@ def _download(listed: ListedFile, url: str, partial: Path, token: str | None, pr
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".incomplete")
     start = part.stat().st_size if part.is_file() else 0
-    if start > listed.size:
+    if start == listed.size and _is_listed(part, listed):
+        os.replace(part, target)
+        progress.update(listed.size)
+        return
+    if start >= listed.size:  # as long as the listing says, or longer, yet not the listed bytes
         start = 0
-    # LFS files redirect to storage on another host: the location comes from the Hub, the token stays there.
+    # The token goes with every request to the Hub (a gated repository answers nothing without it); LFS
+    # files redirect to storage on another origin under a signed URL, and the token stays on the Hub, as
+    # huggingface_hub's own downloads do.
     location = get_hf_file_metadata(url, token=token, retry_on_errors=True).location
-    headers = {"Range": f"bytes={start}-"} if start else {}
-    with get_session().stream("GET", location, headers=headers, follow_redirects=True, timeout=60) as response:
-        hf_raise_for_status(response)
-        if start and response.status_code != 206:  # the server ignored the range: start over
-            start = 0
-        progress.update(start)
-        with open(part, "ab" if start else "wb") as f:
-            f.truncate(start)
-            for chunk in response.iter_bytes(1 << 20):
-                f.write(chunk)
-                progress.update(len(chunk))
+    headers = build_hf_headers(token=token)
+    if not _same_origin(url, location):
+        headers.pop("authorization", None)
+    while True:
+        ranged = dict(headers, Range=f"bytes={start}-") if start else headers
+        with get_session().stream("GET", location, headers=ranged, follow_redirects=True, timeout=60) as response:
+            if start and response.status_code == 416:
+                start = 0
+                continue
+            hf_raise_for_status(response)
+            if start and response.status_code != 206:  # the server ignored the range: start over
+                start = 0
+            progress.update(start)
+            with open(part, "ab" if start else "wb") as f:
+                f.truncate(start)
+                for chunk in response.iter_bytes(1 << 20):
+                    f.write(chunk)
+                    progress.update(len(chunk))
+        break
+    # A body cut short raises (httpx checks Content-Length and chunked framing), so here the server's answer
+    # was whole: a size other than the listed one is the served file's, and resuming would only repeat it.
     got = part.stat().st_size
     if got != listed.size:
-        raise VideoGRPOError(f"{listed.path}: the download ended at {got} of {listed.size} bytes; rerun to resume")
+        part.unlink()
+        raise DigestMismatch(
+            f"{listed.path}: the server sent {got} bytes in all, the Hub lists {listed.size}; the file it serves "
+            f"is not the listed one (deleted: a rerun downloads it again from byte 0)"
+        )
     os.replace(part, target)
 
 
@@ -133,7 +175,8 @@ def snapshot(
     Returns (sha256, size) of every file. The partial download lives beside out_dir, never in a path
     Snakemake deletes on failure, and a rerun resumes every file where it stopped (huggingface_hub's own
     snapshot_download restarts interrupted files from byte 0 since it writes per-process temporary
-    files). The token, if any, comes from $HF_TOKEN only.
+    files). The token, if any, comes from $HF_TOKEN only and goes with every request to the Hub; it is never
+    written anywhere (a manifest refuses it, and no message or file name holds it).
     """
     if not HEX40.match(revision):
         raise ConfigError(
@@ -141,11 +184,11 @@ def snapshot(
             f"move, so a pinned pipeline refuses them"
         )
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     label = f"{repo_type} {repo_id}@{revision}"
     partial = out_dir.parent / f".{out_dir.name}.partial"
-    token = os.environ.get("HF_TOKEN") or None
+    token = hub_token()
     try:
         listed = list_files(repo_id, revision, repo_type, allow_patterns)
         if not listed:
@@ -166,6 +209,12 @@ def snapshot(
             for future in futures:
                 future.result()
         progress.finish()
+    except GatedRepoError as err:
+        given = "the token in $HF_TOKEN has no access" if token else "$HF_TOKEN is not set"
+        raise VideoGRPOError(
+            f"{label}: a gated repository, and {given} ({err.response.status_code} {err.server_message}); accept its "
+            f"terms on the Hub with your account, then export HF_TOKEN with a token of that account and rerun"
+        ) from None
     except (RevisionNotFoundError, RepositoryNotFoundError) as err:
         raise VideoGRPOError(
             f"{label}: not found on the Hub ({err}); check the id and revision, and $HF_TOKEN for gated repositories"
