@@ -113,3 +113,53 @@ def test_every_manifest_records_the_git_state_when_its_stage_ran(tmp_path, monke
     assert sorted(recorded["changed_files"]) == ["alpha.py", "delta.py"]
     assert recorded["untracked_files"] == ["new.txt"]  # as at the start of the stage
     assert git_state(tmp_path.parent / "not-a-repo-here") is None
+
+
+def test_an_input_no_upstream_manifest_records_is_refused_unless_external(tmp_path):
+    """A record that cannot be found is no reason to skip the check (a moved results directory, a lost rule input)."""
+    from videogrpo.errors import DigestMismatch
+
+    table, tree, up = upstream_stage(tmp_path)
+    moved = tmp_path / "elsewhere" / "per_task.csv"  # the same bytes, at a path the manifest does not name
+    moved.parent.mkdir()
+    moved.write_bytes(table.read_bytes())
+    with pytest.raises(DigestMismatch) as err:
+        with StageRun("report", tmp_path / "m.json", inputs={"table": moved, "final": tree}, upstream=[up]):
+            pass
+    message = str(err.value)
+    assert f"{moved}: input table is recorded as an output by none of the upstream manifests evaluate ({up})" in message
+    assert "give that stage's manifest with --upstream" in message and "snakemake --forcerun" in message
+    assert not (tmp_path / "m.json").exists()
+    checkout = tmp_path / "evalkit"
+    checkout.mkdir()
+    (checkout / "run.py").write_text("pass\n")
+    inputs = {"table": table, "evalkit": checkout, "upstream_record": up}  # a manifest of its own is no output
+    with StageRun("evaluate", tmp_path / "ok.json", inputs=inputs, upstream=[up], external=("evalkit",)) as stage:
+        with pytest.raises(DigestMismatch, match="input late is recorded as an output by none"):
+            stage.input("late", moved, known={})
+    assert set(read_manifest(tmp_path / "ok.json")["inputs"]) == {"table", "evalkit", "upstream_record"}
+
+
+def test_an_input_inside_an_upstream_directory_is_checked_against_its_file_list(tmp_path):
+    """generate_cell reads train's final/transformer; a file of a recorded tree is checked too."""
+    from videogrpo.errors import DigestMismatch
+
+    _, tree, up = upstream_stage(tmp_path)
+    (tree / "transformer").mkdir()
+    (tree / "transformer" / "model.safetensors").write_bytes(b"weights")
+    with StageRun("evaluate", tmp_path / "up2.json", inputs={}) as stage:
+        stage.output("final", tree)
+    up = tmp_path / "up2.json"
+    inputs = {"transformer": tree / "transformer", "config": tree / "config.json"}
+    with StageRun("generate_cell", tmp_path / "ok.json", inputs=inputs, upstream=[up]):
+        pass
+    (tree / "transformer" / "model.safetensors").write_bytes(b"weightz")
+    with pytest.raises(DigestMismatch, match=r"input transformer is not what evaluate made(.|\n)*differ: model"):
+        with StageRun("generate_cell", tmp_path / "m.json", inputs=inputs, upstream=[up]):
+            pass
+    (tree / "extra.json").write_text("{}")  # in the directory, not in its record
+    with pytest.raises(
+        DigestMismatch, match=r"input extra is not what evaluate made \(.*\)\n  recorded \(no such file"
+    ):
+        with StageRun("generate_cell", tmp_path / "m.json", inputs={"extra": tree / "extra.json"}, upstream=[up]):
+            pass

@@ -185,31 +185,77 @@ def upstream_outputs(upstream: list[Path]) -> dict[str, tuple[dict[str, Any], Pa
     return recorded
 
 
-def verify_inputs(records: dict[str, dict[str, Any]], upstream: list[Path]) -> None:
-    """Every input an upstream manifest recorded as its output must still be byte for byte what it recorded.
+def _recorded_as(
+    path: str, recorded: dict[str, tuple[dict[str, Any], Path, str]]
+) -> tuple[str | None, dict[str, list] | None, Path, str] | None:
+    """What an upstream manifest recorded for `path`: (digest, entries of a directory, manifest, stage).
 
-    Raises DigestMismatch naming the input, the manifest, both digests and (for directories) the files
-    that differ, so a hand-edited or corrupted file never flows into a later stage.
+    `path` is an output itself, or a file or directory inside a directory output (a trained cell reads
+    `final/transformer` of train's `final`), whose digest then comes from that output's file list; a
+    digest of None means the output lists no such file.
     """
-    recorded = upstream_outputs(upstream)
-    for name, record in records.items():
-        match = recorded.get(os.path.abspath(record["path"]))
+    if path in recorded:
+        expected, manifest_path, stage = recorded[path]
+        return record_digest(expected), expected.get("entries"), manifest_path, stage
+    for parent in Path(path).parents:
+        match = recorded.get(str(parent))
         if match is None:
             continue
         expected, manifest_path, stage = match
-        if record_digest(expected) == record_digest(record):
+        if "entries" not in expected:
+            return None
+        rel = Path(path).relative_to(parent).as_posix()
+        entries = expected["entries"]
+        if rel in entries:
+            return entries[rel][0], None, manifest_path, stage
+        inside = {name[len(rel) + 1 :]: v for name, v in entries.items() if name.startswith(rel + "/")}
+        digest_of = digest.tree_digest_of_entries({n: (sha, size) for n, (sha, size) in inside.items()})
+        return (digest_of if inside else None), inside, manifest_path, stage
+    return None
+
+
+def verify_inputs(
+    records: dict[str, dict[str, Any]], upstream: list[Path], external: frozenset[str] = frozenset()
+) -> None:
+    """Every input an upstream manifest recorded as its output must still be byte for byte what it recorded.
+
+    Raises DigestMismatch naming the input, the manifest, both digests and (for directories) the files
+    that differ, so a hand-edited or corrupted file never flows into a later stage. A stage given upstream
+    manifests refuses an input that none of them records, unless it names the input `external` (pinned by
+    the config and checked where it is read): a record that cannot be found would otherwise skip the check
+    without a word (a moved results directory, a rule that lost its upstream manifest).
+    """
+    recorded = upstream_outputs(upstream)
+    manifests = {os.path.abspath(p) for p in upstream}
+    for name, record in records.items():
+        path = os.path.abspath(record["path"])
+        if path in manifests:  # an upstream manifest itself: the record the others are checked against
+            continue
+        match = _recorded_as(path, recorded)
+        if match is None:
+            if name in external or not upstream:
+                continue
+            looked_in = ", ".join(f"{read_manifest(p)['stage']} ({p})" for p in upstream)
+            raise DigestMismatch(
+                f"{record['path']}: input {name} is recorded as an output by none of the upstream manifests "
+                f"{looked_in}, so it cannot be checked against the stage that made it; give that stage's "
+                f"manifest with --upstream (the rule's upstream(...) inputs), or rerun it so that its manifest "
+                f"records this path (snakemake --forcerun <that stage>)"
+            )
+        expected_digest, expected_entries, manifest_path, stage = match
+        if expected_digest == record_digest(record):
             continue
         detail = ""
-        if record["kind"] == "directory" and "entries" in expected:
+        if record["kind"] == "directory" and expected_entries is not None:
             found = {rel: [sha, size] for rel, (sha, size) in digest.tree_entries(record["path"]).items()}
             differ = sorted(
-                rel for rel in set(found) | set(expected["entries"]) if found.get(rel) != expected["entries"].get(rel)
+                rel for rel in set(found) | set(expected_entries) if found.get(rel) != expected_entries.get(rel)
             )
             detail = f"\n  files that differ: {', '.join(differ[:10])}" + (" ..." if len(differ) > 10 else "")
         raise DigestMismatch(
             f"{record['path']}: input {name} is not what {stage} made ({manifest_path})\n"
-            f"  recorded {record_digest(expected)}\n  found    {record_digest(record)}{detail}\n"
-            f"Restore it, or rerun {stage} (snakemake --forcerun {stage}) to make it again."
+            f"  recorded {expected_digest or '(no such file in its output)'}\n  found    {record_digest(record)}"
+            f"{detail}\nRestore it, or rerun {stage} (snakemake --forcerun {stage}) to make it again."
         )
 
 
@@ -217,7 +263,9 @@ class StageRun:
     """One stage's provenance: inputs digested on entry, outputs on success, manifest written last.
 
     On failure nothing is written, so a failed stage never leaves a manifest that looks complete. Inputs
-    that an upstream stage made are checked against its manifest before the stage starts.
+    that an upstream stage made are checked against its manifest before the stage starts; `external`
+    names the inputs no upstream stage makes (an EvalKit checkout, a task list, a checkpoint to resume
+    from), which are recorded but need no upstream record (see verify_inputs).
     """
 
     def __init__(
@@ -227,8 +275,10 @@ class StageRun:
         inputs: dict[str, str | os.PathLike],
         params: dict[str, Any] | None = None,
         upstream: list[str | os.PathLike] | None = None,
+        external: tuple[str, ...] = (),
     ):
         self.stage = stage
+        self.external = frozenset(external)
         self.manifest_path = Path(manifest_path)
         self.inputs = {name: Path(p) for name, p in inputs.items() if p}
         self.upstream = [Path(p) for p in upstream or []]
@@ -242,13 +292,13 @@ class StageRun:
         self._t0 = time.monotonic()
         self.git = git_state()  # the checkout as it is when the stage starts, not when a report is made
         self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
-        verify_inputs(self.input_records, self.upstream)
+        verify_inputs(self.input_records, self.upstream, self.external)
         return self
 
     def input(self, name: str, path: str | os.PathLike, known: dict[str, tuple[str, int]]) -> None:
         """An input the stage digested while reading it (not on entry), checked against upstream now."""
         record = describe(path, list_files=False, known=known)
-        verify_inputs({name: record}, self.upstream)
+        verify_inputs({name: record}, self.upstream, self.external)
         self.input_records[name] = record
 
     def output(

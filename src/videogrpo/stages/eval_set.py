@@ -30,7 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, sections = load_config(args)
     m = cfg.matrix
-    with StageRun("eval_set", args.manifest, inputs={}, params=sections, upstream=args.upstream) as stage:
+    external = ("tree",) if m.eval_set else ()  # a released tree, pinned by matrix.eval_set_digest below
+    with StageRun(
+        "eval_set", args.manifest, inputs={}, params=sections, upstream=args.upstream, external=external
+    ) as stage:
         entries = tree_entries(args.tree)
         stage.input("tree", args.tree, known=entries)
         tree_sha256 = tree_digest_of_entries(entries)

@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
         "splits": args.dataset / "splits.json",
         "evalkit": args.evalkit,
     }
-    with StageRun("evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+    external = ("evalkit",)  # pinned by evalkit.digest, which fingerprint_evalkit checks
+    with StageRun(
+        "evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
+    ) as stage:
         records = args.records / resume_key("evaluate", sections, stage)
         with atomic.atomic_directory(args.videos) as videos_tmp:
             scores, table = evaluate(

@@ -22,7 +22,10 @@ def run(args: argparse.Namespace) -> int:
     d = cfg.data
     inputs = {"task_list": d.task_list} if d.source == "synthetic" else {}
     known = None  # (sha256, size) per file where the download already hashed it
-    with StageRun("fetch_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+    external = ("task_list",)  # a file of the checkout
+    with StageRun(
+        "fetch_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
+    ) as stage:
         if d.source == "synthetic":
             from videogrpo.data import synthetic
 

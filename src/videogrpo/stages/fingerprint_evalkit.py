@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         inputs={"evalkit": cfg.evalkit.path},
         params=sections,
         upstream=args.upstream,
+        external=("evalkit",),  # the checkout this stage pins
     ) as stage:
         record = fingerprint(cfg.evalkit.path, cfg.evalkit.digest, cfg.evalkit.easyocr_models)
         atomic.write_json(args.out, record)

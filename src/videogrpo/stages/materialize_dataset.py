@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from videogrpo.config import read_task_list
 from videogrpo.data.materialize import materialize
+from videogrpo.errors import DigestMismatch
 from videogrpo.provenance.manifest import StageRun, upstream_outputs
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -32,11 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def fetched_archives(archives_dir: Path, upstream: list[Path]) -> tuple[dict[str, tuple[str, int]] | None, str]:
-    """(sha256, size) per archive name as the fetch manifest recorded them, and where that record is."""
+def fetched_archives(archives_dir: Path, upstream: list[Path]) -> tuple[dict[str, tuple[str, int]], str]:
+    """(sha256, size) per archive name as the fetch manifest recorded them, and where that record is.
+
+    Without that record no archive's SHA-256 could be checked, so its absence is an error, never a skip.
+    """
     match = upstream_outputs(upstream).get(os.path.abspath(archives_dir))
     if match is None or "entries" not in match[0]:
-        return None, ""
+        looked_in = ", ".join(str(p) for p in upstream) or "none (no --upstream given)"
+        found = "records no file list for it" if match else "records no output at that path"
+        raise DigestMismatch(
+            f"{archives_dir}: no fetch_dataset record of these archives, so their SHA-256 cannot be checked before "
+            f"the unpack; manifests looked in: {looked_in} ({found}). Give fetch_dataset's manifest with "
+            f"--upstream (the workflow rule does), with --archives the directory it fetched into, or rerun "
+            f"fetch_dataset (snakemake --forcerun fetch_dataset)"
+        )
     record, manifest_path, stage = match
     expected = {PurePosixPath(rel).name: (sha, size) for rel, (sha, size) in record["entries"].items()}
     return expected, f"{stage} ({manifest_path})"

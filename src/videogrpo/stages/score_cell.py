@@ -41,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
         "final_frames": args.final_frames,
         "evalkit": args.evalkit,
     }
-    with StageRun("score_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+    external = ("evalkit",)  # pinned by evalkit.digest, which fingerprint_evalkit checks
+    with StageRun(
+        "score_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
+    ) as stage:
         tree, samples = load_samples(args.samples, check=("ground_truth.mp4", "metadata.json", "prompt.txt"))
         work = args.work / resume_key("score_cell", sections, stage)
         scores, errors = score_cell(cfg, args.evalkit, tree, args.final_frames, samples, args.videos, work)

@@ -134,7 +134,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # resume_from (a checkpoint to start from) is recorded with its digest, like every input.
     inputs = dict(inputs_of(args), preflight=args.preflight, resume_from=cfg.train.resume_from)
-    with StageRun("train", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+    external = ("evalkit", "resume_from")  # the pinned checkout; another run's checkpoint, checked on load
+    with StageRun(
+        "train", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
+    ) as stage:
         digests = input_digests(args, stage.input_records)
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
