@@ -19,11 +19,11 @@ import pytest
 from videogrpo.data.video import write_mp4
 from videogrpo.errors import DigestMismatch
 from videogrpo.matrix.aggregate import bootstrap_interval, matrix_table, summarize
-from videogrpo.matrix.evalset import EvalSample, EvalSetError, eval_samples, load_samples
+from videogrpo.matrix.evalset import EvalSample, EvalSetError, eval_samples, load_samples, recheck_samples
 from videogrpo.matrix.generate import Settings, output_problems, parse_sampler
 from videogrpo.matrix.models import ModelRefused, validate_pipeline
 from videogrpo.matrix.synthetic_tree import write_synthetic_tree
-from videogrpo.provenance.digest import sha256_file, tree_digest
+from videogrpo.provenance.digest import evalkit_source_digest, sha256_file, tree_digest
 
 from conftest import TASKS
 from hub_server import HubServer, files_of
@@ -200,6 +200,25 @@ def test_a_file_changed_after_the_pin_is_refused_by_the_stage_reading_it(evalset
             load_samples(evalset / "samples.json", check=("first_frame.png",))
     finally:
         frame.write_bytes(original)
+
+
+def test_a_sample_edited_while_a_stage_ran_loses_what_was_made_from_it(evalset, tree, tmp_path):
+    _, samples = load_samples(evalset / "samples.json")
+    made = {s.name: tmp_path / f"{s.sample_id}.out" for s in samples}
+    for path in made.values():
+        path.write_text("made")
+    recheck_samples(evalset / "samples.json", ("prompt.txt",), lambda name: [made[name]])  # unchanged: all kept
+    victim = tree / samples[4].name / "prompt.txt"
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original + b" edited")
+        with pytest.raises(
+            DigestMismatch, match=r"prompt.txt: changed since eval_set recorded it .*, found [0-9a-f]{64}"
+        ):
+            recheck_samples(evalset / "samples.json", ("prompt.txt",), lambda name: [made[name]])
+    finally:
+        victim.write_bytes(original)
+    assert [name for name, path in made.items() if not path.exists()] == [samples[4].name]
 
 
 def _videos(root: Path, samples: list[EvalSample], frames=17, side=64, fps=16) -> None:
@@ -459,6 +478,71 @@ def test_a_rerun_scores_again_the_samples_whose_record_holds_an_error(evalset, e
     stage("score-cell", sections, *args)
     scores = pd.read_csv(out / "scores.csv").set_index("name")
     assert sorted(scores.index) == sorted(s.name for s in samples)
+
+
+def test_scoring_refuses_an_edited_first_frame_it_hands_to_the_evalkit(evalset, tree, evalkit, tmp_path):
+    """gt_info names the first frame: score_cell checks it against samples.json like the other sample files."""
+    _, samples = load_samples(evalset / "samples.json")
+    _videos(tmp_path / "videos", samples)
+    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
+    frame = tree / samples[1].name / "first_frame.png"
+    original = frame.read_bytes()
+    try:
+        frame.write_bytes(original + b"\0")
+        out = tmp_path / "cell"
+        failed = stage(
+            "score-cell",
+            sections,
+            *score_args(evalset, tmp_path / "videos", out, evalkit),
+            check=False,
+        )
+    finally:
+        frame.write_bytes(original)
+    assert failed.returncode == 4, failed.stderr[-3000:]
+    assert f"{frame}: changed since eval_set recorded it" in failed.stderr
+    assert not (out / "scores.csv").exists() and not (out / "work").exists()
+
+
+def test_a_sample_edited_while_scoring_ran_is_refused_and_scored_again_once_restored(tree, evalkit, tmp_path):
+    """An EvalKit copy whose evaluator appends to a task's prompt.txt while it scores (an edit made during the
+    run): the stage fails naming the file, the records of the edited samples are discarded, the others kept."""
+    root = copy_tree(tree, tmp_path)
+    evalset = tmp_path / "evalset"
+    matrix = dict(MATRIX, eval_set=str(root), eval_set_digest=tree_digest(root))
+    stage(
+        "eval-set",
+        {"matrix": matrix},
+        *("--tree", str(root), "--samples", str(evalset / "samples.json")),
+        *("--final-frames", str(evalset / "final_frames"), "--manifest", str(evalset / "m.json")),
+    )
+    _, samples = load_samples(evalset / "samples.json")
+    edited = [s.name for s in samples if s.task == samples[0].task]
+    originals = {name: (root / name / "prompt.txt").read_bytes() for name in edited}
+    kit = Path(shutil.copytree(evalkit, tmp_path / "evalkit", ignore=shutil.ignore_patterns("__pycache__")))
+    entry = kit / "run_evaluation.py"
+    entry.write_text(
+        entry.read_text().replace(
+            "    try:\n",
+            "    import os\n\n    if os.environ.get('VG_TEST_EDIT_TASK') == task_name:\n"
+            "        with open(os.path.join(gt_info['gt_path'], 'prompt.txt'), 'a') as f:\n"
+            "            f.write(' edited')\n    try:\n",
+            1,
+        )
+    )
+    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(kit)}, "matrix": MATRIX}
+    _videos(tmp_path / "videos", samples)
+    out = tmp_path / "cell"
+    args = score_args(evalset, tmp_path / "videos", out, kit)
+    failed = stage("score-cell", sections, *args, check=False, VG_TEST_EDIT_TASK=samples[0].task)
+    assert failed.returncode == 4, failed.stderr[-3000:]
+    assert "changed since eval_set recorded it" in failed.stderr and "while this stage ran" in failed.stderr
+    kept = sorted(json.loads(p.read_text())["name"] for p in (out / "work").rglob("*.json"))
+    assert kept == sorted(s.name for s in samples if s.name not in edited)
+    assert not (out / "scores.csv").exists()
+    for name, text in originals.items():
+        (root / name / "prompt.txt").write_bytes(text)
+    stage("score-cell", sections, *args)
+    assert sorted(pd.read_csv(out / "scores.csv")["name"]) == sorted(s.name for s in samples)
 
 
 def test_scoring_plays_the_videos_at_the_evaluation_duration_cap_not_the_training_one(evalset, evalkit, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -143,19 +144,51 @@ def last_frame(video: Path) -> np.ndarray:
     return read_video(video)[-1]
 
 
-def load_samples(path: Path, check: tuple[str, ...] = ()) -> tuple[Path, list[EvalSample]]:
-    """The evaluation tree and list of samples.json; the files named in `check` must still have their recorded
-    SHA-256 (the tree is read in place, after eval_set pinned it)."""
+def changed_sample_files(path: Path, check: tuple[str, ...]) -> list[tuple[str, Path, str]]:
+    """(sample name, file, SHA-256 recorded in samples.json) of each file named in `check` that is missing or
+    differs from what eval_set recorded."""
     listed = json.loads(path.read_text())
     tree = Path(listed["tree"])
-    samples = []
+    changed = []
     for entry in listed["samples"]:
         for name in check:
             file = tree / entry["name"] / name
             if not file.is_file() or sha256_file(file) != entry["files"][name]:
-                raise DigestMismatch(
-                    f"{file}: changed since eval_set recorded it (SHA-256 {entry['files'][name]} in {path}); "
-                    f"restore the evaluation tree, or rerun eval_set (snakemake --forcerun eval_set)"
-                )
-        samples.append(EvalSample(**{k: entry[k] for k in ("index", "domain", "task", "sample", "sample_id")}))
-    return tree, samples
+                changed.append((entry["name"], file, entry["files"][name]))
+    return changed
+
+
+def _refusal(path: Path, changed: list[tuple[str, Path, str]], note: str = "") -> DigestMismatch:
+    _, file, recorded = changed[0]
+    found = sha256_file(file) if file.is_file() else "missing"
+    more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
+    return DigestMismatch(
+        f"{file}: changed since eval_set recorded it (SHA-256 {recorded} in {path}, found {found}){more}{note}; "
+        f"restore the evaluation tree, or rerun eval_set (snakemake --forcerun eval_set)"
+    )
+
+
+def load_samples(path: Path, check: tuple[str, ...] = ()) -> tuple[Path, list[EvalSample]]:
+    """The evaluation tree and list of samples.json; the files named in `check` must still have their recorded
+    SHA-256 (the tree is read in place, after eval_set pinned it)."""
+    if check and (changed := changed_sample_files(path, check)):
+        raise _refusal(path, changed)
+    listed = json.loads(path.read_text())
+    samples = [
+        EvalSample(**{k: entry[k] for k in ("index", "domain", "task", "sample", "sample_id")})
+        for entry in listed["samples"]
+    ]
+    return Path(listed["tree"]), samples
+
+
+def recheck_samples(path: Path, check: tuple[str, ...], made_from: Callable[[str], list[Path]]) -> None:
+    """The files in `check` again, after a stage read them while it ran: what it made from a file changed
+    meanwhile (`made_from(sample name)`, in its resume work) is deleted and the stage refused, so that no
+    result of the edited file survives, whether the file is restored or the evaluation set pinned again."""
+    changed = changed_sample_files(path, check)
+    if not changed:
+        return
+    for name in sorted({name for name, _, _ in changed}):
+        for made in made_from(name):
+            made.unlink(missing_ok=True)
+    raise _refusal(path, changed, note=", while this stage ran: what it made from the sample was discarded")

@@ -48,16 +48,20 @@ def _record_ok(record_path: Path, prepared: Path, frames: int, side: int, fps: i
     return video_problem(prepared, frames, side, side, fps) is None
 
 
+def sample_work(work: Path, name: str) -> tuple[Path, Path]:
+    """A sample's record and prepared video in the work directory."""
+    return work / "records" / f"{name}.json", work / "prepared" / f"{name}.mp4"
+
+
 def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list[EvalSample], videos: Path, work: Path):
     """Score every video of the cell; returns (scores, errors): one row per sample, and the records with an
     error. Records and prepared videos accumulate in `work` (records/, prepared/)."""
     e = cfg.evalkit
     frames = cfg.matrix.num_frames
     fps = playback_fps(frames, cfg.matrix.fps, cfg.matrix.max_seconds)
-    records, prepared = work / "records", work / "prepared"
 
     def paths(sample: EvalSample) -> tuple[Path, Path]:
-        return records / f"{sample.name}.json", prepared / f"{sample.name}.mp4"
+        return sample_work(work, sample.name)
 
     todo = [s for s in samples if not _record_ok(*paths(s), frames, e.video_size, fps)]
     progress = Progress("score", total=len(samples), unit="videos")

@@ -3,7 +3,8 @@
 Videos accumulate in <work>/<key>/ (outside the declared output, which Snakemake deletes before a rerun),
 keyed by the stage's config and its input digests: an interrupted cell resumes with the videos it lacks,
 and videos made by other weights or settings are never reused. The output directory appears only once
-the set is exact (one valid video per sample, nothing else).
+the set is exact (one valid video per sample, nothing else). The prompt and first frame of every sample are
+checked against samples.json before and after generation: a sample edited meanwhile loses its video.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import shutil
 from pathlib import Path
 
 from videogrpo.errors import VideoGRPOError
-from videogrpo.matrix.evalset import load_samples
+from videogrpo.matrix.evalset import load_samples, recheck_samples
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
+
+# What generation reads of a sample, checked against samples.json before and after it runs.
+READ_FILES = ("first_frame.png", "prompt.txt")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +40,14 @@ def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     inputs = {"model": args.model, "transformer": args.transformer, "samples": args.samples}
     with StageRun("generate_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
-        tree, samples = load_samples(args.samples, check=("first_frame.png", "prompt.txt"))
+        tree, samples = load_samples(args.samples, check=READ_FILES)
         work = args.work / resume_key("generate_cell", sections, stage, sampler=args.sampler)
         progress = Progress(
             f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos"
         )
         generate_cell(cfg, args.model, args.transformer, tree, samples, args.sampler, work / "videos", progress)
         progress.finish()
+        recheck_samples(args.samples, READ_FILES, lambda name: [work / "videos" / f"{name}.mp4"])
         for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt
             if temporary.is_file():
                 temporary.unlink()

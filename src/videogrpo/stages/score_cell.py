@@ -2,7 +2,9 @@
 
 Records of scored samples are kept in <work>/<key>/ (outside the declared outputs), keyed by the stage's
 config and input digests: an interrupted scoring resumes, and a failed one keeps every sample's error. The
-score files appear only when every sample of the exact set has a score and no record holds an error.
+score files appear only when every sample of the exact set has a score and no record holds an error. The
+evaluation tree's files are checked against samples.json before scoring and again after it: a sample edited
+while the stage ran loses its record and the stage fails.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.matrix.aggregate import summarize
-from videogrpo.matrix.evalset import load_samples
+from videogrpo.matrix.evalset import SAMPLE_FILES, load_samples, recheck_samples
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from videogrpo.matrix.score import ScoringFailed, score_cell
+    from videogrpo.matrix.score import ScoringFailed, sample_work, score_cell
 
     cfg, sections = load_config(args)
     inputs = {
@@ -45,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
     with StageRun(
         "score_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
     ) as stage:
-        tree, samples = load_samples(args.samples, check=("ground_truth.mp4", "metadata.json", "prompt.txt"))
+        # Every file of a sample reaches the EvalKit (gt_info names the first frame too).
+        tree, samples = load_samples(args.samples, check=SAMPLE_FILES)
         work = args.work / resume_key("score_cell", sections, stage)
         scores, errors = score_cell(cfg, args.evalkit, tree, args.final_frames, samples, args.videos, work)
+        recheck_samples(args.samples, SAMPLE_FILES, lambda name: list(sample_work(work, name)))
         if errors:
             shown = "\n  - ".join(f"{r['name']}: {r['error']}" for r in errors[:20])
             raise ScoringFailed(
