@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from videogrpo import cli
+from videogrpo.errors import DigestMismatch
+from videogrpo.matrix.evalset import load_samples, recheck_samples
 from videogrpo.matrix.synthetic_tree import write_synthetic_tree
 from videogrpo.provenance.digest import evalkit_source_digest, sha256_file, tree_digest
 from videogrpo.provenance.manifest import StageRun
@@ -188,3 +191,20 @@ def test_a_rule_reward_run_does_not_check_judge_files_it_never_read(tmp_path, ev
         f"CHANGED {victim} (evalkit.digest): EvalKit source digest pinned {pinned}, "
         f"found {evalkit_source_digest(layout['kit'])}; fingerprint_evalkit recorded {before}"
     ]
+
+
+def test_a_sample_edited_while_a_stage_ran_loses_what_was_made_from_it(layout, tmp_path):
+    """What generate_cell and score_cell do after they ran: the files they read, checked again."""
+    listing = layout["run"].parent.parent / "evalset/samples.json"
+    _, samples = load_samples(listing)
+    made = {s.name: tmp_path / f"{s.sample_id}.out" for s in samples}
+    for path in made.values():
+        path.write_text("made")
+    recheck_samples(listing, ("prompt.txt",), lambda name: [made[name]])  # nothing changed: all kept
+    victim = layout["tree"] / samples[1].name / "prompt.txt"
+    edit_keeping_mtime(victim, victim.read_bytes() + b" edited")
+    with pytest.raises(
+        DigestMismatch, match=rf"{re.escape(str(victim))}: changed since eval_set recorded it .*, found [0-9a-f]{{64}}"
+    ):
+        recheck_samples(listing, ("prompt.txt",), lambda name: [made[name]])
+    assert [name for name, path in made.items() if not path.exists()] == [samples[1].name]
