@@ -1,5 +1,6 @@
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,8 +9,9 @@ from videogrpo.data.dataset import load_split
 from videogrpo.data.video import read_video
 from videogrpo.errors import DigestMismatch, VideoGRPOError
 from videogrpo.provenance.digest import evalkit_source_digest
-from videogrpo.rewards.evalkit import check_runtime, fingerprint
-from videogrpo.rewards.rule import RuleScorer, ScoreRequest
+from videogrpo.rewards.evalkit import fingerprint
+from videogrpo.rewards.rule import EvaluatorError, RuleScorer, ScoreRequest
+from videogrpo.rewards.scorer_process import check_runtime
 
 
 def request(sample, frames, **kw):
@@ -96,16 +98,52 @@ def test_unknown_task_scores_unsupported_with_a_warning(scorer, dataset, capsys)
     assert "Z-99_unknown_data-generator is unknown to the EvalKit" in capsys.readouterr().err
 
 
-def test_an_out_of_range_score_breaks_the_contract(evalkit, tmp_path, dataset):
+SCORE_OF_GT = """import math
+
+import numpy
+from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
+
+
+def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
+    value = eval(gt_info["score"], {"np": numpy, "math": math})  # what the test asks this evaluator to return
+    return {"score": value, "dimensions": {"as": gt_info["score"], "np64": numpy.float64(0.25),
+                                           "np32": numpy.float32(0.5), "arr": numpy.arange(2)}}
+"""
+
+SCORES = ["np.float32(0.5)", "np.float64(0.75)", "np.int64(1)", "0", "1", "0.25"]
+NOT_SCORES = ["True", "np.bool_(True)", "math.nan", "np.float32('inf')", "1.5", "-0.1", "'0.5'", "None"]
+
+
+def test_every_real_number_type_is_a_score_and_anything_else_an_error(evalkit, tmp_path, dataset, capsys):
+    """numpy.float32/float64/int64 and Python numbers score as floats; a bool is no score; non-finite and
+    out-of-range values, strings and None are errors that follow evalkit.fail_on_error, naming the value."""
     kit = tmp_path / "kit"
     shutil.copytree(evalkit, kit)
-    path = kit / "run_evaluation.py"
-    path.write_text(path.read_text().replace('"score": float(min(max(score, 0.0), 1.0))', '"score": 1.5'))
+    (kit / "run_evaluation.py").write_text(SCORE_OF_GT)
     sample = load_split(dataset, "rl")[0]
-    with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:
-        future = pool.submit(request(sample, read_video(sample.directory / "video/ground_truth.mp4")))
-        with pytest.raises(VideoGRPOError, match=r"score 1.5 .* finite score in \[0, 1\]"):
-            future.result()
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
+
+    def asking(value):
+        r = request(sample, frames, unsupported_score=0.125)
+        r.gt = {"score": value}
+        return r
+
+    with RuleScorer(kit, workers=2, threads_per_worker=1, fail_on_error=False) as pool:
+        results = pool.collect([pool.submit(asking(v)) for v in SCORES + NOT_SCORES])
+    for value, r in zip(SCORES, results):
+        assert r["error"] is None and type(r["score"]) is float and r["score"] == float(eval(value, {"np": np})), r
+        assert r["dimensions"] == {"as": value, "np64": 0.25, "np32": 0.5, "arr": [0, 1]}  # plain values
+        assert all(type(v) in (str, float, list) for v in r["dimensions"].values())
+    for r in results[len(SCORES) :]:
+        assert r["score"] == 0.125 and "the contract is a finite score in [0, 1]" in r["error"], r
+    assert "returned score True (bool)" in results[len(SCORES)]["error"]
+    assert "returned score nan (float)" in results[len(SCORES) + 2]["error"]
+    assert capsys.readouterr().err.count(f"warning: the EvalKit evaluator of task {sample.task} failed") == 1
+    with RuleScorer(kit, workers=1, threads_per_worker=1, fail_on_error=True) as pool:
+        with pytest.raises(EvaluatorError) as err:
+            pool.collect([pool.submit(asking("1.5"))])
+    message = str(err.value)
+    assert sample.task in message and str(sample.directory) in message and "returned score 1.5 (float)" in message
 
 
 def test_scorer_keeps_the_video_it_scored(scorer, dataset, tmp_path):
@@ -219,7 +257,7 @@ def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
     return {"score": 0.5, "dimensions": {"cwd": os.getcwd(), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "easyocr": os.environ.get("EASYOCR_MODULE_PATH"), "video_abs": os.path.isabs(video_path),
             "gt_abs": os.path.isabs(gt_info["gt_final_frame"]),
-            "annotations": os.path.isfile("annotations/tasks.json")}}
+            "annotations": os.path.isfile("annotations/tasks.json"), "threads": os.environ.get("OMP_NUM_THREADS")}}
 """
 
 
@@ -230,11 +268,11 @@ def test_workers_run_in_the_checkout_with_cuda_hidden_and_absolute_paths(evalkit
     monkeypatch.chdir(tmp_path)  # the driver elsewhere, with a relative sample path
     sample = load_split(dataset, "rl")[0]
     relative = os.path.relpath(sample.directory, tmp_path)
-    with RuleScorer("kit", workers=1, threads_per_worker=1, easyocr_models="ocr-weights") as pool:
+    with RuleScorer("kit", workers=1, threads_per_worker=3, easyocr_models="ocr-weights") as pool:
         frames = np.zeros((5, 64, 64, 3), np.uint8)
         seen = pool.submit(ScoreRequest(frames, sample.task, relative, 16, 64, 5.0, 12, 0.0)).result()["dimensions"]
     assert seen["cwd"] == str(kit) and seen["cuda"] == "" and seen["easyocr"] == str(kit / "ocr-weights")
-    assert seen["annotations"] and seen["video_abs"] and seen["gt_abs"]
+    assert seen["annotations"] and seen["video_abs"] and seen["gt_abs"] and seen["threads"] == "3"
 
 
 def test_the_reference_evalkit_reads_its_annotations_from_the_working_directory(evalkit, tmp_path):
@@ -321,3 +359,192 @@ def test_runtime_problems_cover_imports_cv2_and_the_ocr_assets():
     probe["imports"]["easyocr"] = "ok"
     probe["checks"] = {"cv2_version": "4.13.0", "HoughLinesP_shape": [3, 1, 4], "easyocr_en_char": "/x/en_char.txt"}
     assert runtime_problems(contract, probe) == []
+
+
+@pytest.mark.parametrize("fail_on_error", [True, False])
+@pytest.mark.parametrize("breakage", ["the EvalKit raises", "a sample file is missing"])
+def test_a_failure_outside_the_evaluator_follows_fail_on_error(
+    evalkit, tmp_path, dataset, capsys, breakage, fail_on_error
+):
+    """An exception escaping evaluate_single_video, or a ground-truth file gone at scoring time: with
+    fail_on_error false the sample scores unsupported_score, counts as an error, one warning per task; with
+    true the run stops naming task, sample and message (not a bare RuntimeError or FileNotFoundError)."""
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    samples = [s for s in load_split(dataset, "rl") if s.task.startswith("S-1_")][:2]
+    dirs = [tmp_path / f"sample{i}" for i in range(2)]
+    for sample, copy in zip(samples, dirs):
+        shutil.copytree(sample.directory, copy)
+    if breakage == "the EvalKit raises":
+        entry = kit / "run_evaluation.py"
+        head = 'def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):\n'
+        entry.write_text(entry.read_text().replace(head, head + "    raise RuntimeError('the EvalKit broke')\n", 1))
+        expected = "RuntimeError: the EvalKit broke"
+    else:
+        for copy in dirs:
+            (copy / "video/prompt.txt").unlink()
+        expected = "FileNotFoundError"
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
+    asks = [ScoreRequest(frames, samples[0].task, str(d), 16, 64, 5.0, 12, unsupported_score=0.25) for d in dirs]
+    with RuleScorer(kit, workers=1, threads_per_worker=1, fail_on_error=fail_on_error) as pool:
+        futures = [pool.submit(a) for a in asks]
+        if fail_on_error:
+            with pytest.raises(EvaluatorError) as err:
+                pool.collect(futures)
+            message = str(err.value)
+            assert samples[0].task in message and str(dirs[0]) in message and expected in message
+            assert "evalkit.fail_on_error" in message
+            return
+        results = pool.collect(futures)
+    assert [r["score"] for r in results] == [0.25, 0.25] and all(expected in r["error"] for r in results)
+    assert [r["sample"] for r in results] == [str(d) for d in dirs]
+    warned = capsys.readouterr().err
+    assert (
+        warned.count(f"warning: the EvalKit evaluator of task {samples[0].task} failed") == 1
+        and "reward_errors" in warned
+    )
+    assert "Traceback" in warned  # the worker logs where it was raised
+
+
+@pytest.fixture(scope="session")
+def scorer_python(tmp_path_factory):
+    """A scorer interpreter whose packages differ from the driver's, as a `make scorer-env` venv does: its own
+    site-packages come first, with a module only it has (scorer_only_mod) and another version of a package the
+    driver has too (idna 99.0); the driver's site-packages follow (numpy, av, PIL, videogrpo: a .pth adds them)."""
+    import site
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("scorer-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin/python"
+    where = [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    own = Path(subprocess.run(where, capture_output=True, text=True, check=True).stdout.strip())
+    (own / "scorer_only_mod.py").write_text("HERE = True\n")
+    (own / "idna").mkdir()
+    (own / "idna/__init__.py").write_text('__version__ = "99.0"\n')
+    (own / "idna-99.0.dist-info").mkdir()
+    (own / "idna-99.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: idna\nVersion: 99.0\n")
+    driver = "".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages())
+    (own / "zz_driver.pth").write_text(driver)  # after its own site-packages, as .pth files are read
+    return python
+
+
+SCORER_ENV_PROBE = """import os, sys
+
+import idna
+import scorer_only_mod
+from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
+
+
+def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
+    return {"score": 0.5, "dimensions": {"idna": idna.__version__, "idna_at": idna.__file__,
+                                         "only_at": scorer_only_mod.__file__, "prefix": sys.prefix}}
+"""
+
+
+def scorer_env_kit(evalkit, tmp_path) -> Path:
+    """The reference EvalKit whose evaluators import, at module level, what only the scorer interpreter has (as
+    the real ones import cv2), in the checkout with CUDA hidden, and whose entry point reports what it sees."""
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    registry = kit / "vbvr_bench/evaluators/__init__.py"
+    registry.write_text(
+        "import os\n\nimport scorer_only_mod  # noqa: F401\n\n"
+        "assert os.environ['CUDA_VISIBLE_DEVICES'] == '', 'CUDA is visible to the evaluators'\n"
+        "open('annotations/tasks.json').close()  # relative to the checkout\n" + registry.read_text()
+    )
+    (kit / "run_evaluation.py").write_text(SCORER_ENV_PROBE)
+    return kit
+
+
+def test_scorer_workers_import_the_scorer_interpreters_packages(scorer_python, evalkit, tmp_path, dataset):
+    """The workers, the runtime probe of check_scorer_runtime and the per-worker re-check all see the scorer
+    interpreter's own packages: its module, its idna, not the driver's (multiprocessing's spawn sent the
+    driver's sys.path: the probe passed while the workers imported the driver's packages)."""
+    from importlib import metadata
+
+    kit = scorer_env_kit(evalkit, tmp_path)
+    venv = str(scorer_python.parent.parent)
+    mine = {"idna": "99.0"}
+    assert check_runtime(mine, python=str(scorer_python), checkout=kit)["found"] == mine
+    sample = load_split(dataset, "rl")[0]
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
+    with RuleScorer(kit, workers=2, threads_per_worker=1, runtime=mine, python=str(scorer_python)) as pool:
+        seen = [r["dimensions"] for r in pool.collect([pool.submit(request(sample, frames)) for _ in range(2)])]
+    for worker in seen:
+        assert worker["idna"] == "99.0" and worker["idna_at"].startswith(venv) and worker["only_at"].startswith(venv)
+        assert worker["prefix"] == venv
+    drivers = {"idna": metadata.version("idna")}  # the probe and the workers refuse it alike
+    with pytest.raises(VideoGRPOError, match=f"idna: contract {drivers['idna']}, found 99.0"):
+        check_runtime(drivers, python=str(scorer_python), checkout=kit)
+    with pytest.raises(VideoGRPOError, match=f"could not start .*idna: contract {drivers['idna']}, found 99.0"):
+        RuleScorer(kit, workers=1, threads_per_worker=1, runtime=drivers, python=str(scorer_python))
+
+
+def test_preflight_lists_the_tasks_with_the_scorer_interpreter(scorer_python, evalkit, dataset, tmp_path, monkeypatch):
+    """Preflight imports the evaluators as a scorer worker does: evalkit.python, in the checkout, CUDA hidden."""
+    from videogrpo import config
+    from videogrpo.preflight import check_evalkit_tasks
+
+    kit = scorer_env_kit(evalkit, tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the driver sees a GPU; the evaluators must not
+    monkeypatch.chdir(tmp_path)
+
+    def kit_config(**evalkit_fields):
+        fields = {"path": str(kit), "digest": evalkit_source_digest(kit), **evalkit_fields}
+        return config.from_dict({"evalkit": fields}, partial=True)
+
+    ok = check_evalkit_tasks(kit_config(python=str(scorer_python)), dataset)
+    assert ok.ok and "3 of 3 dataset tasks have an evaluator" in ok.detail, ok.detail
+    without = check_evalkit_tasks(kit_config(), dataset)  # the driver's interpreter has no scorer_only_mod
+    assert not without.ok and "No module named 'scorer_only_mod'" in without.detail, without.detail
+
+
+def test_the_scorer_refuses_a_checkout_edited_since_it_was_pinned(evalkit, tmp_path):
+    """RuleScorer.for_config recomputes the source digest: an edit that keeps the file's size and time (which no
+    Snakemake rule sees), or one made after fingerprint_evalkit, is never scored with."""
+    from videogrpo import config
+
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    pinned = evalkit_source_digest(kit)
+    cfg = config.from_dict(
+        {"evalkit": {"path": str(kit), "digest": pinned, "runtime": [], "workers": 1, "threads_per_worker": 1}},
+        partial=True,
+    )
+    with RuleScorer.for_config(cfg, kit) as pool:
+        assert "S-1_move_red_square_data-generator" in pool.tasks
+    path = kit / "vbvr_bench/evaluators/synthetic.py"
+    before = path.stat()
+    path.write_text(path.read_text().replace("COLOR_SCALE = 80.0", "COLOR_SCALE = 90.0"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    with pytest.raises(DigestMismatch) as err:
+        RuleScorer.for_config(cfg, kit)
+    message = str(err.value)
+    assert f"expected {pinned} (evalkit.digest)" in message and f"found    {evalkit_source_digest(kit)}" in message
+
+
+def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_cause(evalkit, tmp_path, dataset):
+    """As a broken process pool: the request in flight and every later one fail, naming how the process ended
+    and its last log lines; nothing waits forever."""
+    from videogrpo.rewards.rule import ScorerDied
+
+    kit = tmp_path / "kit"
+    shutil.copytree(evalkit, kit)
+    (kit / "run_evaluation.py").write_text(
+        "import os, signal, sys\n\n\ndef evaluate_single_video(video_path, task_name, gt_info=None, device='cuda'):\n"
+        "    print('evaluator: out of memory, say', file=sys.stderr, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    sample = load_split(dataset, "rl")[0]
+    frames = np.zeros((5, 64, 64, 3), np.uint8)
+    with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:
+        futures = [pool.submit(request(sample, frames)) for _ in range(3)]
+        with pytest.raises(ScorerDied, match=r"killed by signal 9.*\n.*evaluator: out of memory, say"):
+            pool.collect(futures)
+        with pytest.raises(ScorerDied):
+            futures[2].result(timeout=30)
+        with pytest.raises(ScorerDied):
+            pool.submit(request(sample, frames))

@@ -176,7 +176,10 @@ def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, 
 
 
 @pytest.mark.parametrize("fail_on_error", [False, True])
-def test_evaluator_errors_are_counted_or_stop_the_run(tiny_model, dataset, tmp_path, fail_on_error):
+@pytest.mark.parametrize("where", ["caught by the EvalKit", "escaping the EvalKit"])
+def test_evaluator_errors_are_counted_or_stop_the_run(tiny_model, dataset, tmp_path, fail_on_error, where):
+    """An evaluator error the EvalKit reports (scored 0) and an exception escaping it (scored
+    evalkit.unsupported_score) both count in reward_errors, or both stop the run naming the task."""
     import shutil
     from pathlib import Path
 
@@ -187,16 +190,18 @@ def test_evaluator_errors_are_counted_or_stop_the_run(tiny_model, dataset, tmp_p
     kit = tmp_path / "kit"
     shutil.copytree(Path(cfg["evalkit"]["path"]), kit)
     entry = kit / "run_evaluation.py"
-    entry.write_text(
-        entry.read_text().replace(
-            "    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
-            "    try:\n        raise KeyError('meta_px')\n        evaluator = TASK_EVALUATOR_MAP[task_name]",
-        )
+    head = "    try:\n        evaluator = TASK_EVALUATOR_MAP[task_name]"
+    raising = "    raise KeyError('meta_px')\n"
+    inside = head.replace("    try:\n", "    try:\n    " + raising)
+    broken = raising + head if where == "escaping the EvalKit" else inside
+    entry.write_text(entry.read_text().replace(head, broken))
+    cfg["evalkit"].update(
+        path=str(kit), digest=evalkit_source_digest(kit), fail_on_error=fail_on_error, unsupported_score=0.25
     )
-    cfg["evalkit"].update(path=str(kit), digest=evalkit_source_digest(kit), fail_on_error=fail_on_error)
     if fail_on_error:
         with pytest.raises(VideoGRPOError, match=r"evaluator of task .* failed on .*KeyError: 'meta_px'"):
             train_in_process(cfg, tmp_path / "run", tiny_model, dataset)
         return
     rows = metrics(train_in_process(cfg, tmp_path / "run", tiny_model, dataset))
-    assert [r["reward_errors"] for r in rows] == [4, 4] and all(r["reward_mean"] == 0.0 for r in rows)
+    scored = 0.25 if where == "escaping the EvalKit" else 0.0
+    assert [r["reward_errors"] for r in rows] == [4, 4] and all(r["reward_mean"] == scored for r in rows)

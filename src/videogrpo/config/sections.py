@@ -84,10 +84,12 @@ class EvalKitConfig:
     unsupported_score: float = 0.0
     """Score of a task the EvalKit does not know."""
     fail_on_error: bool = True
-    """An evaluator that returns `error` stops the run (true), or scores 0 and is counted in the `reward_errors`
-    metric (false; vbvr_reward_fail_on_error: false in the 5B recipes, true in A14B)."""
+    """A sample whose scoring fails (an evaluator `error`, an exception, a missing file, a score outside [0, 1])
+    stops the run (true), or scores 0 (an evaluator `error`) or unsupported_score and is counted in the
+    `reward_errors` metric (false; vbvr_reward_fail_on_error: false in the 5B recipes, true in A14B)."""
     python: str = ""
-    """Interpreter of the scorer's own environment (`make scorer-env`: .venv-scorer/bin/python); empty: this one."""
+    """Interpreter of the scorer's own environment (`make scorer-env`: .venv-scorer/bin/python) that every scorer
+    process, the runtime probe and preflight's task listing run; empty: this one."""
     easyocr_models: str = "easyocr_models"
     """EasyOCR model folder the scorer workers use (EASYOCR_MODULE_PATH), relative to the checkout."""
     workers: int = 4

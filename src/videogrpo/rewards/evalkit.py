@@ -1,9 +1,8 @@
-"""Fingerprints of the EvalKit: its source digest (REFERENCE section 3) and its scorer runtime."""
+"""Fingerprints of the EvalKit: its source digest (REFERENCE section 3), and the scorer runtime probe a scorer
+process runs (`scorer_process.check_runtime` starts one for `check_scorer_runtime`)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -58,48 +57,58 @@ def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_
     return record
 
 
-PROBE_SOURCE = r"""
-import importlib, json, sys
-from importlib import metadata
+# Distribution name -> the module a scorer imports from it (the contract's packages that have one).
+PROBE_MODULES = {
+    "easyocr": "easyocr",
+    "norfair": "norfair",
+    "scipy": "scipy",
+    "scikit-image": "skimage",
+    "opencv-python": "cv2",
+    "opencv-python-headless": "cv2",
+    "numpy": "numpy",
+    "pillow": "PIL",
+    "imageio": "imageio",
+    "av": "av",
+    "tifffile": "tifffile",
+}
 
-MODULES = {"easyocr": "easyocr", "norfair": "norfair", "scipy": "scipy", "scikit-image": "skimage",
-           "opencv-python": "cv2", "opencv-python-headless": "cv2", "numpy": "numpy", "pillow": "PIL",
-           "imageio": "imageio", "av": "av", "tifffile": "tifffile"}
 
+def run_probe(contract: dict[str, str]) -> dict:
+    """What this interpreter has of the contract: versions, imports, cv2's behaviour, easyocr's assets. Run in a
+    scorer process (`check_runtime` asks one; every worker runs it again in itself)."""
+    import importlib
+    from importlib import metadata
 
-def probe(contract):
     found, imports, checks = {}, {}, {}
     for name in contract:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
-        module = MODULES.get(name)
+        module = PROBE_MODULES.get(name)
         if module and module not in imports:
             try:
                 importlib.import_module(module)
                 imports[module] = "ok"
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any import failure is the finding
                 imports[module] = f"{type(err).__name__}: {err}"
     if imports.get("cv2") == "ok":
-        import cv2, numpy as np
+        import cv2
+        import numpy as np
+
         checks["cv2_version"] = cv2.__version__
-        img = np.zeros((64, 64), np.uint8); cv2.line(img, (5, 5), (60, 60), 255, 2)
+        img = np.zeros((64, 64), np.uint8)
+        cv2.line(img, (5, 5), (60, 60), 255, 2)
         lines = cv2.HoughLinesP(img, 1, np.pi / 180, 10, minLineLength=10, maxLineGap=2)
         checks["HoughLinesP_shape"] = None if lines is None else list(lines.shape)
     if imports.get("easyocr") == "ok":
-        import os, easyocr
+        import os
+
+        import easyocr
+
         en_char = os.path.join(os.path.dirname(easyocr.__file__), "character", "en_char.txt")
         checks["easyocr_en_char"] = en_char if os.path.isfile(en_char) else None
     return {"found": found, "imports": imports, "checks": checks, "python": sys.version.split()[0]}
-"""
-
-
-def run_probe(contract: dict[str, str]) -> dict:
-    """The probe in this interpreter (scorer workers run it again in themselves)."""
-    namespace: dict = {}
-    exec(PROBE_SOURCE, namespace)  # noqa: S102 - our own source, shared with the subprocess probe
-    return namespace["probe"](contract)
 
 
 def runtime_problems(contract: dict[str, str], probe: dict) -> list[str]:
@@ -120,36 +129,3 @@ def runtime_problems(contract: dict[str, str], probe: dict) -> list[str]:
     if "easyocr_en_char" in checks and checks["easyocr_en_char"] is None:
         problems.append("easyocr's character/en_char.txt is missing from the installed easyocr package")
     return problems
-
-
-def check_runtime(contract: dict[str, str], python: str | None = None) -> dict:
-    """The scorer interpreter's packages against the contract, probed in that interpreter; the fingerprint
-    covers the contract and everything found."""
-    python = python or sys.executable
-    code = PROBE_SOURCE + "\nprint(json.dumps(probe(json.loads(sys.argv[1]))))\n"
-    out = subprocess.run([python, "-c", code, json.dumps(contract)], capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise VideoGRPOError(f"scorer runtime probe with {python} failed:\n{out.stderr}")
-    probe = json.loads(out.stdout.strip().splitlines()[-1])
-    problems = runtime_problems(contract, probe)
-    canonical = json.dumps(
-        {"contract": contract, "found": probe["found"], "checks": probe["checks"]},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    record = {
-        "python": python,
-        "python_version": probe["python"],
-        "contract": contract,
-        "found": probe["found"],
-        "imports": probe["imports"],
-        "checks": probe["checks"],
-        "fingerprint": digest.sha256_bytes(canonical.encode()),
-    }
-    if problems:
-        raise VideoGRPOError(
-            "scorer runtime breaks evalkit.runtime:\n  "
-            + "\n  ".join(problems)
-            + f"\nInstall the pinned versions into the scorer environment ({python}) or fix the contract."
-        )
-    return record

@@ -1,63 +1,36 @@
-"""The rule reward: the pinned EvalKit's evaluators, called in a CPU process pool, submit now, collect later.
+"""The rule reward: the pinned EvalKit's evaluators, called in a pool of scorer processes, submit now, collect later.
 
 Per sample a worker writes the generated video the way the EvalKit expects it (every frame kept,
 resized with Lanczos and padded to a square, the frame rate raised to fit the duration cap, x264 at a
 fixed CRF), calls
 `run_evaluation.evaluate_single_video(..., device="cpu")` from the checkout, and checks the contract:
-a finite score in [0, 1]. Tasks the EvalKit does not know score `unsupported_score` with a warning.
+a finite real score in [0, 1]. Tasks the EvalKit does not know score `unsupported_score` with a warning.
+The workers are plain processes of the scorer's interpreter (`scorer_process`: why not multiprocessing).
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
+import numbers
 import os
+import queue
 import signal
 import sys
 import tempfile
 import threading
 import traceback
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from videogrpo.errors import VideoGRPOError
-from videogrpo.rewards.evalkit import run_probe, runtime_problems
+from videogrpo.errors import DigestMismatch, VideoGRPOError
+from videogrpo.rewards.scorer_process import ScorerDied, ScorerProcess, ScorerStartError, receive, send
 
-_EVALKIT = None
-_START_ERROR: str | None = None  # why this worker could not start: reported with the first request, not lost
-
-
-def _init_worker(evalkit_path: str, threads: int, easyocr_models: str, contract: dict[str, str]) -> None:
-    """Set a scorer process up as the reference does: in the checkout, CUDA hidden, runtime checked again."""
-    global _EVALKIT, _START_ERROR
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle: it closes the pool
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # EasyOCR opens GPU readers whenever CUDA is visible
-    os.environ["EASYOCR_MODULE_PATH"] = os.path.join(evalkit_path, easyocr_models)
-    try:
-        os.chdir(evalkit_path)  # compatibility revisions read ./easyocr_models and annotations/ from here
-        problems = runtime_problems(contract, run_probe(contract))
-        if problems:
-            raise VideoGRPOError("the scorer runtime breaks evalkit.runtime: " + "; ".join(problems))
-        sys.path.insert(0, evalkit_path)
-        import run_evaluation
-        from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
-
-        _EVALKIT = (run_evaluation, TASK_EVALUATOR_MAP)
-    except BaseException as err:  # noqa: BLE001 - any failure here must reach the parent with its cause
-        lines = traceback.format_exception_only(type(err), err)
-        _START_ERROR = "".join(lines).strip()
-
-
-def _worker_ready() -> str | None:
-    return _START_ERROR
+__all__ = ["EvaluatorError", "RuleScorer", "ScoreRequest", "ScorerDied", "ScorerStartError", "score_request"]
 
 
 @dataclass
@@ -118,42 +91,88 @@ def gt_info(sample_dir: str) -> dict:
     }
 
 
-def score_one(request: ScoreRequest) -> dict:
-    """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract."""
+def request_to_message(request: ScoreRequest) -> tuple[dict, np.ndarray]:
+    """A request as plain values and its frames as one contiguous blob: nothing of the driver's numpy is pickled."""
+    frames = np.ascontiguousarray(request.frames)
+    fields_ = {f.name: getattr(request, f.name) for f in fields(request) if f.name != "frames"}
+    return dict(fields_, frames_shape=frames.shape, frames_dtype=frames.dtype.str), frames
+
+
+def request_from_message(message: dict, frames: bytearray) -> ScoreRequest:
+    message = dict(message)
+    shape, dtype = message.pop("frames_shape"), message.pop("frames_dtype")
+    return ScoreRequest(np.frombuffer(frames, dtype=dtype).reshape(shape), **message)
+
+
+def plain(value):
+    """An evaluator's dimensions as plain Python values (numpy scalars and arrays too; anything else by its repr),
+    so that the driver unpickles them whatever its numpy, and records serialise them as JSON."""
+    if isinstance(value, np.generic):  # first: numpy.float64 is also a float
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return repr(value)
+
+
+def contract_score(value) -> float | None:
+    """The score as a float when it keeps the contract: any real number type (numpy's too; not a bool, which is
+    no score), finite, in [0, 1]; else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    score = float(value)
+    return score if math.isfinite(score) and 0.0 <= score <= 1.0 else None
+
+
+def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
+    """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract.
+
+    What fails for one sample (the EvalKit raising, a ground-truth file missing, a score outside the contract)
+    comes back as that sample's `error` with evalkit.unsupported_score, for `collect` to apply
+    evalkit.fail_on_error to, as to an error the evaluator reports itself (scored 0 by the EvalKit)."""
     from videogrpo.data.video import fit_square, playback_fps, write_mp4
 
-    if _START_ERROR is not None:
-        raise ScorerStartError(f"a scorer worker could not start in the EvalKit checkout: {_START_ERROR}")
-    run_evaluation, evaluator_map = _EVALKIT
+    run_evaluation, evaluator_map = evalkit
+    named = {"task": request.task, "sample": request.sample_dir}
     if request.task not in evaluator_map:
-        return {"score": request.unsupported_score, "dimensions": {}, "unsupported": request.task}
-    fps = playback_fps(len(request.frames), request.fps, request.max_seconds)
-    frames = fit_square(request.frames, request.video_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = request.keep_video or os.path.join(tmp, "generated.mp4")
-        write_mp4(path, frames, fps=fps, crf=request.crf)
-        gt = request.gt or gt_info(request.sample_dir)
-        result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
-    score = result.get("score")
-    if not isinstance(score, (int, float)) or not math.isfinite(score) or not 0.0 <= score <= 1.0:
-        raise VideoGRPOError(
-            f"EvalKit returned score {score!r} for task {request.task} ({request.sample_dir}); "
-            f"the contract is a finite score in [0, 1]"
-        )
-    return {
-        "score": float(score),
-        "dimensions": result.get("dimensions", {}),
-        "error": result.get("error"),
-        "task": request.task,
-        "sample": request.sample_dir,
-    }
+        return {**named, "score": request.unsupported_score, "dimensions": {}, "unsupported": request.task}
+    try:
+        fps = playback_fps(len(request.frames), request.fps, request.max_seconds)
+        frames = fit_square(request.frames, request.video_size)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = request.keep_video or os.path.join(tmp, "generated.mp4")
+            write_mp4(path, frames, fps=fps, crf=request.crf)
+            gt = request.gt or gt_info(request.sample_dir)
+            result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
+    except Exception as err:  # noqa: BLE001 - the sample's error, reported with its traceback in the log
+        print(f"scorer: task {request.task}, sample {request.sample_dir}:", file=sys.stderr)
+        traceback.print_exc()
+        error = f"{type(err).__name__}: {err} (raised while scoring; traceback in the log)"
+        return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
+    if not isinstance(result, dict):
+        error = f"evaluate_single_video returned {type(result).__name__} {result!r:.200}, not a dict"
+        return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
+    dimensions = plain(result.get("dimensions") or {})
+    if result.get("error"):  # the EvalKit caught the evaluator's exception itself: score 0, as it returns
+        return {**named, "score": 0.0, "dimensions": dimensions, "error": str(result["error"])}
+    score = contract_score(result.get("score"))
+    if score is None:
+        value = result.get("score")
+        error = f"EvalKit returned score {value!r} ({type(value).__name__}); the contract is a finite score in [0, 1]"
+        return {**named, "score": request.unsupported_score, "dimensions": dimensions, "error": error}
+    return {**named, "score": score, "dimensions": dimensions, "error": None}
 
 
 @contextmanager
 def _children_ignore_sigint() -> Iterator[None]:
-    """Scorer processes are started on demand by submit(); started with SIGINT ignored, they ignore it from their
-    first instruction (an ignored signal stays ignored across exec, and Python keeps it so), not only once
-    their initializer has run: a Ctrl-C while one is still importing must not print its traceback."""
+    """Scorer processes started with SIGINT ignored ignore it from their first instruction (an ignored signal
+    stays ignored across exec, and Python keeps it so): a Ctrl-C while one is still importing must not print
+    its traceback. The driver handles the Ctrl-C and closes the pool."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -171,19 +190,37 @@ def warn_once(warned: set[str], key: str, message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-class ScorerStartError(VideoGRPOError):
-    """A scorer process could not import or check the EvalKit: the cause, not a bare BrokenProcessPool."""
-
-
 class EvaluatorError(VideoGRPOError):
-    """An evaluator returned `error` while evalkit.fail_on_error is true."""
+    """Scoring a sample failed (an evaluator `error`, an exception, a missing file, a score outside the contract)
+    while evalkit.fail_on_error is true."""
+
+
+def check_evalkit_digest(checkout: str | Path, expected: str) -> str:
+    """The checkout's source digest now, refused unless it is `expected` (evalkit.digest): checked where the
+    EvalKit is read, since an edit that keeps a file's time, or one made after fingerprint_evalkit, is seen
+    by no rule."""
+    from videogrpo.provenance.digest import digest_length_prefixed, evalkit_files
+
+    root = Path(checkout)
+    found = digest_length_prefixed(root, evalkit_files(root))
+    if found != expected:
+        raise DigestMismatch(
+            f"{root}: the EvalKit checkout changed since it was pinned; scoring refused\n"
+            f"  expected {expected} (evalkit.digest)\n  found    {found}\n"
+            f"Restore the checkout, or, if the change is intended, pin the new digest in evalkit.digest (this "
+            f"starts a new run)."
+        )
+    return found
 
 
 class RuleScorer:
-    """A pool of scorer processes, each started in the EvalKit checkout with the checkout importable.
+    """A pool of scorer processes of the scorer's interpreter, each in the EvalKit checkout, CUDA hidden, its
+    threads limited, its runtime checked again in itself; one thread of ours per process feeds it requests.
 
-    `collect` applies evalkit.fail_on_error: an evaluator error stops the run naming the task, the sample and
-    the message, or scores 0 with one warning per task (the caller counts them as `reward_errors`).
+    `collect` applies evalkit.fail_on_error: a failed sample stops the run naming the task, the sample and
+    the message, or keeps its score (0 for an evaluator `error`, evalkit.unsupported_score otherwise) with
+    one warning per task, its `error` set (the trainer counts those as `reward_errors`). A process that dies
+    fails its request and every later one with ScorerDied, naming its exit status and last log lines.
     """
 
     def __init__(
@@ -195,44 +232,115 @@ class RuleScorer:
         easyocr_models: str = "easyocr_models",
         runtime: dict[str, str] | None = None,
         python: str = "",
+        digest: str | None = None,
     ):
         self.evalkit_path = str(Path(evalkit_path).resolve())
-        context = multiprocessing.get_context("spawn")
-        # The scorer's own environment (evalkit.python, with videogrpo installed --no-deps), or this one.
-        # multiprocessing keeps one spawn executable per process: always set it, never inherit another's.
-        context.set_executable(python or sys.executable)
+        self.python = python or sys.executable  # the scorer's own environment (evalkit.python), or this one
         self.fail_on_error = fail_on_error
+        self.digest = digest
         self.warned: set[str] = set()
-        # spawn: the training process holds torch threads and maybe CUDA, which must not be forked.
-        self.pool = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=context,
-            initializer=_init_worker,
-            initargs=(self.evalkit_path, threads_per_worker, easyocr_models, runtime or {}),
-        )
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopped: VideoGRPOError | None = None  # why submit() refuses: a dead process, or close()
+        self._check_digest()
+        self.processes: list[ScorerProcess] = []
         try:
             with _children_ignore_sigint():
-                ready = self.pool.submit(_worker_ready)
-            started = ready.result()
-        except BrokenProcessPool as err:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            raise ScorerStartError(f"the scorer processes died while starting in {self.evalkit_path} ({err})") from None
-        if started is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+                for _ in range(workers):
+                    self.processes.append(
+                        ScorerProcess(self.python, self.evalkit_path, threads_per_worker, easyocr_models)
+                    )
+            start = ("start", {"checkout": self.evalkit_path, "contract": runtime or {}})
+            for process in self.processes:  # all start at once, then each answers
+                try:
+                    send(process.proc.stdin, start)
+                except OSError:  # it is gone already: _started says why
+                    pass
+            replies = [self._started(process) for process in self.processes]
+            self._check_digest()  # the code the processes imported is still the pinned one
+        except BaseException:
+            for process in self.processes:
+                process.close(kill=True)
+            raise
+        self.tasks: list[str] = replies[0]["tasks"]
+        """The checkout's TASK_EVALUATOR_MAP keys, as the scorer processes imported them."""
+        self._threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in self.processes]
+        for thread in self._threads:
+            thread.start()
+
+    def _check_digest(self) -> None:
+        if self.digest is not None:
+            check_evalkit_digest(self.evalkit_path, self.digest)
+
+    def _started(self, process: ScorerProcess) -> dict:
+        try:
+            reply = receive(process.proc.stdout)
+        except OSError:
+            reply = None
+        if reply is None:
             raise ScorerStartError(
-                f"a scorer worker could not start in the EvalKit checkout {self.evalkit_path}: {started}\n"
-                f"Check evalkit.path, and that the scorer environment has the packages of evalkit.runtime."
+                f"a scorer process died while starting in {self.evalkit_path}: {process.death()}\n"
+                f"Check evalkit.python, and that the scorer environment has videogrpo installed (`make scorer-env`)."
             )
+        kind, payload = reply[0]
+        if kind != "ready":
+            raise ScorerStartError(
+                f"a scorer worker could not start in the EvalKit checkout {self.evalkit_path} with {self.python}: "
+                f"{payload}\nCheck evalkit.path, and that the scorer environment has the packages of evalkit.runtime."
+            )
+        return payload
+
+    def _serve(self, process: ScorerProcess) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, request = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            if self._stopped is not None:
+                future.set_exception(self._stopped)
+                continue
+            try:
+                message, frames = request_to_message(request)
+                kind, payload = process.ask(("score", message), [frames])
+            except ScorerDied as err:
+                future.set_exception(err)
+                self._stop(err)
+                return
+            except BaseException as err:  # noqa: BLE001 - that request's failure, for its collector
+                future.set_exception(err)
+                continue
+            if kind == "result":
+                future.set_result(payload)
+            else:
+                where = f"task {request.task} ({request.sample_dir})"
+                future.set_exception(VideoGRPOError(f"the scorer process failed on {where}:\n{payload}"))
+
+    def _stop(self, why: VideoGRPOError) -> None:
+        """No more requests: the queued ones fail with `why` (a cancelled one stays cancelled)."""
+        with self._lock:
+            self._stopped = self._stopped or why
+            sentinels = 0
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    sentinels += 1
+                elif job[0].set_running_or_notify_cancel():
+                    job[0].set_exception(self._stopped)
+            for _ in range(sentinels):  # close()'s: the other threads still need them
+                self._jobs.put(None)
 
     def submit(self, request: ScoreRequest) -> Future:
-        with _children_ignore_sigint():
-            return self.pool.submit(score_one, request)
+        future: Future = Future()
+        with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
+            self._jobs.put((future, request))
+        return future
 
     def collect(self, futures: list[Future]) -> list[dict]:
-        try:
-            results = [f.result() for f in futures]
-        except BrokenProcessPool as err:
-            raise ScorerStartError(f"a scorer process died ({err}); its log lines above say why") from None
+        results = [f.result() for f in futures]
         for r in results:
             if r.get("unsupported"):
                 warn_once(
@@ -246,20 +354,23 @@ class RuleScorer:
                     raise EvaluatorError(
                         f"the EvalKit evaluator of task {r['task']} failed on {r['sample']}: {r['error']}\n"
                         f"evalkit.fail_on_error is true, so the run stops: fix the evaluator or the sample, or set "
-                        f"evalkit.fail_on_error: false to score such rollouts 0 (counted in reward_errors)."
+                        f"evalkit.fail_on_error: false to score such rollouts {r['score']} (counted in "
+                        f"reward_errors)."
                     )
-                r["score"] = 0.0
                 warn_once(
                     self.warned,
                     r["task"],
-                    f"the EvalKit evaluator of task {r['task']} failed ({r['error']}); scored 0 and counted in "
-                    f"reward_errors (evalkit.fail_on_error is false); further failures of this task are not repeated",
+                    f"the EvalKit evaluator of task {r['task']} failed on {r['sample']} ({r['error']}); scored "
+                    f"{r['score']} and "
+                    f"counted in reward_errors (evalkit.fail_on_error is false); further failures of this task are "
+                    f"not repeated",
                 )
         return results
 
     @classmethod
     def for_config(cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None) -> RuleScorer:
-        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error)."""
+        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error);
+        the checkout must still have the source digest evalkit.digest."""
         from videogrpo.config import runtime_contract
 
         e = cfg.evalkit
@@ -271,13 +382,35 @@ class RuleScorer:
             e.easyocr_models,
             runtime_contract(cfg),
             e.python,
+            digest=e.digest,
         )
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, kill: bool = False) -> None:
+        """Queued requests are cancelled, running ones finish (`kill`: are abandoned), the processes exit."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        with self._lock:
+            self._stopped = self._stopped or VideoGRPOError("the scorer pool is closed")
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+            for _ in self._threads:
+                self._jobs.put(None)
+        if kill:
+            for process in self.processes:
+                process.proc.kill()
+        for thread in self._threads:
+            thread.join()
+        for process in self.processes:
+            process.close(kill=kill)
 
     def __enter__(self) -> RuleScorer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(kill=exc_type is not None)  # an error or Ctrl-C: nobody waits for the scores in flight

@@ -56,7 +56,14 @@ CODE_PARTS = {
         "data/archive.py",
     ),
     "fingerprint_evalkit": ("stages/fingerprint_evalkit.py", "rewards/evalkit.py"),
-    "check_scorer_runtime": ("stages/check_scorer_runtime.py", "rewards/evalkit.py"),
+    # The probe runs in a scorer process: the worker module and what it imports to score.
+    "check_scorer_runtime": (
+        "stages/check_scorer_runtime.py",
+        "rewards/evalkit.py",
+        "rewards/scorer_process.py",
+        "rewards/rule.py",
+        "data/video.py",
+    ),
     "preflight": (
         "stages/preflight.py",
         "preflight.py",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.config import runtime_contract
 from videogrpo.provenance.manifest import StageRun
-from videogrpo.rewards.evalkit import check_runtime
+from videogrpo.rewards.scorer_process import check_runtime
 from videogrpo.stages.common import add_config_argument, load_config
 
 
@@ -27,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=args.upstream,
     ) as stage:
-        record = check_runtime(runtime_contract(cfg), cfg.evalkit.python or None)
+        # In the fingerprinted checkout, as the scorer workers start: the probe sees what they will see.
+        checkout = json.loads(args.fingerprint.read_text())["path"]
+        record = check_runtime(runtime_contract(cfg), cfg.evalkit.python or None, checkout)
         atomic.write_json(args.out, record)
         stage.output("runtime", args.out)
         stage.summary = {"fingerprint": record["fingerprint"]}
