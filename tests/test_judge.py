@@ -1,35 +1,55 @@
-"""The VLM judge client against a loopback chat-completions server (tests/judge_server.py), over real HTTP."""
+"""The VLM judge client against a loopback chat-completions server (tests/judge_server.py), over real HTTP.
+
+What the server received is decoded and compared part by part with REFERENCE section 3; retry counts are
+observed on the server side."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import io
+import json
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from judge_server import JudgeServer, video_frames
 
-from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
-from videogrpo.rewards.judge import (
+from videogrpo.errors import VideoGRPOError
+from videogrpo.rewards import reference_judge_protocol as stand_in_protocol
+from videogrpo.rewards.judge import JudgeScorer, JudgeSettings, judge
+from videogrpo.rewards.judge_protocol import (
     JudgeAnswerError,
-    JudgeScorer,
-    JudgeSettings,
-    judge,
+    load_protocol,
     load_rubrics,
-    parse_answer,
+    mp4_data_url,
+    output_regex,
 )
 from videogrpo.rewards.rule import ScoreRequest
 
-GOOD = "goal_score: 80\nquality_score: 60\ngoal_weight: 70\nquality_weight: 30\ntotal_score: 74\nreason: close."
+REWARDS = Path(__file__).parents[1] / "src/videogrpo/rewards"
+PROTOCOL_FILE = REWARDS / "reference_judge_protocol.py"
+RUBRIC_FILE = REWARDS / "reference_judge_prompts.py"
+TASK = "S-1_move_red_square_data-generator"
+FIELDS = ["goal_score", "quality_score", "goal_weight", "quality_weight", "total_score", "reason"]
 
 
-def rollout(frames: int = 81, bright_last: bool = True) -> np.ndarray:
-    video = np.zeros((frames, 64, 96, 3), np.uint8)
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+PROTOCOL = load_protocol(PROTOCOL_FILE, sha(PROTOCOL_FILE))
+RUBRICS = load_rubrics(RUBRIC_FILE, sha(RUBRIC_FILE))
+RUBRIC = RUBRICS[TASK]
+
+
+def rollout(frames: int = 81, bright_last: bool = True, height: int = 64, width: int = 96) -> np.ndarray:
+    video = np.zeros((frames, height, width, 3), np.uint8)
     if bright_last:
-        video[-1, :, :48] = 255  # half of the last frame bright
+        video[-1, :, : width // 2] = 255  # half of the last frame bright
     return video
 
 
@@ -37,94 +57,249 @@ def settings(server, **kw) -> JudgeSettings:
     return JudgeSettings(server.endpoint, "qwen3.6-27b", **kw)
 
 
-def test_a_valid_answer_maps_total_score_to_the_unit_interval():
-    parsed = parse_answer(GOOD)
-    assert parsed["score"] == 0.74 and parsed["aspects"] == {"goal": (80, 70), "quality": (60, 30)}
+def run_judge(server, rubric=RUBRIC, sleep=None, frames=None, first=None, **kw) -> dict:
+    frames = rollout() if frames is None else frames
+    first = frames[0] if first is None else first
+    return judge(settings(server, **kw), PROTOCOL, rubric, first, frames, sleep=sleep or (lambda s: None))
 
 
-@pytest.mark.parametrize(
-    "answer,problem",
-    [
-        (GOOD.replace("quality_weight: 30", "quality_weight: 40"), "the weights sum to 110, not 100"),
-        (GOOD.replace("total_score: 74", "total_score: 140"), "`total_score` is 140, outside 0-100"),
-        (GOOD.replace("reason: close.", ""), "missing line `reason"),
-        (GOOD.replace("goal_weight: 70\n", ""), "aspects scored .* differ from aspects weighted"),
-        (GOOD.replace("total_score: 74\n", ""), "missing line `total_score"),
-        ("The video looks fine.", "no `<aspect>_score` lines"),
-        (GOOD.replace("goal_score: 80", "goal_score: high"), "`goal_score` is 'high', not a number"),
-    ],
-)
-def test_invalid_answers_are_named(answer, problem):
-    with pytest.raises(JudgeAnswerError, match=problem):
-        parse_answer(answer)
+def data_of(url: str, kind: str) -> bytes:
+    prefix = f"data:{kind};base64,"
+    assert url.startswith(prefix)
+    return base64.b64decode(url[len(prefix) :])
 
 
-def test_the_rubric_source_is_pinned_by_its_digest_and_must_cover_the_tasks(tmp_path):
-    source = tmp_path / "prompts.py"
-    source.write_text('EVAL_PROMPTS = {"T-1_a": "Rate the goal.", "T-2_b": "Rate it."}\n')
-    pinned = hashlib.sha256(source.read_bytes()).hexdigest()
-    assert load_rubrics(source, pinned, ["T-1_a"])["T-1_a"] == "Rate the goal."
-    with pytest.raises(ConfigError, match=r"no rubric for task\(s\) \['T-9_c'\]; the source covers 2 tasks"):
-        load_rubrics(source, pinned, ["T-1_a", "T-9_c"])
-    source.write_text(source.read_text() + "# edited\n")
-    with pytest.raises(DigestMismatch, match="rubric source digest mismatch"):
-        load_rubrics(source, pinned)
+# ---- the request ------------------------------------------------------------------------------------------
 
 
-def test_the_request_is_the_references_and_the_score_comes_from_the_answer():
-    first = np.full((720, 1280, 3), 128, np.uint8)
+def test_the_request_is_the_references_part_by_part():
+    import av
+    from PIL import Image
+
+    first = np.random.default_rng(0).integers(0, 256, (720, 1280, 3), dtype=np.uint8)
+    video = rollout()
     with JudgeServer() as server:
-        result = judge(settings(server), "Rate the goal.", first, rollout())
+        result = run_judge(server, first=first, frames=video)
         (body,) = server.requests
-    assert result["score"] == 0.5 and result["dimensions"] == {"goal_score": 50, "quality_score": 50}
+    assert result["score"] == 0.5 and result["requests"] == 1 and result["repairs"] == 0
+    assert result["dimensions"] == {"goal_score": 50, "quality_score": 50, "goal_weight": 50, "quality_weight": 50}
+    (message,) = body["messages"]
+    assert message["role"] == "user"
+    rubric, label_first, image, label_video, mp4, reminder = message["content"]
+    assert rubric == {"type": "text", "text": RUBRIC.strip()}
+    assert label_first == {"type": "text", "text": "First frame (input):"}
+    assert label_video == {
+        "type": "text",
+        "text": "Generated video (81 source frames encoded at 16 FPS, chronological order):",
+    }
+    assert reminder == {"type": "text", "text": stand_in_protocol.TASK_VLM_JUDGE_OUTPUT_REMINDER}
+    assert image["type"] == "image_url" and set(image) == {"type", "image_url"}
+    jpeg = Image.open(io.BytesIO(data_of(image["image_url"]["url"], "image/jpeg")))
+    assert jpeg.format == "JPEG" and jpeg.size == (512, 288)  # longest edge 512, aspect kept
+    expected = io.BytesIO()
+    Image.fromarray(first).resize((512, 288)).save(expected, format="JPEG", quality=85)
+    assert jpeg.quantization == Image.open(expected).quantization  # quality 85
+    assert mp4["type"] == "video_url" and set(mp4) == {"type", "video_url"}
+    raw = data_of(mp4["video_url"]["url"], "video/mp4")
+    with av.open(io.BytesIO(raw)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
+        assert (stream.width, stream.height) == (96, 64) and stream.average_rate == 16
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(decoded) == 81  # the whole rollout: the server samples its 32 frames itself
+    assert np.abs(decoded[-1].astype(int) - video[-1]).mean() < 8
     assert body["model"] == "qwen3.6-27b" and body["temperature"] == 0 and body["seed"] == 0
     assert body["max_tokens"] == 1024 and body["chat_template_kwargs"] == {"enable_thinking": False}
     assert body["media_io_kwargs"] == {"video": {"video_backend": "opencv", "num_frames": 32, "fps": -1}}
     assert body["mm_processor_kwargs"] == {"do_sample_frames": False}
-    text, image, video = body["messages"][0]["content"]
-    assert text == {"type": "text", "text": "Rate the goal."}
-    from PIL import Image
-
-    jpeg = Image.open(io.BytesIO(base64.b64decode(image["image_url"]["url"].split(",", 1)[1])))
-    assert jpeg.format == "JPEG" and max(jpeg.size) == 512 and jpeg.size == (512, 288)
-    frames, rate = video_frames(video["video_url"]["url"])
-    assert len(frames) == 81 and rate == 16  # the whole rollout: the server samples its 32 frames itself
-    assert sum(part["type"] == "image_url" for part in body["messages"][0]["content"]) == 1  # no ground truth
+    assert body["structured_outputs"] == {"regex": output_regex(RUBRIC)}
+    lines = body["structured_outputs"]["regex"].split("\n")
+    assert [line.split(":")[0] for line in lines] == FIELDS  # one line per field, the rubric's order
 
 
-def test_an_invalid_answer_is_repaired_in_the_same_conversation():
-    with JudgeServer(mode="malformed") as server:
-        result = judge(settings(server), "Rate.", rollout()[0], rollout(), sleep=lambda s: None)
-        first, second = server.requests
-    assert result["score"] == 0.5 and result["attempts"] == 2
-    assert len(first["messages"]) == 1
-    assistant, repair = second["messages"][1:]
-    assert assistant == {"role": "assistant", "content": "Looks plausible to me."}
-    assert repair["role"] == "user" and "no `<aspect>_score` lines" in repair["content"]
+def test_a_large_rollout_is_scaled_down_to_even_sides_and_an_odd_one_is_refused():
+    import av
+
+    raw = base64.b64decode(mp4_data_url(rollout(5, height=720, width=1000), fps=16).split(",", 1)[1])
+    with av.open(io.BytesIO(raw)) as container:
+        stream = container.streams.video[0]
+        assert (stream.width, stream.height) == (512, 368) and stream.frames == 5  # 368.64 -> 369 -> even
+    with JudgeServer() as server:
+        result = run_judge(server, frames=rollout(5, height=63, width=96))
+        assert server.requests == []
+    assert result["score"] == 0.0 and "needs even sides, not 96x63" in result["error"]
 
 
-def test_server_errors_are_retried_with_exponential_backoff():
+def test_the_frame_rate_is_the_judges_own_setting():
+    with JudgeServer() as server:
+        run_judge(server, fps=24)
+        (body,) = server.requests
+    assert "encoded at 24 FPS" in body["messages"][0]["content"][3]["text"]
+    assert video_frames(body["messages"][0]["content"][4]["video_url"]["url"])[1] == 24
+
+
+def test_an_environment_proxy_never_carries_loopback_judge_traffic(tmp_path):
+    import os
+    import subprocess
+
+    # A fresh process: urllib reads the proxy variables when its opener is first built.
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import test_judge as t\n"
+        "with t.JudgeServer() as server:\n"
+        "    print(t.run_judge(server, max_retries=0), len(server.requests))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "all_proxy")}
+    env["http_proxy"] = "http://127.0.0.1:9"  # nothing listens there
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "'score': 0.5" in out.stdout and out.stdout.rstrip().endswith(" 1")
+
+
+# ---- retries, counted on the server ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["429", "500", "503", "drop", "bad_json"])
+def test_transport_failures_are_retried_max_retries_times_then_score_the_error_score(mode):
     waits = []
-    with JudgeServer(mode="failing", failures=2) as server:
-        result = judge(settings(server, max_retries=2), "Rate.", rollout()[0], rollout(), sleep=waits.append)
-    assert result["score"] == 0.5 and waits == [1.0, 2.0]
+    with JudgeServer(mode=mode) as server:
+        result = run_judge(server, sleep=waits.append, max_retries=2, error_score=0.125)
+        assert server.counts == {mode: 3}  # one request and two retries, then it gives up
+    assert result["score"] == 0.125 and waits == [1.0, 2.0] and "after 3 requests" in result["error"]
+    if mode.isdigit():
+        assert f"HTTP {mode}" in result["error"] and f"stand-in {mode}" in result["error"]  # the body's excerpt
 
 
-def test_a_slow_server_times_out_and_scores_the_error_score_with_the_reason():
-    with JudgeServer(mode="slow", delay=3) as server:
-        slow = settings(server, timeout_s=0.5, max_retries=1, error_score=0.0)
-        result = judge(slow, "Rate.", rollout()[0], rollout(), sleep=lambda s: None)
-    assert result["score"] == 0.0 and "gave up after 2 attempts" in result["error"] and "timed out" in result["error"]
+@pytest.mark.parametrize("mode", ["429", "500", "drop", "bad_json"])
+def test_a_transient_transport_failure_is_retried_with_backoff(mode):
+    waits = []
+    with JudgeServer(mode=mode, failures=2) as server:
+        result = run_judge(server, sleep=waits.append, max_retries=2)
+        assert server.counts == {mode: 2, "answered": 1}
+    assert result["score"] == 0.5 and result["requests"] == 3 and waits == [1.0, 2.0]
+
+
+def test_a_slow_server_times_out_each_request_and_scores_the_error_score():
+    with JudgeServer(mode="slow", delay=2) as server:
+        result = run_judge(server, timeout_s=0.3, max_retries=1)
+        assert server.counts == {"slow": 2}
+    assert result["score"] == 0.0 and "timed out" in result["error"] and "after 2 requests" in result["error"]
+
+
+OTHER_MODEL = "The model `another-model` does not exist"
+
+
+@pytest.mark.parametrize(
+    "mode,model,message", [("400", "qwen3.6-27b", "stand-in 400"), ("good", "another-model", OTHER_MODEL)]
+)
+def test_other_http_errors_fail_after_exactly_one_request(mode, model, message):
+    waits = []
+    with JudgeServer(mode=mode) as server:
+        result = judge(JudgeSettings(server.endpoint, model), PROTOCOL, RUBRIC, rollout()[0], rollout(), waits.append)
+        assert len(server.requests) == 1
+    status = "404" if mode == "good" else mode
+    assert result["score"] == 0.0 and waits == [] and f"HTTP {status}" in result["error"] and message in result["error"]
+
+
+def test_an_invalid_answer_is_repaired_in_the_same_conversation_max_retries_times():
+    waits = []
+    with JudgeServer(mode="invalid") as server:
+        result = run_judge(server, sleep=waits.append, max_retries=2)
+        assert server.counts == {"invalid": 3}
+        first, second, third = server.requests
+    assert result["score"] == 0.0 and "invalid answer after 2 repairs" in result["error"]
+    assert waits == [1.0, 2.0]
+    assert len(first["messages"]) == 1 and len(second["messages"]) == 3 and len(third["messages"]) == 5
+    assert second["messages"][0] == first["messages"][0] and third["messages"][:3] == second["messages"]
+    for body in (second, third):
+        assistant, repair = body["messages"][-2:]
+        assert assistant["role"] == "assistant" and "goal_weight: 40" in assistant["content"]
+        error = "the *_weight values add up to 90, not 100"
+        assert repair == {
+            "role": "user",
+            "content": f"{stand_in_protocol.TASK_VLM_JUDGE_REPAIR_PROMPT}\nValidation error: {error}",
+        }
+        assert body["structured_outputs"] == first["structured_outputs"]
+
+
+def test_the_repair_quotes_at_most_300_characters_of_the_error(monkeypatch):
+    from videogrpo.rewards import judge_protocol
+
+    def long_error(answer, fields):
+        raise JudgeAnswerError("x" * 500)
+
+    monkeypatch.setattr("videogrpo.rewards.judge.validate_answer", long_error)
+    with JudgeServer() as server:
+        run_judge(server, max_retries=1)
+        repair = server.requests[1]["messages"][-1]["content"]
+    assert repair == judge_protocol.repair_text(PROTOCOL, "x" * 300) and repair.endswith(
+        "\nValidation error: " + "x" * 300
+    )
+
+
+def test_a_repaired_answer_scores():
+    with JudgeServer(mode="invalid", failures=1) as server:
+        result = run_judge(server, max_retries=2)
+        assert server.counts == {"invalid": 1, "answered": 1}
+    assert result["score"] == 0.5 and result["repairs"] == 1 and result["requests"] == 2
+
+
+def test_the_two_budgets_nest_every_repair_request_retries_its_own_transport_failures():
+    waits = []
+    with JudgeServer(script=["500", "invalid", "429", "500", "good"]) as server:
+        result = run_judge(server, sleep=waits.append, max_retries=2)
+        assert server.counts == {"500": 2, "429": 1, "invalid": 1, "answered": 1}
+    assert result["score"] == 0.5 and result["requests"] == 5 and result["repairs"] == 1
+    assert waits == [1.0, 1.0, 1.0, 2.0]  # transport 2^0; repair 2^0; the repair's transport 2^0, 2^1
+
+
+def test_the_stand_in_refuses_what_vllm_refuses():
+    def post(body) -> tuple[int, str]:
+        request = urllib.request.Request(
+            server.endpoint + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    with JudgeServer() as server:
+        run_judge(server)
+        (good,) = server.requests
+        assert post(dict(good, structured_outputs={"regex": "goal_score: ("}))[0] == 400
+        assert post(dict(good, structured_outputs={"regex": "x", "json": {}}))[0] == 400
+        assert post(dict(good, messages=[]))[0] == 400
+        assert post(dict(good, model="gpt-4"))[0] == 404
+        assert post(dict(good, structured_outputs={"regex": "total_score: [0-9]+"}))[0] == 400  # cannot be met
+        status, text = post({k: v for k, v in good.items() if k != "structured_outputs"})
+        assert status == 200 and "plausible" in text  # unconstrained: prose
+        status, text = post({k: v for k, v in good.items() if k != "model"})
+        assert status == 200 and "total_score: 50" in text  # vLLM serves its model
+        assert server.counts == {"answered": 3, "rejected": 5}
+
+
+# ---- the scorer --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fail_on_error", [True, False])
-def test_the_scorer_stops_the_run_or_counts_the_failure(tmp_path, capsys, fail_on_error, dataset):
+def test_the_scorer_stops_the_run_or_counts_the_failure(capsys, fail_on_error, dataset):
     from videogrpo.data.dataset import load_split
 
     samples = load_split(dataset, "rl")[:2]
-    rubrics = {s.task: "Rate." for s in samples}
+    rubrics = {s.task: RUBRIC for s in samples}
     with JudgeServer(mode="slow", delay=2) as server:
-        with JudgeScorer(settings(server, timeout_s=0.3, max_retries=0), rubrics, 2, fail_on_error) as scorer:
+        scorer = JudgeScorer(settings(server, timeout_s=0.3, max_retries=0), PROTOCOL, rubrics, 2, fail_on_error)
+        with scorer:
             futures = [
                 scorer.submit(ScoreRequest(rollout(17), s.task, str(s.directory), 16, 0, 5.0, 12, 0.0)) for s in samples
             ]
@@ -137,19 +312,27 @@ def test_the_scorer_stops_the_run_or_counts_the_failure(tmp_path, capsys, fail_o
     assert "warning: judge failed on task" in capsys.readouterr().err
 
 
-def test_concurrent_requests_score_every_rollout(dataset):
+def test_the_configured_scorer_judges_every_rollout_with_its_tasks_rubric(dataset, repo):
+    from videogrpo import config
     from videogrpo.data.dataset import load_split
 
     samples = load_split(dataset, "rl")
+    cfg = config.load([repo / "config/config.yaml"], {"reward": {"kind": "vbvr_vlm", "judge_concurrency": 3}})
     with JudgeServer() as server:
-        with JudgeScorer(settings(server), {s.task: "Rate." for s in samples}, 3, True) as scorer:
+        cfg.reward.judge_endpoint = server.endpoint
+        with JudgeScorer.for_config(cfg, sorted({s.task for s in samples})) as scorer:
             videos = [rollout(17, bright_last=i % 2 == 0) for i in range(len(samples))]
             futures = [
                 scorer.submit(ScoreRequest(v, s.task, str(s.directory), 16, 0, 5.0, 12, 0.0))
                 for s, v in zip(samples, videos)
             ]
             results = scorer.collect(futures)
-        assert len(server.requests) == len(samples)
+        assert len(server.requests) == len(samples) and server.counts == {"answered": len(samples)}
+        for body, sample in zip(
+            sorted(server.requests, key=lambda b: b["messages"][0]["content"][0]["text"]),
+            sorted(samples, key=lambda s: RUBRICS[s.task].strip()),
+        ):
+            assert body["messages"][0]["content"][0]["text"] == RUBRICS[sample.task].strip()
     assert [r["score"] for r in results] == [0.5 if i % 2 == 0 else 0.0 for i in range(len(samples))]
 
 
@@ -169,15 +352,12 @@ STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--p
 
 
 def test_the_job_starts_the_judge_service_waits_for_it_and_stops_it(tmp_path):
-    import urllib.error
-    import urllib.request
-
     from videogrpo.rewards.judge_service import judge_service
 
     cfg = service_config(tmp_path, [*STAND_IN, "--startup-delay", "1.5", "--tp", "{tensor_parallel}"])
     log = tmp_path / "judge.log"
     with judge_service(cfg, tmp_path / "model", log) as endpoint:
-        result = judge(JudgeSettings(endpoint, "qwen3.6-27b"), "Rate.", rollout()[0], rollout())
+        result = judge(JudgeSettings(endpoint, "qwen3.6-27b"), PROTOCOL, RUBRIC, rollout()[0], rollout())
         assert result["score"] == 0.5
     assert "judge stand-in serving qwen3.6-27b" in log.read_text()
     with pytest.raises(urllib.error.URLError):  # stopped with the block: nothing listens any more
@@ -197,20 +377,26 @@ def test_a_judge_service_that_dies_or_serves_another_model_fails_with_its_log(tm
             pass
 
 
-def test_preflight_checks_the_rubric_source_against_the_dataset(dataset, repo, tmp_path):
+def test_preflight_checks_the_rubric_and_protocol_sources_against_the_dataset(dataset, tmp_path):
     from videogrpo import config
     from videogrpo.preflight import check_judge_rubrics
 
-    source = repo / "src/videogrpo/rewards/reference_judge_prompts.py"
-    pinned = hashlib.sha256(source.read_bytes()).hexdigest()
-
-    def cfg(path, digest):
-        fields = {"kind": "vbvr_vlm", "judge_prompts": str(path), "judge_prompts_digest": digest}
+    def cfg(path, digest, protocol_digest=None):
+        protocol_digest = protocol_digest or sha(PROTOCOL_FILE)
+        fields = {
+            "kind": "vbvr_vlm",
+            "judge_prompts": str(path),
+            "judge_prompts_digest": digest,
+            "judge_protocol": str(PROTOCOL_FILE),
+            "judge_protocol_digest": protocol_digest,
+        }
         return config.from_dict({"reward": fields}, partial=True)
 
-    ok = check_judge_rubrics(cfg(source, pinned), dataset)
-    assert ok.ok and "rubrics for all 3 tasks" in ok.detail
+    ok = check_judge_rubrics(cfg(RUBRIC_FILE, sha(RUBRIC_FILE)), dataset)
+    assert ok.ok and "rubrics for all 3 tasks" in ok.detail and "protocol" in ok.detail
     partial = tmp_path / "prompts.py"
-    partial.write_text('EVAL_PROMPTS = {"S-1_move_red_square_data-generator": "Rate."}\n')
-    short = check_judge_rubrics(cfg(partial, hashlib.sha256(partial.read_bytes()).hexdigest()), dataset)
+    partial.write_text(f"EVAL_PROMPTS = {{{TASK!r}: {RUBRIC!r}}}\n")
+    short = check_judge_rubrics(cfg(partial, sha(partial)), dataset)
     assert not short.ok and "no rubric for task(s)" in short.detail and "covers 1 tasks" in short.detail
+    edited = check_judge_rubrics(cfg(RUBRIC_FILE, sha(RUBRIC_FILE), "0" * 64), dataset)
+    assert not edited.ok and "judge protocol source digest mismatch" in edited.detail
