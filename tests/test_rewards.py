@@ -548,3 +548,17 @@ def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_caus
             futures[2].result(timeout=30)
         with pytest.raises(ScorerDied):
             pool.submit(request(sample, frames))
+
+
+def test_a_scorer_interpreter_that_cannot_run_the_worker_is_named_with_the_fix(evalkit, tmp_path):
+    """evalkit.python missing, or an environment without videogrpo (its `-e .` forgotten): the cause and the fix,
+    from the process's own last lines."""
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(VideoGRPOError, match=r"(?s)No module named 'videogrpo'.*has videogrpo installed"):
+        RuleScorer(evalkit, workers=1, threads_per_worker=1, python=str(bare / "bin/python"))
+    with pytest.raises(VideoGRPOError, match=r"evalkit.python = '/nonexistent/python' cannot be run"):
+        check_runtime({}, python="/nonexistent/python")

@@ -171,6 +171,8 @@ class ScorerProcess:
             self.proc.wait()
         self._forwarder.join(timeout=5)
         self.proc.stdout.close()
+        if not self._forwarder.is_alive():  # else a process it started still holds the pipe: leave it to it
+            self.proc.stderr.close()
 
 
 def probe_in_scorer(contract: dict[str, str], python: str, checkout: str | None = None) -> dict:
