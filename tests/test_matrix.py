@@ -389,7 +389,6 @@ SCORING = {
         "threads_per_worker": 1,
         "video_size": 128,
         "max_seconds": 5.0625,
-        "digest": "0" * 64,
         "runtime": [],
     }
 }
@@ -400,7 +399,7 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     _videos(tmp_path / "videos", samples)
     final_frames = Path(shutil.copytree(evalset / "final_frames", tmp_path / "ff"))
     (final_frames / f"{samples[2].name}.png").unlink()  # the EvalKit's evaluator fails on this sample
-    sections = {**SCORING, "matrix": MATRIX}
+    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
     out = tmp_path / "cell"
     failed = stage(
         "score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit, final_frames), check=False
@@ -536,7 +535,8 @@ def test_scoring_plays_the_videos_at_the_evaluation_duration_cap_not_the_trainin
     _, samples = load_samples(evalset / "samples.json")
     _videos(tmp_path / "videos", samples)
     out = tmp_path / "cell"
-    sections = {**SCORING, "matrix": {**MATRIX, "max_seconds": 0.5}}
+    scoring = {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}  # the scorer re-checks the pin
+    sections = {"evalkit": scoring, "matrix": {**MATRIX, "max_seconds": 0.5}}
     stage("score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit))
     prepared = sorted((out / "prepared").rglob("*.mp4"))
     assert len(prepared) == len(samples)
