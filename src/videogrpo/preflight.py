@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,23 +84,20 @@ def check_evalkit(cfg: Config, fingerprint_file: Path) -> Check:
     return Check("evalkit_digest", ok, detail)
 
 
-_LIST_TASKS = (
-    "import json, sys; sys.path.insert(0, '.'); "
-    "from vbvr_bench.evaluators import TASK_EVALUATOR_MAP; print(json.dumps(sorted(TASK_EVALUATOR_MAP)))"
-)
-
-
 def check_evalkit_tasks(cfg: Config, dataset_dir: Path) -> Check:
-    """The dataset's tasks the checkout's TASK_EVALUATOR_MAP knows (imported there, as the scorers do)."""
+    """The dataset's tasks the checkout's TASK_EVALUATOR_MAP knows, as a scorer worker imports it: a process of
+    evalkit.python started by the pool's own code, in the checkout, CUDA hidden (the runtime contract is
+    check_scorer_runtime's, and every training worker's, to check)."""
+    from videogrpo.errors import VideoGRPOError
+    from videogrpo.rewards.rule import RuleScorer
+
     tasks = sorted({entry["task"] for entry in json.loads((dataset_dir / "splits.json").read_text())})
     checkout = Path(cfg.evalkit.path).resolve()
-    out = subprocess.run(
-        [sys.executable, "-c", _LIST_TASKS], cwd=checkout, capture_output=True, text=True, check=False, timeout=600
-    )
-    if out.returncode:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("evalkit_tasks", False, f"{checkout}: importing vbvr_bench.evaluators failed: {last}")
-    known = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    try:
+        with RuleScorer(checkout, 1, 1, easyocr_models=cfg.evalkit.easyocr_models, python=cfg.evalkit.python) as one:
+            known = set(one.tasks)
+    except VideoGRPOError as err:
+        return Check("evalkit_tasks", False, f"listing the EvalKit's tasks (vbvr_bench.evaluators) failed: {err}")
     unknown = [t for t in tasks if t not in known]
     if len(unknown) == len(tasks):
         return Check(
