@@ -550,12 +550,13 @@ def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_caus
             pool.submit(request(sample, frames))
 
 
-def test_a_scorer_interpreter_that_cannot_run_the_worker_is_named_with_the_fix(evalkit, tmp_path):
+def test_a_scorer_interpreter_that_cannot_run_the_worker_is_named_with_the_fix(evalkit, tmp_path, monkeypatch):
     """evalkit.python missing, or an environment without videogrpo (its `-e .` forgotten): the cause and the fix,
     from the process's own last lines."""
     import subprocess
     import sys
 
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the scorer processes inherit it: no videogrpo from there
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     with pytest.raises(VideoGRPOError, match=r"(?s)No module named 'videogrpo'.*has videogrpo installed"):
