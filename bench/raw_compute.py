@@ -26,7 +26,7 @@ def main() -> None:
     from videogrpo.grpo.rollout import replay_log_prob, rollout, seeded_normal, trained_timesteps
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.grpo.trainer import waves
-    from videogrpo.models.wan import WanTI2V
+    from videogrpo.models.wan import WanTI2V, flow_shift
     from videogrpo.rewards.rule import RuleScorer, score_request
 
     parser = argparse.ArgumentParser()
@@ -43,7 +43,7 @@ def main() -> None:
     params = list(model.transformer.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     order = training_order(load_split(args.dataset, "rl"), cfg.data.shuffle_seed)
-    sigmas = sigma_schedule(g.sampling_steps, g.shift)
+    sigmas = sigma_schedule(g.sampling_steps, flow_shift(cfg, args.model)[0])
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     rows = waves(cfg, ctx.rank, ctx.world_size)[0]
     scorer = RuleScorer.for_config(cfg, args.evalkit)

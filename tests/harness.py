@@ -36,7 +36,10 @@ def solo_config(**sections) -> dict:
     return cfg
 
 
-def launch(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> subprocess.Popen:
+def launch(
+    cfg: dict, out: Path, tiny_model: Path, dataset: Path, worker: str = "videogrpo.grpo.worker"
+) -> subprocess.Popen:
+    """torchrun of `worker` (a module: the trainer's, or tests/probe_worker.py's instrumented one)."""
     out.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -45,7 +48,7 @@ def launch(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> subprocess.
         "--standalone",
         f"--nproc-per-node={cfg['parallel']['procs_per_node']}",
         "-m",
-        "videogrpo.grpo.worker",
+        worker,
         "--config-json",
         json.dumps(cfg),
         "--run-id",
@@ -65,15 +68,18 @@ def launch(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> subprocess.
         "--run-dir",
         str(out),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PROBE_OUT=str(out))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     return subprocess.Popen(
         args, env=env, stdout=open(out / "log.txt", "a"), stderr=subprocess.STDOUT, start_new_session=True
     )
 
 
-def train(cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None) -> bool:
+def train(
+    cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None, worker: str = "videogrpo.grpo.worker"
+) -> bool:
     """Run under torchrun to the end (True), or SIGKILL the whole process group once kill_when(out) holds (False)."""
-    proc = launch(cfg, out, tiny_model, dataset)
+    proc = launch(cfg, out, tiny_model, dataset, worker)
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if kill_when is not None and kill_when(out):
@@ -87,10 +93,14 @@ def train(cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None)
     return True
 
 
-def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path, inputs: dict | None = None):
+def trainer_in_process(
+    cfg: dict, out: Path, tiny_model: Path, dataset: Path, inputs: dict | None = None, world_size: int = 1
+):
     """A Trainer of a world of one in this process (no torchrun): for options that need no second rank.
 
-    The caller runs it (`.run()`, which closes its scorer pool) or closes it (`.scorer.close()`).
+    The caller runs it (`.run()`, which closes its scorer pool) or closes it (`.scorer.close()`). A
+    `world_size` above one makes rank 0 of a larger world that joined no process group: enough to
+    construct it and ask how it would resume, not to train.
     """
     import torch
 
@@ -109,7 +119,19 @@ def trainer_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path, in
         out,
         inputs or {},
     )
-    return Trainer(resolved, paths, distributed.Context(0, 1, 0, torch.device("cpu")), "test")
+    return Trainer(resolved, paths, distributed.Context(0, world_size, 0, torch.device("cpu")), "test")
+
+
+def model_with_scheduler(model: Path, out: Path, scheduler: dict | None) -> Path:
+    """The pipeline `model` (linked, not copied) with another scheduler config (None: none at all)."""
+    out.mkdir(parents=True)
+    for part in model.iterdir():
+        if part.name != "scheduler":
+            (out / part.name).symlink_to(part)
+    if scheduler is not None:
+        (out / "scheduler").mkdir()
+        (out / "scheduler/scheduler_config.json").write_text(json.dumps(scheduler))
+    return out
 
 
 def train_in_process(cfg: dict, out: Path, tiny_model: Path, dataset: Path) -> Path:

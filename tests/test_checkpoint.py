@@ -57,3 +57,49 @@ def test_weights_only_load(tmp_path):
     checkpoint.load(path, other, None, rank=0, restore_rng=False)
     assert torch.equal(model.weight, other.weight)
     assert json.loads((path / "state.json").read_text())["step"] == 1
+
+
+GUARD = {"run_id": "tiny-0123456789ab", "inputs": {"model": "a" * 64, "dataset": "d" * 64}, "trainer_math": {}}
+
+
+def test_a_guard_matches_only_the_same_run_inputs_and_math():
+    assert checkpoint.resume_problems(GUARD, GUARD, allow_code_change=False) == []
+    other = dict(GUARD, inputs=dict(GUARD["inputs"], model="b" * 64))
+    assert checkpoint.resume_problems(GUARD, other, False) == [
+        f"input model changed: trained on {'a' * 64}, now {'b' * 64}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "saved, problem",
+    [
+        (dict(GUARD, inputs={"model": "a" * 64}), f"it records no digest of input dataset (this run's: {'d' * 64})"),
+        ({k: v for k, v in GUARD.items() if k != "inputs"}, "it records no digest of input dataset"),
+        ({}, "it records no run identity (this is run 'tiny-0123456789ab')"),
+    ],
+    ids=["one-input", "no-inputs", "no-guard"],
+)
+def test_a_digest_the_checkpoint_lacks_is_a_refusal_naming_it(saved, problem):
+    found = checkpoint.resume_problems(saved, GUARD, allow_code_change=True)
+    assert any(problem in p for p in found), found
+
+
+def test_a_digest_this_run_lacks_is_a_refusal_naming_it():
+    current = dict(GUARD, inputs={"model": "a" * 64})
+    assert checkpoint.resume_problems(GUARD, current, allow_code_change=True) == [
+        f"it records input dataset ({'d' * 64}), of which this run has no digest"
+    ]
+
+
+def test_topologies_compare_every_key_either_side_records():
+    topology = {"world_size": 128, "group_size": 32}
+    assert checkpoint.topology_problems(topology, dict(topology)) == []
+    assert checkpoint.topology_problems(topology, dict(topology, world_size=64)) == [
+        "world_size 128 in the checkpoint, 64 in this run"
+    ]
+    assert checkpoint.topology_problems(topology, dict(topology, batch_size=1)) == [
+        "batch_size recorded on one side only"
+    ]
+    assert checkpoint.topology_problems(None, topology) == [
+        "the checkpoint records no topology (written by an older trainer)"
+    ]

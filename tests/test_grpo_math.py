@@ -1,5 +1,7 @@
-"""Samplers, advantages, loss, timestep selection and prompt assignment against closed forms."""
+"""Samplers, advantages, loss, timestep selection and prompt assignment against closed forms; the schedule's
+flow shift, read from the model's scheduler config by training, `evaluate`, the matrix and preflight."""
 
+import json
 import math
 
 import numpy as np
@@ -10,6 +12,8 @@ from videogrpo.grpo import assignment, samplers
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.rollout import counter_seed, trained_timesteps
+
+from conftest import REPO
 
 SHAPE = (3, 4, 5, 2, 2)  # [B, C, F, h, w]
 
@@ -232,3 +236,97 @@ def test_inconsistent_topologies_are_rejected(world, prompts, group, message):
 def test_replica_assignment_gives_whole_groups():
     work = assignment.replica_work(rank=5, tensor_parallel=2, batch_size=4, group_size=16)
     assert work.prompt_slots == (8, 9, 10, 11) and work.group_indices == tuple(range(16))
+
+
+# ---- the flow shift of the schedule: the model's (REFERENCE section 11), one function for every user ----
+
+
+def scheduler_dir(tmp_path, config):
+    (tmp_path / "scheduler").mkdir(parents=True)
+    (tmp_path / "scheduler/scheduler_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "config, shift, key",
+    [
+        ({"flow_shift": 3.0, "shift": 1.0}, 3.0, "flow_shift"),
+        ({"flow_shift": None, "shift": 12}, 12.0, "shift"),
+        ({"num_train_timesteps": 1000}, 5.0, None),
+    ],
+    ids=["flow_shift-first", "else-shift", "else-5"],
+)
+def test_the_flow_shift_is_read_from_the_models_scheduler_config(tmp_path, config, shift, key):
+    from videogrpo.models.wan import scheduler_flow_shift
+
+    found, source = scheduler_flow_shift(scheduler_dir(tmp_path, config))
+    path = tmp_path / "scheduler/scheduler_config.json"
+    assert found == shift
+    assert source == (f"from {path}: {key}" if key else f"the reference's default: no flow_shift or shift in {path}")
+
+
+def test_a_model_without_a_scheduler_config_samples_at_five_and_a_bad_value_is_refused(tmp_path):
+    from videogrpo.errors import ConfigError
+    from videogrpo.models.wan import scheduler_flow_shift
+
+    assert scheduler_flow_shift(tmp_path / "none") == (
+        5.0,
+        f"the reference's default: no {tmp_path}/none/scheduler/scheduler_config.json",
+    )
+    with pytest.raises(ConfigError, match=r"scheduler_config.json: flow_shift = -1 is not a positive number"):
+        scheduler_flow_shift(scheduler_dir(tmp_path / "bad", {"flow_shift": -1}))
+
+
+@pytest.mark.parametrize("override", [None, 2.5])
+def test_preflight_says_which_flow_shift_is_used(tmp_path, override):
+    from videogrpo import config
+    from videogrpo.preflight import check_flow_shift
+
+    model = scheduler_dir(tmp_path, {"shift": 3.0})
+    check = check_flow_shift(config.from_dict({"grpo": {"shift": override}}, partial=True), model)
+    assert check.ok and check.name == "flow_shift"
+    expected = (
+        "flow shift 2.5 (grpo.shift override)"
+        if override
+        else (f"flow shift 3.0 (from {model}/scheduler/scheduler_config.json: shift)")
+    )
+    assert check.detail == expected
+
+
+class Sampled(Exception):
+    pass
+
+
+def test_evaluate_and_the_matrix_sample_with_the_models_flow_shift(tiny_model, dataset, tmp_path, monkeypatch):
+    """`evaluate` samples as training does (grpo.shift, else the model's); matrix cells as their model says."""
+    import yaml
+
+    from videogrpo import config, evaluate
+    from videogrpo.data.dataset import load_split
+    from videogrpo.matrix import generate
+    from videogrpo.matrix.evalset import EvalSample
+    from videogrpo.models.wan import WanTI2V
+
+    from harness import model_with_scheduler
+
+    model_dir = model_with_scheduler(tiny_model, tmp_path / "model", {"flow_shift": 3.0})
+    cfg = config.from_dict(yaml.safe_load((REPO / "config/config.yaml").read_text()), partial=True)
+
+    def caught(*args, **kwargs):
+        raise Sampled(args, kwargs)
+
+    monkeypatch.setattr(evaluate, "rollout", caught)
+    model = WanTI2V.from_config(model_dir, torch.device("cpu"), cfg)
+    samples = load_split(dataset, "heldout")
+    with pytest.raises(Sampled) as sampled:
+        evaluate.sample_batch(cfg, model, model.transformer, samples, 0)
+    sigmas = sampled.value.args[0][5]
+    assert torch.equal(sigmas, samplers.sigma_schedule(cfg.grpo.sampling_steps, 3.0))
+
+    monkeypatch.setattr(generate, "generate_video", caught)
+    sample = EvalSample(0, "In-Domain_50", samples[0].task, "00000", "x")
+    with pytest.raises(Sampled) as sampled:
+        generate.generate_rank(
+            0, 1, cfg, model_dir, None, tmp_path / "tree", [sample], "euler", tmp_path / "cell", "cpu"
+        )
+    assert sampled.value.args[0][-1] == 3.0

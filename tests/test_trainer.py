@@ -1,5 +1,6 @@
 """The trainer under torchrun (2 or 4 gloo processes, tiny model): the replay plan, resume after SIGKILL,
-FSDP/HSDP layouts, metrics reduced over ranks, float32 master weights, and learning against a placebo."""
+FSDP/HSDP layouts, metrics reduced over ranks, float32 master weights, the timestep the sharded
+transformer receives and peak memory (tests/probe_worker.py), and learning against a placebo."""
 
 from __future__ import annotations
 
@@ -164,31 +165,99 @@ def test_hsdp_shards_within_groups_of_two_and_matches_replicate(tiny_model, data
         assert (value - runs["replicate"][key]).abs().max() <= adam_tolerance(1e-4, 3), key
 
 
-def moved_fraction(out, initial: dict) -> float:
+MASTER_LR = 5e-6
+
+
+def first_adam_steps(out, initial: dict, weight_decay: float) -> dict:
+    """Per parameter, (p0 (1 - lr wd) - p1) / lr in float64: AdamW's first step is lr g / (|g| + eps) after the
+    decay, so this is in [-1, 1], near +-1 where |g| is well above eps (seen: over half of lr for 99 % of the
+    weights). Rounded (bf16) masters would show their rounding error instead: up to 2^-9 |p|, hundreds of lr."""
     final = tensors(out)
-    moved = sum(int((final[k] != initial[k]).sum()) for k in initial)
-    return moved / sum(v.numel() for v in initial.values())
+    return {
+        k: (v.double() * (1 - MASTER_LR * weight_decay) - final[k].double()) / MASTER_LR for k, v in initial.items()
+    }
 
 
 def test_bf16_compute_updates_float32_master_weights(tiny_model, dataset, tmp_path):
-    """At lr 5e-6 bf16 weights would round most updates away; float32 masters move as in a float32 run."""
+    """One update at lr 5e-6 under bf16 compute, in each parallel mode: the parameters are float32 and move by
+    AdamW's first step (lr per weight), although for most weights lr is below bf16's resolution (a bf16 copy
+    would not change)."""
     from safetensors.torch import load_file
 
     initial = load_file(tiny_model / "transformer/diffusion_pytorch_model.safetensors")
-    small = dict(train={"lr": 5e-6, "max_steps": 2})
-    fractions = {}
-    for name, dtype in (("float32", "float32"), ("bf16-autocast", "bfloat16")):
-        cfg = solo_config(parallel={"param_dtype": dtype}, **small)
-        fractions[name] = moved_fraction(train_in_process(cfg, tmp_path / name, tiny_model, dataset), initial)
-    cfg = trainer_config(parallel={"param_dtype": "bfloat16", "data_parallel": "fsdp"}, **small)
-    assert train(cfg, tmp_path / "bf16-fsdp", tiny_model, dataset)
-    assert layout(tmp_path / "bf16-fsdp")["dtypes"] == ["float32"]
-    fractions["bf16-fsdp"] = moved_fraction(tmp_path / "bf16-fsdp", initial)
-    print("moved fractions", fractions)
-    assert fractions["float32"] > 0.99
-    for name in ("bf16-autocast", "bf16-fsdp"):
-        assert fractions[name] == pytest.approx(fractions["float32"], abs=0.01), fractions
-    assert all(torch.isfinite(v).all() for v in tensors(tmp_path / "bf16-fsdp").values())
+    one = dict(train={"lr": MASTER_LR, "warmup_steps": 0, "max_steps": 1, "save_steps": 1000})
+    bf16 = {"param_dtype": "bfloat16"}
+    runs = {"replicate-autocast": tmp_path / "replicate"}
+    train_in_process(solo_config(parallel=bf16, **one), runs["replicate-autocast"], tiny_model, dataset)
+    for mode, extra in (("fsdp", {}), ("hsdp", {"shard_group_size": 2})):
+        runs[mode] = tmp_path / mode
+        cfg = trainer_config(parallel=dict(bf16, data_parallel=mode, **extra), **one)
+        assert train(cfg, runs[mode], tiny_model, dataset)
+    weight_decay = config.from_dict(trainer_config()).train.weight_decay
+    total = sum(v.numel() for v in initial.values())
+    # The update is below bf16's resolution for most weights: bf16 masters would round it away.
+    moved_in_bf16 = sum(
+        int(((w.float() - MASTER_LR * torch.sign(w.float())).bfloat16() != w).sum())
+        for w in (v.bfloat16() for v in initial.values())
+    )
+    assert moved_in_bf16 / total < 0.05, moved_in_bf16 / total  # seen: 1.6 %
+    for mode, out in runs.items():
+        shown = layout(out)
+        assert shown["dtypes"] == ["float32"], (mode, shown)
+        assert shown["sharded"] == (0 if mode.startswith("replicate") else shown["parameters"]), (mode, shown)
+        steps = first_adam_steps(out, initial, weight_decay)
+        largest = max(float(s.abs().max()) for s in steps.values())
+        moved = sum(int((s.abs() > 0.5).sum()) for s in steps.values()) / total
+        print(f"{mode}: largest step {largest:.4f} lr, {moved:.4f} of the weights moved by more than lr / 2")
+        assert largest < 1.05, (mode, largest)  # nothing moved by more than one AdamW step: no rounding
+        assert moved > 0.95, (mode, moved)  # and nearly every weight moved by that tiny step
+
+
+# With shift 5 and 4 steps, sigma x 1000 is 1000, 937.5, 833.33 and 625; bf16 holds 1000, 936, 832 and 624.
+EXACT = [0.0, 625.0, float(torch.tensor(2500 / 3, dtype=torch.float32)), 937.5, 1000.0]
+IN_BF16 = [0.0, 624.0, 832.0, 936.0, 1000.0]
+
+
+@pytest.mark.parametrize(
+    "mode, trajectory, received",
+    [
+        ("fsdp", "float32", ("float32", EXACT)),
+        ("fsdp", "compute", ("bfloat16", IN_BF16)),
+        ("hsdp", "float32", ("float32", EXACT)),
+        ("hsdp", "bfloat16", ("bfloat16", IN_BF16)),
+    ],
+)
+def test_the_sharded_transformer_receives_the_timestep_in_the_trajectory_dtype(
+    tiny_model, dataset, tmp_path, mode, trajectory, received
+):
+    """Under bf16 compute FSDP2 casts a module's floating inputs to the compute dtype; the transformer's own
+    inputs must stay as handed over: the timestep in grpo.trajectory_dtype, in rollouts and replays.
+
+    The same two-rank runs check peak memory: reset where each update's period starts and max-reduced
+    over the ranks (tests/probe_worker.py stands in for CUDA's counters).
+    """
+    import json
+
+    cfg = trainer_config(
+        parallel={"data_parallel": mode, "shard_group_size": 2, "param_dtype": "bfloat16"},
+        grpo={"trajectory_dtype": trajectory, "sampling_steps": 4, "timestep_fraction": 1.0},
+        train={"max_steps": 2, "save_steps": 1000},
+    )
+    assert train(cfg, tmp_path, tiny_model, dataset, worker="probe_worker")
+    dtype, values = received
+    for rank in (0, 1):
+        probe = json.loads((tmp_path / f"probe-rank{rank}.json").read_text())
+        forwards = probe["forwards"]
+        rollouts = [f for f in forwards if f["phase"] == "rollout"]
+        replays = [f for f in forwards if f["phase"] == "replay"]
+        assert len(rollouts) == 2 * 4 and len(replays) == 2 * 3, forwards  # 2 updates: 4 steps, 3 trained
+        for f in forwards:
+            assert (f["timestep_dtype"], f["hidden_dtype"]) == (dtype, "bfloat16"), f
+        assert sorted({v for f in rollouts for v in f["timesteps"]}) == values
+        assert sorted({v for f in replays for v in f["timesteps"]}) == [values[0], *values[2:]]  # the first 3 steps
+        assert probe["resets"] == 2  # once per update
+    # Rank 1 reads 2000 + its resets so far, rank 0 1000 + its resets: the log shows the larger.
+    assert [m["peak_memory_bytes"] for m in metrics(tmp_path)] == [2001, 2002]
 
 
 def test_grpo_learns_the_synthetic_tasks_beyond_a_placebo(tiny_model, dataset, tmp_path):

@@ -7,10 +7,20 @@ test_trainer.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from harness import metrics, solo_config, tensors, train_in_process, trainer_in_process, weights
+from harness import (
+    metrics,
+    model_with_scheduler,
+    solo_config,
+    tensors,
+    train_in_process,
+    trainer_in_process,
+    weights,
+)
 
 BASE = dict(train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3})
 
@@ -165,6 +175,8 @@ def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, 
 
     real = checkpoint.trainer_math()
     assert "grpo/loss.py" in real and "grpo/tracking.py" not in real  # logging is not math
+    rewards = {"rule.py", "scorer_process.py", "evalkit.py", "judge.py", "judge_protocol.py"}
+    assert {f"rewards/{name}" for name in rewards} <= set(real)  # every file that computes a training reward
     monkeypatch.setattr(checkpoint, "trainer_math", lambda: dict(real, **{"grpo/loss.py": "0" * 64}))
     with pytest.raises(
         ConfigError,
@@ -173,6 +185,143 @@ def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, 
     ):
         resume_in(guarded, tiny_model, dataset)
     assert resume_in(guarded, tiny_model, dataset, resume_across_code_changes=True) == 1
+
+
+@pytest.mark.parametrize(
+    "inputs, named",
+    [
+        ({k: v for k, v in INPUTS.items() if k != "training_ids"}, "of which this run has no digest"),
+        (dict(INPUTS, judge_model="f" * 64), "it records no digest of input judge_model"),
+    ],
+    ids=["missing-here", "missing-in-the-checkpoint"],
+)
+def test_auto_resume_refuses_an_input_digest_one_side_lacks(guarded, tiny_model, dataset, inputs, named):
+    """What cannot be compared cannot be shown the same: a digest on one side only is a refusal naming it."""
+    from videogrpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"not resuming this checkpoint: .*{named}"):
+        resume_in(guarded, tiny_model, dataset, inputs)
+
+
+def stateful_resume(source, out, tiny_model, dataset, world_size=1, **sections):
+    cfg = options(train={"resume_from": str(source), "reset_dataloader": False})
+    for section, values in sections.items():
+        cfg[section].update(values)
+    trainer = trainer_in_process(cfg, out, tiny_model, dataset, world_size=world_size)
+    trainer.scorer.close()
+    return trainer._resume()
+
+
+@pytest.mark.parametrize(
+    "change, world_size, named",
+    [
+        ({"grpo": {"group_size": 2}}, 1, "group_size 4 in the checkpoint, 2 in this run"),
+        ({}, 2, "world_size 1 in the checkpoint, 2 in this run"),
+        ({"grpo": {"shared_prompts": False}}, 1, "shared_prompts True in the checkpoint, False in this run"),
+        ({"data": {"shuffle_seed": 7}}, 1, "training_order_sha256 '[0-9a-f]{64}' in the checkpoint"),
+    ],
+    ids=["group-size", "world-size", "prompt-layout", "training-order"],
+)
+def test_a_stateful_resume_from_refuses_another_topology_printing_both(
+    baseline, tiny_model, dataset, tmp_path, change, world_size, named
+):
+    from videogrpo.errors import ConfigError
+
+    source = baseline / "checkpoints/step-00000001"
+    with pytest.raises(ConfigError) as refused:
+        stateful_resume(source, tmp_path, tiny_model, dataset, world_size, **change)
+    message = str(refused.value)
+    assert re.search(named, message), message
+    assert re.search(r'Checkpoint: \{.*"world_size": 1.*\}; this run: \{.*"world_size": ' + str(world_size), message)
+    assert "reset_dataloader: true to take its weights only" in message
+    # The same change with a weights-only start is fine: nothing of the data position is carried over.
+    trainer = trainer_in_process(
+        options(train={"resume_from": str(source), "reset_dataloader": True}, **change),
+        tmp_path / "w",
+        tiny_model,
+        dataset,
+    )
+    trainer.scorer.close()
+    assert trainer._resume() == 0
+
+
+def test_a_stateful_resume_from_refuses_a_checkpoint_without_a_topology(baseline, tiny_model, dataset, tmp_path):
+    import json
+    import shutil
+
+    from videogrpo.errors import ConfigError
+
+    source = tmp_path / "old"
+    shutil.copytree(baseline / "checkpoints/step-00000001", source)
+    state = json.loads((source / "state.json").read_text())
+    del state["topology"]
+    (source / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"records no topology.*Checkpoint: null; this run: \{"):
+        stateful_resume(source, tmp_path / "run", tiny_model, dataset)
+
+
+def test_a_stateful_resume_from_refuses_a_position_the_replay_plan_does_not_have(
+    baseline, tiny_model, dataset, tmp_path
+):
+    from videogrpo.errors import ConfigError
+
+    source = baseline / "checkpoints/step-00000002"
+    with pytest.raises(
+        ConfigError, match=r"written after update 2 at batch 1, where this run's replay plan has no action"
+    ):
+        stateful_resume(source, tmp_path, tiny_model, dataset, train={"max_steps": 1})
+
+
+class CountingMemory:
+    """Stands in for CUDA's peak-memory counters: records when it is reset and read."""
+
+    def __init__(self, events: list):
+        self.events, self.resets = events, 0
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.events.append("reset")
+
+    def peak(self) -> int:
+        self.events.append("peak")
+        return 100 * self.resets + 7
+
+
+def test_peak_memory_is_reset_where_each_update_period_starts(tiny_model, dataset, tmp_path):
+    """Delayed replay: the first update's period holds a prefill; each logged peak covers exactly its period."""
+    cfg = options(grpo={"delayed_replay": True}, train={"max_steps": 3, "save_steps": 1000})
+    trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset)
+    events: list = []
+    trainer.memory = CountingMemory(events)
+    prepare = trainer.prepare
+    trainer.prepare = lambda batch: events.append(f"rollout {batch}") or prepare(batch)
+    trainer.run()
+    assert events == [
+        *("reset", "rollout 0", "rollout 1", "peak"),  # prefill, then the first update
+        *("reset", "rollout 2", "peak"),
+        *("reset", "peak"),  # the flush at max_steps replays batch 2 and skips batch 3
+    ]
+    assert [m["peak_memory_bytes"] for m in metrics(tmp_path)] == [107, 207, 307]
+
+
+def shifted_model(tiny_model, tmp_path, shift):
+    return model_with_scheduler(
+        tiny_model, tmp_path / "shifted", {"_class_name": "UniPCMultistepScheduler", "flow_shift": shift, "shift": 1.0}
+    )
+
+
+@pytest.mark.parametrize("override", [None, 2.0])
+def test_the_flow_shift_is_the_models_unless_grpo_shift_overrides_it(tiny_model, dataset, tmp_path, override):
+    from videogrpo.grpo.samplers import sigma_schedule
+
+    model = shifted_model(tiny_model, tmp_path, 3.0)
+    trainer = trainer_in_process(options(grpo={"shift": override}), tmp_path, model, dataset)
+    trainer.scorer.close()
+    expected = 3.0 if override is None else override
+    assert trainer.shift == expected
+    assert torch.equal(trainer.sigmas, sigma_schedule(8, expected))
+    where = f"from {model}/scheduler/scheduler_config.json: flow_shift" if override is None else "grpo.shift override"
+    assert trainer.shift_source == where
 
 
 @pytest.mark.parametrize("fail_on_error", [False, True])

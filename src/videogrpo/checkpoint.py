@@ -7,8 +7,10 @@ outputs, which Snakemake deletes before a rerun.
 
 Each checkpoint records what it was trained from and with (its resume guard): the run identity, the
 digests of the training inputs and the digest of every file of the trainer's math. Auto-resume
-compares them with the current ones and refuses loudly, naming what changed, rather than continuing
-a run under other inputs or code or silently starting over.
+compares them with the current ones and refuses loudly, naming what changed or what one side does not
+record, rather than continuing a run under other inputs or code or silently starting over. A
+checkpoint also records the topology its data position means something under: a full-state
+`resume_from` is refused under another one.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from videogrpo.provenance.digest import code_digest, list_files
 
 MARKER = "COMPLETE"
 
-# The package code whose change alters what training computes. Edits elsewhere (logging, launch,
-# provenance, the CLI) never block a resume; docstrings, comments and layout never count (code_digest).
+# The package code whose change alters what training computes, every file that computes a training reward
+# included (the rule reward's pool, scorer process and runtime checks; the judge's client and protocol:
+# request, validation, score). Edits elsewhere (logging, launch, provenance, the CLI) never block a
+# resume; docstrings, comments and layout never count (code_digest).
 TRAINER_MATH = (
     "grpo/advantages.py",
     "grpo/assignment.py",
@@ -43,6 +47,10 @@ TRAINER_MATH = (
     "grpo/trainer.py",
     "models",
     "rewards/rule.py",
+    "rewards/scorer_process.py",
+    "rewards/evalkit.py",
+    "rewards/judge.py",
+    "rewards/judge_protocol.py",
     "data/dataset.py",
     "data/video.py",
     "parallelize.py",
@@ -86,11 +94,19 @@ def resume_guard(run_id: str, inputs: dict[str, str]) -> dict[str, Any]:
 def resume_problems(saved: dict[str, Any], current: dict[str, Any], allow_code_change: bool) -> list[str]:
     """Why a checkpoint with guard `saved` must not be resumed by a run with guard `current` (empty: it may)."""
     found = []
-    if saved.get("run_id") != current["run_id"]:
-        found.append(f"it belongs to run {saved.get('run_id')!r}, this is run {current['run_id']!r}")
-    for name, digest in sorted(current["inputs"].items()):
-        if saved.get("inputs", {}).get(name, digest) != digest:
-            found.append(f"input {name} changed: trained on {saved['inputs'][name]}, now {digest}")
+    if "run_id" not in saved:
+        found.append(f"it records no run identity (this is run {current['run_id']!r})")
+    elif saved["run_id"] != current["run_id"]:
+        found.append(f"it belongs to run {saved['run_id']!r}, this is run {current['run_id']!r}")
+    # An input digest missing on either side is a refusal: what cannot be compared cannot be shown the same.
+    old_inputs, new_inputs = saved.get("inputs", {}), current["inputs"]
+    for name in sorted(set(old_inputs) | set(new_inputs)):
+        if name not in old_inputs:
+            found.append(f"it records no digest of input {name} (this run's: {new_inputs[name]})")
+        elif name not in new_inputs:
+            found.append(f"it records input {name} ({old_inputs[name]}), of which this run has no digest")
+        elif old_inputs[name] != new_inputs[name]:
+            found.append(f"input {name} changed: trained on {old_inputs[name]}, now {new_inputs[name]}")
     old, new = saved.get("trainer_math", {}), current["trainer_math"]
     changed = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
     if changed and not allow_code_change:
@@ -98,6 +114,19 @@ def resume_problems(saved: dict[str, Any], current: dict[str, Any], allow_code_c
             f"the trainer's math changed since it was written ({', '.join(changed)}); set "
             f"train.resume_across_code_changes: true to resume with the new code"
         )
+    return found
+
+
+def topology_problems(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """Why a checkpoint written under topology `saved` cannot resume its data position under `current`."""
+    if not saved:
+        return ["the checkpoint records no topology (written by an older trainer)"]
+    found = []
+    for key in sorted(set(saved) | set(current)):
+        if key not in saved or key not in current:
+            found.append(f"{key} recorded on one side only")
+        elif saved[key] != current[key]:
+            found.append(f"{key} {saved[key]!r} in the checkpoint, {current[key]!r} in this run")
     return found
 
 

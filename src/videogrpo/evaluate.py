@@ -26,7 +26,7 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.matrix.aggregate import bootstrap_interval
-from videogrpo.models.wan import WanTI2V, load_transformer
+from videogrpo.models.wan import WanTI2V, flow_shift, load_transformer
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -56,7 +56,7 @@ def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> l
 def sample_batch(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samples: list[SampleRef], first: int):
     """Videos (uint8 [B, F, H, W, 3]) of samples[first : first + BATCH], noise seeded by each sample's position."""
     e = cfg.evaluate
-    sigmas = sigma_schedule(e.sampling_steps or cfg.grpo.sampling_steps, cfg.grpo.shift)
+    sigmas = sigma_schedule(e.sampling_steps or cfg.grpo.sampling_steps, flow_shift(cfg, model.model_dir)[0])
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     dev = model.device
     batch = samples[first : first + BATCH]

@@ -2,8 +2,10 @@
 
 FSDP and HSDP use `fully_shard` on every transformer block and then on the root, over a 1-D mesh
 (FSDP: shard over all ranks) or a 2-D mesh (HSDP: shard within groups of `shard_group_size` ranks,
-replicate across groups), with the configured parameter and reduction dtypes. Gradients of sharded
-models are reduced by FSDP itself; replicated models average theirs with one all-reduce.
+replicate across groups), with the configured parameter and reduction dtypes. The blocks cast their
+inputs to the compute dtype; the root does not, so the timestep reaches the transformer in
+`grpo.trajectory_dtype`. Gradients of sharded models are reduced by FSDP itself; replicated models
+average theirs with one all-reduce.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ def apply_data_parallel(model: torch.nn.Module, cfg: Config, world: int, device:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = device_mesh(cfg, world, device.type)
-    policy = MixedPrecisionPolicy(
-        param_dtype=DTYPES[cfg.parallel.param_dtype], reduce_dtype=DTYPES[cfg.parallel.reduce_dtype]
-    )
+    dtypes = dict(param_dtype=DTYPES[cfg.parallel.param_dtype], reduce_dtype=DTYPES[cfg.parallel.reduce_dtype])
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(**dtypes))
+    # The root takes its inputs as the caller made them: the caller (WanTI2V.velocity) already hands over
+    # hidden states and text embeddings in the compute dtype, and the timestep in grpo.trajectory_dtype,
+    # which casting the root's inputs to param_dtype would silently turn to bf16 (937.5 -> 936).
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(**dtypes, cast_forward_inputs=False))
     return model
 
 

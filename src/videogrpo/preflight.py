@@ -71,6 +71,18 @@ def check_model_dir(model_dir: Path, manifest: Path) -> Check:
     return Check("model_dir", True, f"{model_dir}: complete, tree digest {found} as recorded")
 
 
+def check_flow_shift(cfg: Config, model_dir: Path) -> Check:
+    """The flow shift training and `evaluate` sample with, and where it comes from (the model, or grpo.shift)."""
+    from videogrpo.errors import ConfigError
+    from videogrpo.models.wan import flow_shift
+
+    try:
+        shift, source = flow_shift(cfg, model_dir)
+    except ConfigError as err:
+        return Check("flow_shift", False, str(err))
+    return Check("flow_shift", True, f"flow shift {shift} ({source})")
+
+
 def check_evalkit(cfg: Config, fingerprint_file: Path) -> Check:
     record = json.loads(fingerprint_file.read_text())
     found = digest.evalkit_source_digest(cfg.evalkit.path)

@@ -196,8 +196,9 @@ class GRPOConfig:
     """Draw one eta per prompt uniformly from [lo, hi] (grpo_cps_noise_scale_range); null: fixed eta."""
     sampling_steps: int = 30
     """Denoising steps per rollout (T)."""
-    shift: float = 5.0
-    """Flow-matching time shift of the sigma schedule."""
+    shift: float | None = None
+    """Flow-matching time shift of the sigma schedule; null: the model's (its scheduler_config.json's
+    flow_shift, else shift, else 5.0, as the reference), a number overrides it (preflight says which)."""
     guidance_scale: float = 1.0
     """Classifier-free guidance scale (1.0: no unconditional pass)."""
     group_size: int = 32

@@ -8,12 +8,15 @@ over the ranks of each group, group-relative advantages, a PPO-clipped loss over
 the recorded timesteps, gradients reduced by FSDP or one all-reduce, the learning rate of
 `lr_schedule`. Rewards of a batch are scored while the next one rolls out. Checkpoints follow
 flushing updates, so they never hold prepared work. Master weights and AdamW state are float32;
-`parallel.param_dtype` is only the compute dtype. Logged metrics are reduced over all ranks.
+`parallel.param_dtype` is only the compute dtype. Logged metrics are reduced over all ranks: sums
+all-reduced, maxima (the PPO ratio's, peak memory) max-reduced. The sigma schedule's flow shift is the
+model's unless `grpo.shift` overrides it (`models.wan.flow_shift`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -43,7 +46,7 @@ from videogrpo.grpo.rollout import (
 from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
-from videogrpo.models.wan import DTYPES, WanTI2V
+from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -96,6 +99,44 @@ def waves(cfg: Config, rank: int, world: int) -> list[list[tuple[int, int]]]:
     return [[(slot, g) for slot in work.prompt_slots for g in work.group_indices]]
 
 
+class PeakMemory:
+    """This rank's peak allocated device memory since the last reset: CUDA's counters, 0 on other devices.
+
+    The trainer holds one and resets it where each logged update's period starts; tests replace it.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+
+
+def dataloader_topology(cfg: Config, world: int, order: list[SampleRef]) -> dict:
+    """What a checkpoint's data position and per-rank state mean: the ranks, how prompts and group members
+    are spread over them, and the training order the position indexes (train.reset_dataloader: false)."""
+    p, par = cfg.grpo, cfg.parallel
+    ids = json.dumps([[s.task, s.sample_id] for s in order]).encode()
+    return {
+        "world_size": world,
+        "data_parallel": par.data_parallel,
+        "shard_group_size": par.shard_group_size,
+        "tensor_parallel": par.tensor_parallel,
+        "shared_prompts": p.shared_prompts,
+        "prompts_per_step": p.prompts_per_step,
+        "prompts_per_wave": p.prompts_per_wave,
+        "group_size": p.group_size,
+        "batch_size": cfg.train.batch_size,
+        "delayed_replay": p.delayed_replay,
+        "training_samples": len(order),
+        "training_order_sha256": hashlib.sha256(ids).hexdigest(),
+    }
+
+
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
     t = cfg.train
     return replay.plan(
@@ -131,7 +172,8 @@ class Trainer:
         self.order = training_order(load_split(paths.dataset, "rl"), cfg.data.shuffle_seed)
         self.actions = run_plan(cfg, len(self.order))
         self.total = replay.total_updates(self.actions)
-        self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, cfg.grpo.shift)
+        self.shift, self.shift_source = flow_shift(cfg, paths.model)
+        self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, self.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
         if cfg.reward.kind == "vbvr_vlm":
@@ -141,6 +183,8 @@ class Trainer:
             self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
+        self.topology = dataloader_topology(cfg, ctx.world_size, self.order)
+        self.memory = PeakMemory(ctx.device)
         self.rolled_out: list[int] = []
         """Batches rolled out since the last update (logged with it: skipped batches never appear)."""
 
@@ -291,8 +335,8 @@ class Trainer:
         reduced = distributed.reduce_floats(list(sums.values()), self.ctx.device)
         means = {key: total / normalizer for key, total in zip(sums, reduced)}
         [ratio_abs_max] = distributed.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
+        [peak] = distributed.reduce_floats([float(self.memory.peak())], self.ctx.device, op="max")
         rewards = gathered["rewards"]
-        peak = torch.cuda.max_memory_allocated() if self.ctx.device.type == "cuda" else 0
         return dict(
             means,
             step=action.update,
@@ -310,7 +354,7 @@ class Trainer:
             learning_rate=lr,
             delayed_replay_staleness=action.staleness,
             trained_timesteps=len(timesteps),
-            peak_memory_bytes=peak,
+            peak_memory_bytes=int(peak),
             time_reward_wait_s=t1 - t0,
             time_replay_s=t2 - t1,
         )
@@ -329,12 +373,15 @@ class Trainer:
                     f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
                     f"the run over instead, remove {self.paths.checkpoints}."
                 )
+            self._check_plan_position(latest, checkpoint.read_state(latest))
             state = checkpoint.load(latest, self.transformer, self.optimizer, self.ctx.rank)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
             source = Path(cfg.train.resume_from)
             weights_only = cfg.train.reset_dataloader
+            if not weights_only:
+                self._check_stateful_source(source)
             state = checkpoint.load(
                 source,
                 self.transformer,
@@ -347,6 +394,32 @@ class Trainer:
                 return state["next_action"]
         return 0
 
+    def _check_stateful_source(self, source: Path) -> None:
+        """A full-state resume_from continues another run's data position and per-rank state: only under
+        the topology it was written with, and at a position this run's replay plan agrees with."""
+        saved = checkpoint.read_state(source) if (source / "state.json").is_file() else {}
+        if problems := checkpoint.topology_problems(saved.get("topology"), self.topology):
+            raise ConfigError(
+                f"train.resume_from = {str(source)!r} with train.reset_dataloader: false resumes its data position "
+                f"and per-rank state, which need the topology it was written with: {'; '.join(problems)}. "
+                f"Checkpoint: {json.dumps(saved.get('topology'), sort_keys=True)}; this run: "
+                f"{json.dumps(self.topology, sort_keys=True)}. Run with the checkpoint's topology, or set "
+                f"train.reset_dataloader: true to take its weights only."
+            )
+        self._check_plan_position(source, saved)
+
+    def _check_plan_position(self, source: Path, state: dict) -> None:
+        """The checkpoint's position is a flushed update of this run's replay plan (same number, same batch)."""
+        after = state.get("next_action", 0) - 1
+        action = self.actions[after] if 0 <= after < len(self.actions) else None
+        if action is None or not action.flush or action.update != state.get("update"):
+            where = f"update {action.update} (flush: {action.flush})" if action else "no action"
+            raise ConfigError(
+                f"{source}: written after update {state.get('update')} at batch {after}, where this run's replay "
+                f"plan has {where} (train.epochs, save_steps, max_steps or grpo.delayed_replay differ); set "
+                f"train.reset_dataloader: true to take its weights only"
+            )
+
     def _log(self, message: str) -> None:
         if self.ctx.is_main:
             log_line(message)
@@ -357,7 +430,13 @@ class Trainer:
             update,
             self.transformer,
             self.optimizer,
-            {"update": update, "next_action": action_index + 1, "run_id": self.run_id, "guard": self.guard},
+            {
+                "update": update,
+                "next_action": action_index + 1,
+                "run_id": self.run_id,
+                "guard": self.guard,
+                "topology": self.topology,
+            },
             self.ctx.rank,
             self.cfg.train.keep_checkpoints,
         )
@@ -383,11 +462,14 @@ class Trainer:
             f"{self.cfg.parallel.data_parallel}, starting at batch {start}"
         )
         self._log(f"parameters: {json.dumps(self.layout)}")
+        self._log(f"flow shift {self.shift} ({self.shift_source})")
         slot: Prepared | None = None
         try:
             for index in range(start, len(self.actions)):
                 action = self.actions[index]
                 t0 = time.monotonic()
+                if not self.rolled_out:  # a logged period starts: its peak covers its rollouts and replay
+                    self.memory.reset()
                 fresh = self.prepare(action.batch) if action.prepare else None
                 if action.update is None:
                     slot = fresh

@@ -25,7 +25,6 @@ from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.matrix.evalset import EvalSample
 
 SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
-DEFAULT_FLOW_SHIFT = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,15 +41,6 @@ def parse_sampler(name: str) -> Sampler:
     if not match:
         raise ConfigError(f"matrix.samplers: {name!r} is not a sampler; use unipc, euler or flowcps-<noise> (0..1)")
     return Sampler(name) if match.group(2) is None else Sampler("flowcps", float(match.group(2)))
-
-
-def flow_shift(model_dir: Path) -> float:
-    """The model scheduler's flow shift (`flow_shift`, else `shift`), 5.0 without one: the reference's rule."""
-    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
-    if not path.is_file():
-        return DEFAULT_FLOW_SHIFT
-    config = json.loads(path.read_text())
-    return float(config.get("flow_shift") or config.get("shift") or DEFAULT_FLOW_SHIFT)
 
 
 def ode_scheduler(kind: str, model_dir: Path, shift: float):
@@ -166,7 +156,7 @@ def generate_rank(
     progress=None,
 ) -> int:
     """Generate this rank's samples that have no valid video yet; returns how many it generated."""
-    from videogrpo.models.wan import WanTI2V, load_transformer
+    from videogrpo.models.wan import WanTI2V, load_transformer, scheduler_flow_shift
 
     torch.set_num_threads(cfg.parallel.cpu_threads)
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
@@ -182,7 +172,7 @@ def generate_rank(
     if transformer_dir is not None:
         transformer = load_transformer(transformer_dir, device, cfg.parallel.attention_backend)
     transformer.eval()
-    shift = flow_shift(model_dir)
+    shift, _ = scheduler_flow_shift(model_dir)  # every cell samples as its model's scheduler says
     for sample in mine:
         frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift)
         target = partial / f"{sample.name}.mp4"

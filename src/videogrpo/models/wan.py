@@ -10,12 +10,16 @@ master weights AdamW updates; the compute dtype (`parallel.param_dtype`) is appl
 mixed-precision policy for sharded models and by autocast otherwise. The rollout trajectory and the
 timestep handed to the transformer are kept in the trajectory dtype (`grpo.trajectory_dtype`): the
 reference keeps both in bf16, so 937.5 reaches the transformer as 936.
+
+The flow shift of the sigma schedule is the model's (`flow_shift`): training, `evaluate` and the
+matrix read it with one function; `grpo.shift` overrides it for training and `evaluate` only when set.
 """
 
 from __future__ import annotations
 
 import contextlib
 import html
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +31,33 @@ from videogrpo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NUM_TRAIN_TIMESTEPS = 1000
+DEFAULT_FLOW_SHIFT = 5.0
+"""The reference's flow shift where the model's scheduler config names none."""
+
+
+def scheduler_flow_shift(model_dir: str | Path) -> tuple[float, str]:
+    """The model's flow shift and where it came from: `scheduler/scheduler_config.json`'s `flow_shift`,
+    else its `shift`, else 5.0 (the reference's rule; the UniPC configs of Wan's Diffusers snapshots name
+    `flow_shift`, diffusers' flow-matching Euler scheduler `shift`)."""
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        return DEFAULT_FLOW_SHIFT, f"the reference's default: no {path}"
+    config = json.loads(path.read_text())
+    for key in ("flow_shift", "shift"):
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{path}: {key} = {value!r} is not a positive number; fix the model's scheduler config")
+        return float(value), f"from {path}: {key}"
+    return DEFAULT_FLOW_SHIFT, f"the reference's default: no flow_shift or shift in {path}"
+
+
+def flow_shift(cfg, model_dir: str | Path) -> tuple[float, str]:
+    """The flow shift a run samples with, and its source: grpo.shift when set, else the model's."""
+    if cfg.grpo.shift is not None:
+        return float(cfg.grpo.shift), "grpo.shift override"
+    return scheduler_flow_shift(model_dir)
 
 
 def trajectory_dtype(setting: str, compute_dtype: str) -> torch.dtype:
@@ -83,6 +114,7 @@ class WanTI2V:
         from transformers import AutoTokenizer, UMT5EncoderModel
 
         model_dir = Path(model_dir)
+        self.model_dir = model_dir
         self.device = device
         self.compute_dtype = DTYPES[compute_dtype]
         self.trajectory_dtype = trajectory_dtype(trajectory, compute_dtype)

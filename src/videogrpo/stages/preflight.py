@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
             preflight.check_config(cfg),
             preflight.check_trainer_support(cfg),
             preflight.check_model_dir(args.model, args.model_manifest),
+            preflight.check_flow_shift(cfg, args.model),
             preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
             preflight.check_video_io(),
             preflight.check_disk_space(cfg, args.model, args.out.parent),

@@ -9,7 +9,8 @@ Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that 
 resubmitted job resumes from them. The run directory is named by the training contract; execution
 settings (ports, workers, logging, retention, resources) can change between attempts and the run
 still resumes. Each checkpoint records the digests of the training inputs and of the trainer's math
-code, and a resume under other inputs or changed math is refused with the reason (checkpoint.py).
+code, and a resume under other inputs or changed math is refused with the reason (checkpoint.py); a
+full-state `resume_from` also needs the topology its checkpoint records (grpo/trainer.py).
 """
 
 from __future__ import annotations
