@@ -613,6 +613,27 @@ def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, w
             (package / rel).write_text(text)
 
 
+def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir):
+    """Kept evaluation batches are keyed by the code that made them: evaluate.py edited to sample black videos
+    gives other scores (not the old ones re-emitted), and the original code gives the original table back."""
+    env = {"PYTHONPATH": str(workdir / "src")}
+    table = workdir / "results/runs" / first_run_id(workdir) / "evaluate/per_task.csv"
+    original_table = table.read_bytes()
+    source = workdir / "src/videogrpo/evaluate.py"
+    original = source.read_text()
+    decode = "    return model.decode(trajectory.latents[:, -1])\n"
+    assert decode in original
+    try:
+        source.write_text(original.replace(decode, decode.replace("return ", "return 0 * ")))
+        out = run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
+        assert jobs_run(out.stdout + out.stderr)["evaluate"] == 1
+        assert table.read_bytes() != original_table
+    finally:
+        source.write_text(original)
+    run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
+    assert table.read_bytes() == original_table
+
+
 def test_snakemake_report(demo, workdir):
     run(["snakemake", "--report", "report.html"], workdir)
     assert (workdir / "report.html").stat().st_size > 10_000

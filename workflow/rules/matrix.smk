@@ -91,12 +91,12 @@ rule generate_cell:
 
 rule score_cell:
     input:
+        **upstream(*EVALKIT_STAGES),
         videos=f"{CELL}/videos",
         samples=f"{EVALSET}/samples.json",
         final_frames=f"{EVALSET}/final_frames",
         generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
         eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
-        **upstream(*EVALKIT_STAGES),
     output:
         scores=f"{CELL}/scores.csv",
         aggregate=f"{CELL}/aggregate.csv",
