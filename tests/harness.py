@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import REPO
+from conftest import FRAMES, REPO, SIDE
 
 TINY = yaml.safe_load((REPO / "config/config.yaml").read_text())
 
@@ -26,6 +26,23 @@ def trainer_config(**sections) -> dict:
     for section, values in sections.items():
         cfg[section].update(values)
     return cfg
+
+
+def data_stage(tmp_path: Path, name: str, *args: str, **data: object) -> subprocess.CompletedProcess:
+    """`videogrpo <name>` on a small synthetic dataset, as its rule runs it (`data` fields override)."""
+    data = {
+        "source": "synthetic",
+        "task_list": str(REPO / "config/tasks/synthetic.txt"),
+        "samples_per_task": 2,
+        "heldout_per_task": 1,
+        "gt_frames": FRAMES,
+        "gt_height": SIDE,
+        "gt_width": SIDE,
+        **data,
+    }
+    argv = [str(Path(sys.executable).parent / "videogrpo"), name, "--config-json", json.dumps({"data": data})]
+    argv += [*args, "--manifest", str(tmp_path / f"{name}.manifest.json")]
+    return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
 def solo_config(**sections) -> dict:

@@ -15,6 +15,7 @@ from videogrpo.data.video import read_video
 from videogrpo.errors import DataError
 
 from conftest import FRAMES, SAMPLES, SIDE, TASKS
+from harness import data_stage
 
 TASK = TASKS[0]
 
@@ -195,22 +196,9 @@ def test_the_stages_check_each_other_and_repair_through_the_config(tmp_path, rep
     what materialize recorded, and `data.verify_existing` (a config field) repairs and names the file."""
     import os
     import subprocess
-    import sys
 
     def stage(name: str, *args: str, verify: bool = False) -> subprocess.CompletedProcess:
-        data = {
-            "source": "synthetic",
-            "task_list": str(repo / "config/tasks/synthetic.txt"),
-            "samples_per_task": 2,
-            "heldout_per_task": 1,
-            "gt_frames": FRAMES,
-            "gt_height": SIDE,
-            "gt_width": SIDE,
-            "verify_existing": verify,
-        }
-        argv = [str(Path(sys.executable).parent / "videogrpo"), name, "--config-json", json.dumps({"data": data})]
-        argv += [*args, "--manifest", str(tmp_path / f"{name}.manifest.json")]
-        return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        return data_stage(tmp_path, name, *args, verify_existing=verify)
 
     archives, dataset = tmp_path / "archives", tmp_path / "materialized"
     assert stage("fetch-dataset", "--out", str(archives)).returncode == 0

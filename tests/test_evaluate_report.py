@@ -110,3 +110,28 @@ def test_an_interrupted_evaluation_resumes_with_the_batches_it_had_not_scored(
     assert sorted(p.relative_to(tmp_path / "v2") for p in (tmp_path / "v2").rglob("*.mp4")) == sorted(
         p.relative_to(tmp_path / "v1") for p in (tmp_path / "v1").rglob("*.mp4")
     )
+
+
+def test_a_batch_whose_record_holds_an_error_is_scored_again(tiny_model, dataset, tmp_path, monkeypatch):
+    """Under fail_on_error: false an evaluator error is recorded (scored 0); the next attempt scores it again."""
+    import json
+
+    from videogrpo import evaluate as evaluation
+
+    cfg = config.from_dict(trainer_config(evaluate={"split": "rl", "max_samples_per_task": 2}))  # 6: two batches
+    kit = config.from_dict(trainer_config()).evalkit.path
+    records = tmp_path / "records"
+    whole, _ = evaluation.evaluate(
+        cfg, tiny_model, tiny_model, dataset, kit, tmp_path / "v1", torch.device("cpu"), records
+    )
+    kept = records / "trained/batch-000004.json"
+    rows = json.loads(kept.read_text())
+    kept.write_text(json.dumps([dict(rows[0], score=0.0, error="OSError: scorer outage"), *rows[1:]]))
+    calls = []
+    real = evaluation.sample_batch
+    monkeypatch.setattr(evaluation, "sample_batch", lambda *a: calls.append(a[-1]) or real(*a))
+    again, _ = evaluation.evaluate(
+        cfg, tiny_model, tiny_model, dataset, kit, tmp_path / "v2", torch.device("cpu"), records
+    )
+    assert calls == [4] and not again.error.any()
+    assert again.equals(whole)

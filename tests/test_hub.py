@@ -157,6 +157,15 @@ def test_a_partial_file_at_its_listed_size_is_hashed_and_promoted_without_a_rang
     assert [r.method for r in log if r.origin == "storage" and wrong in unquote(r.path)] == ["GET"]  # from byte 0
 
 
+def test_an_empty_file_of_the_repository_downloads(tiny_model, tmp_path):
+    """A file the Hub lists at 0 bytes (a .gitkeep, an empty __init__.py) has no partial file to promote."""
+    files = {**files_of(tiny_model), "scheduler/.gitkeep": b""}
+    with HubServer({("model", "org/tiny-wan"): {COMMIT: files}}) as hub:
+        result = run_snapshot(hub.endpoint, "org/tiny-wan", COMMIT, tmp_path / "model")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "model/scheduler/.gitkeep").read_bytes() == b""
+
+
 def test_a_416_is_handled_by_one_download_from_byte_0_and_never_a_rerun_loop(archives, tmp_path):
     """The storage holds fewer bytes than a partial file (here: than the listing): a range past its end."""
     files = files_of(archives)

@@ -312,6 +312,28 @@ def test_the_scorer_stops_the_run_or_counts_the_failure(capsys, fail_on_error, d
     assert "warning: judge failed on task" in capsys.readouterr().err
 
 
+def test_an_unreadable_first_frame_fails_only_its_rollout(tmp_path, dataset):
+    """judge_fail_on_error: false: a sample whose first frame cannot be read scores the error score, the others
+    are judged; nothing escapes collect()."""
+    import shutil
+
+    from videogrpo.data.dataset import load_split
+
+    samples = load_split(dataset, "rl")[:2]
+    broken = Path(shutil.copytree(samples[0].directory, tmp_path / "broken"))
+    (broken / "first_frame.png").write_bytes(b"not a png")
+    rubrics = {s.task: RUBRIC for s in samples}
+    with JudgeServer() as server:
+        with JudgeScorer(settings(server), PROTOCOL, rubrics, 2, False) as scorer:
+            futures = [
+                scorer.submit(ScoreRequest(rollout(17), s.task, str(d), 16, 0, 5.0, 12, 0.0))
+                for s, d in ((samples[0], broken), (samples[1], samples[1].directory))
+            ]
+            first, second = scorer.collect(futures)
+        assert len(server.requests) == 1
+    assert first["score"] == 0.0 and "first frame" in first["error"] and not second.get("error")
+
+
 def test_the_configured_scorer_judges_every_rollout_with_its_tasks_rubric(dataset, repo):
     from videogrpo import config
     from videogrpo.data.dataset import load_split

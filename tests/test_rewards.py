@@ -513,12 +513,15 @@ def test_the_scorer_refuses_a_checkout_edited_since_it_was_pinned(evalkit, tmp_p
         {"evalkit": {"path": str(kit), "digest": pinned, "runtime": [], "workers": 1, "threads_per_worker": 1}},
         partial=True,
     )
-    with RuleScorer.for_config(cfg, kit) as pool:
-        assert "S-1_move_red_square_data-generator" in pool.tasks
     path = kit / "vbvr_bench/evaluators/synthetic.py"
     before = path.stat()
-    path.write_text(path.read_text().replace("COLOR_SCALE = 80.0", "COLOR_SCALE = 90.0"))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with RuleScorer.for_config(cfg, kit) as pool:
+        assert "S-1_move_red_square_data-generator" in pool.tasks
+        # An edit while the pool runs: the scores collected afterwards are refused.
+        path.write_text(path.read_text().replace("COLOR_SCALE = 80.0", "COLOR_SCALE = 90.0"))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        with pytest.raises(DigestMismatch, match="evalkit.digest"):
+            pool.collect([])
     assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
     with pytest.raises(DigestMismatch) as err:
         RuleScorer.for_config(cfg, kit)

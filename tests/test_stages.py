@@ -8,6 +8,8 @@ import pytest
 import videogrpo
 from videogrpo.stages import CODE_PARTS, SHARED_CODE, STAGES
 
+from harness import data_stage
+
 PACKAGE = Path(videogrpo.__file__).parent
 
 
@@ -89,33 +91,10 @@ def test_preflight_checks_room_for_the_checkpoints_it_will_keep(tiny_model, tmp_
     assert not full.ok and "lower train.keep_checkpoints" in full.detail and "GiB free" in full.detail
 
 
-def data_stage(tmp_path: Path, repo: Path, name: str, *args: str):
-    """`videogrpo <name>` on the synthetic dataset, as its rule runs it."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from conftest import FRAMES, SIDE
-
-    data = {
-        "source": "synthetic",
-        "task_list": str(repo / "config/tasks/synthetic.txt"),
-        "samples_per_task": 2,
-        "heldout_per_task": 1,
-        "gt_frames": FRAMES,
-        "gt_height": SIDE,
-        "gt_width": SIDE,
-    }
-    argv = [str(Path(sys.executable).parent / "videogrpo"), name, "--config-json", json.dumps({"data": data})]
-    argv += [*args, "--manifest", str(tmp_path / f"{name}.manifest.json")]
-    return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-
-
 @pytest.fixture
 def fetched(tmp_path, repo) -> Path:
     archives = tmp_path / "archives"
-    done = data_stage(tmp_path, repo, "fetch-dataset", "--out", str(archives))
+    done = data_stage(tmp_path, "fetch-dataset", "--out", str(archives))
     assert done.returncode == 0, done.stderr
     return archives
 
@@ -126,30 +105,30 @@ def test_materialize_refuses_archives_no_fetch_record_vouches_for(tmp_path, repo
 
     fetch_manifest = tmp_path / "fetch-dataset.manifest.json"
     out = tmp_path / "materialized"
-    alone = data_stage(tmp_path, repo, "materialize-dataset", "--archives", str(fetched), "--out", str(out))
+    alone = data_stage(tmp_path, "materialize-dataset", "--archives", str(fetched), "--out", str(out))
     assert alone.returncode == 4, alone.stderr
     assert f"{fetched}: no fetch_dataset record of these archives" in alone.stderr
     assert "manifests looked in: none (no --upstream given)" in alone.stderr
     assert "Give fetch_dataset's manifest with --upstream" in alone.stderr
     copied = Path(shutil.copytree(fetched, tmp_path / "copied"))  # the same bytes where no record names them
     args = ["--archives", str(copied), "--out", str(out), "--upstream", str(fetch_manifest)]
-    elsewhere = data_stage(tmp_path, repo, "materialize-dataset", *args)
+    elsewhere = data_stage(tmp_path, "materialize-dataset", *args)
     assert elsewhere.returncode == 4, elsewhere.stderr
     assert f"manifests looked in: {fetch_manifest} (records no output at that path)" in elsewhere.stderr
     assert not [p for p in (out / "raw").rglob("*") if p.is_file()], "nothing unpacked from unchecked archives"
     assert not (tmp_path / "materialize-dataset.manifest.json").exists()
     args = ["--archives", str(fetched), "--out", str(out), "--upstream", str(fetch_manifest)]
-    assert data_stage(tmp_path, repo, "materialize-dataset", *args).returncode == 0
+    assert data_stage(tmp_path, "materialize-dataset", *args).returncode == 0
 
 
 def test_a_stage_refuses_an_input_its_upstream_manifests_do_not_record(tmp_path, repo, fetched):
     """validate_dataset handed the wrong manifest: nothing it reads could be checked, so it refuses."""
     out = tmp_path / "materialized"
     args = ["--archives", str(fetched), "--out", str(out), "--upstream", str(tmp_path / "fetch-dataset.manifest.json")]
-    assert data_stage(tmp_path, repo, "materialize-dataset", *args).returncode == 0
+    assert data_stage(tmp_path, "materialize-dataset", *args).returncode == 0
     validate = ["--dataset", str(out), "--out", str(tmp_path / "validation.json")]
     wrong = data_stage(
-        tmp_path, repo, "validate-dataset", *validate, "--upstream", str(tmp_path / "fetch-dataset.manifest.json")
+        tmp_path, "validate-dataset", *validate, "--upstream", str(tmp_path / "fetch-dataset.manifest.json")
     )
     assert wrong.returncode == 4, wrong.stderr
     assert (
@@ -158,6 +137,6 @@ def test_a_stage_refuses_an_input_its_upstream_manifests_do_not_record(tmp_path,
     assert f"fetch_dataset ({tmp_path / 'fetch-dataset.manifest.json'})" in wrong.stderr
     assert not (tmp_path / "validation.json").exists()
     right = data_stage(
-        tmp_path, repo, "validate-dataset", *validate, "--upstream", str(tmp_path / "materialize-dataset.manifest.json")
+        tmp_path, "validate-dataset", *validate, "--upstream", str(tmp_path / "materialize-dataset.manifest.json")
     )
     assert right.returncode == 0, right.stderr

@@ -76,7 +76,7 @@ def sample_batch(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samp
 
 class BatchRecords:
     """Scored batches of one variant in `root`: one JSON per batch, written (atomically) once its scores are
-    in, with its videos beside it. An interrupted evaluation reruns only the batches without a record,
+    in, with its videos beside it. An interrupted evaluation reruns only the batches without a complete record,
     in the same batches and with the same noise, so it ends exactly where an uninterrupted one would."""
 
     def __init__(self, root: Path, scorer: RuleScorer):
@@ -91,7 +91,10 @@ class BatchRecords:
         return self.root / "videos" / sample.task / f"{sample.sample_id}.mp4"
 
     def done(self, first: int) -> bool:
-        return self.path(first).is_file()
+        """A batch is kept only when every sample of it scored: an error (scored 0 under fail_on_error: false)
+        is scored again by the next attempt, never re-emitted."""
+        path = self.path(first)
+        return path.is_file() and not any(row["error"] for row in json.loads(path.read_text()))
 
     def submit(self, first: int, futures: list[tuple[SampleRef, object]]) -> None:
         self.pending.append((first, futures))

@@ -81,7 +81,7 @@ def verify_download(root: Path, listed: list[ListedFile], label: str) -> dict[st
     bad = []
     for rel, (sha256, size, blob) in found.items():
         want = wanted[rel]
-        if size == want.size and (sha256 == want.lfs_sha256 if want.lfs_sha256 else blob == want.git_blob_id):
+        if _holds_listed((sha256, size, blob), want):
             continue
         got, expected = (
             (sha256, want.lfs_sha256) if want.lfs_sha256 else (f"git blob {blob}", f"git blob {want.git_blob_id}")
@@ -101,9 +101,9 @@ def _same_origin(a: str, b: str) -> bool:
     return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
 
 
-def _is_listed(path: Path, listed: ListedFile) -> bool:
-    """Whether a file already at its listed size holds the listed bytes (hashed once)."""
-    sha256, size, blob = _hash_file(path, listed.lfs_sha256 is None)
+def _holds_listed(found: tuple[str, int, str | None], listed: ListedFile) -> bool:
+    """Whether (sha256, size, git blob id) of a file are what the Hub lists: the LFS SHA-256, else the blob id."""
+    sha256, size, blob = found
     return size == listed.size and (sha256 == listed.lfs_sha256 if listed.lfs_sha256 else blob == listed.git_blob_id)
 
 
@@ -126,7 +126,7 @@ def _download(listed: ListedFile, url: str, partial: Path, token: str | bool, pr
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".incomplete")
     start = part.stat().st_size if part.is_file() else 0
-    if start == listed.size and _is_listed(part, listed):
+    if part.is_file() and start == listed.size and _holds_listed(_hash_file(part, listed.lfs_sha256 is None), listed):
         os.replace(part, target)
         progress.update(listed.size)
         return

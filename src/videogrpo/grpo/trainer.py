@@ -442,6 +442,18 @@ class Trainer:
         )
 
     def run(self) -> None:
+        """Train, then export. The scorer pool is closed on every way out: a refused resume included; on an
+        error or Ctrl-C its scorer processes are abandoned, not waited for."""
+        try:
+            self._train()
+        except BaseException:
+            self.scorer.close(kill=True)
+            raise
+        finally:
+            self.scorer.close()
+        self._export()
+
+    def _train(self) -> None:
         self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
         start = self._resume()
         done = self.actions[start - 1].update if start else 0
@@ -491,9 +503,7 @@ class Trainer:
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
                     self._checkpoint(index, action.update)
         finally:
-            self.scorer.close()
             self.tracker.close()
-        self._export()
 
     def _export(self) -> None:
         """Write the declared outputs: the final transformer (Diffusers format) and the metrics."""

@@ -48,13 +48,22 @@ def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_
                 f"weights there (evalkit.easyocr_models names it, relative to the checkout)"
             )
         record["easyocr_models_tree_sha256"] = digest.tree_digest(models)
+    check_digest(root, expected, found)
+    return record
+
+
+def check_digest(root: str | Path, expected: str, found: str | None = None) -> str:
+    """The checkout's source digest (`found`, or computed now), refused unless it is `expected` (evalkit.digest).
+    Also called where the EvalKit is read: an edit that keeps a file's time, or one made after
+    fingerprint_evalkit, is seen by no rule."""
+    found = found or digest.evalkit_source_digest(root)
     if found != expected:
         raise DigestMismatch(
             f"{root}: EvalKit source digest mismatch\n  expected {expected} (evalkit.digest)\n  found    {found}\n"
             f"The checkout differs from the pinned one: restore it, or, if the change is intended, pin the new "
             f"digest in evalkit.digest (this starts a new run)."
         )
-    return record
+    return found
 
 
 # Distribution name -> the module a scorer imports from it (the contract's packages that have one).

@@ -83,7 +83,10 @@ def complete(settings: JudgeSettings, body: dict, sleep=time.sleep) -> tuple[str
             reply = json.loads(raw.decode("utf-8"))
             break
         except urllib.error.HTTPError as err:
-            excerpt = err.read().decode("utf-8", errors="replace")[:BODY_EXCERPT]
+            try:  # the body of an error answer can be cut short too: that is still this request's failure
+                excerpt = err.read().decode("utf-8", errors="replace")[:BODY_EXCERPT]
+            except (OSError, http.client.HTTPException) as unread:
+                excerpt = f"(its body could not be read: {type(unread).__name__}: {unread})"
             failure = f"HTTP {err.code} from {url}: {excerpt}"
             if not _retryable(err.code):
                 raise JudgeRequestError(f"{failure} (not retried: only 429 and 5xx are)") from None
@@ -183,12 +186,18 @@ class JudgeScorer:
 
         if request.task not in self.rubrics:
             raise ConfigError(f"no rubric for task {request.task!r} in the judge prompt source")
-        with Image.open(Path(request.sample_dir) / "first_frame.png") as image:
-            first = np.asarray(image.convert("RGB"))
         rubric = self.rubrics[request.task]
 
         def run() -> dict:
-            result = judge(self.settings, self.protocol, rubric, first, request.frames)
+            # Read here, not in the driver: an unreadable first frame fails this rollout (judge_fail_on_error
+            # decides), as any other failure to score it does.
+            try:
+                with Image.open(Path(request.sample_dir) / "first_frame.png") as image:
+                    first = np.asarray(image.convert("RGB"))
+            except OSError as err:
+                result = {"score": self.settings.error_score, "dimensions": {}, "error": f"first frame: {err}"}
+            else:
+                result = judge(self.settings, self.protocol, rubric, first, request.frames)
             return dict(result, task=request.task, sample=request.sample_dir)
 
         return self.pool.submit(run)
@@ -212,8 +221,9 @@ class JudgeScorer:
             )
         return results
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, kill: bool = False) -> None:
+        """Queued requests are cancelled; running ones are waited for (`kill`: not waited for)."""
+        self.pool.shutdown(wait=not kill, cancel_futures=True)
 
     def __enter__(self) -> JudgeScorer:
         return self

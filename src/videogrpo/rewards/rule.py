@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from videogrpo.errors import DigestMismatch, VideoGRPOError
+from videogrpo.errors import VideoGRPOError
+from videogrpo.rewards.evalkit import check_digest
 from videogrpo.rewards.scorer_process import ScorerDied, ScorerProcess, ScorerStartError, receive, send
 
 __all__ = ["EvaluatorError", "RuleScorer", "ScoreRequest", "ScorerDied", "ScorerStartError", "score_request"]
@@ -195,24 +196,6 @@ class EvaluatorError(VideoGRPOError):
     while evalkit.fail_on_error is true."""
 
 
-def check_evalkit_digest(checkout: str | Path, expected: str) -> str:
-    """The checkout's source digest now, refused unless it is `expected` (evalkit.digest): checked where the
-    EvalKit is read, since an edit that keeps a file's time, or one made after fingerprint_evalkit, is seen
-    by no rule."""
-    from videogrpo.provenance.digest import digest_length_prefixed, evalkit_files
-
-    root = Path(checkout)
-    found = digest_length_prefixed(root, evalkit_files(root))
-    if found != expected:
-        raise DigestMismatch(
-            f"{root}: the EvalKit checkout changed since it was pinned; scoring refused\n"
-            f"  expected {expected} (evalkit.digest)\n  found    {found}\n"
-            f"Restore the checkout, or, if the change is intended, pin the new digest in evalkit.digest (this "
-            f"starts a new run)."
-        )
-    return found
-
-
 class RuleScorer:
     """A pool of scorer processes of the scorer's interpreter, each in the EvalKit checkout, CUDA hidden, its
     threads limited, its runtime checked again in itself; one thread of ours per process feeds it requests.
@@ -270,7 +253,7 @@ class RuleScorer:
 
     def _check_digest(self) -> None:
         if self.digest is not None:
-            check_evalkit_digest(self.evalkit_path, self.digest)
+            check_digest(self.evalkit_path, self.digest)
 
     def _started(self, process: ScorerProcess) -> dict:
         try:
@@ -341,6 +324,9 @@ class RuleScorer:
 
     def collect(self, futures: list[Future]) -> list[dict]:
         results = [f.result() for f in futures]
+        # Evaluators read annotations/ and their sources may be reloaded: scores made while the checkout
+        # was edited are refused, not used (milliseconds per collect).
+        self._check_digest()
         for r in results:
             if r.get("unsupported"):
                 warn_once(
