@@ -208,3 +208,21 @@ def test_a_sample_edited_while_a_stage_ran_loses_what_was_made_from_it(layout, t
     ):
         recheck_samples(listing, ("prompt.txt",), lambda name: [made[name]])
     assert [name for name, path in made.items() if not path.exists()] == [samples[1].name]
+
+
+def test_edited_easyocr_weights_are_named_with_the_tree_fingerprint_evalkit_recorded(tmp_path, evalkit, source_tree):
+    """The OCR weights are no source file (evalkit.digest does not cover them), yet the evaluators read them:
+    verify compares them with the tree digest fingerprint_evalkit recorded."""
+    kit = Path(shutil.copytree(evalkit, tmp_path / "ocr-kit", ignore=shutil.ignore_patterns("__pycache__")))
+    (kit / "vbvr_bench/ocr.py").write_text("import easyocr\nreader = easyocr.Reader(['en'])\n")
+    (kit / "easyocr_models").mkdir()
+    (kit / "easyocr_models/english_g2.pth").write_bytes(b"weights")
+    tree = Path(shutil.copytree(source_tree, tmp_path / "tree"))
+    layout = {**make_run(tmp_path / "run", kit, tree, "vbvr_rule"), "tree": tree}
+    weights = layout["kit"] / "easyocr_models/english_g2.pth"
+    recorded = tree_digest(weights.parent)
+    problems = problems_after(layout, lambda _: edit_keeping_mtime(weights, b"other weights"))
+    assert problems == [
+        f"CHANGED {weights.parent}/ (the EasyOCR weights the evaluators read, evalkit.easyocr_models): "
+        f"fingerprint_evalkit recorded tree {recorded}, found {tree_digest(weights.parent)}"
+    ]

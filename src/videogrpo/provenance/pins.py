@@ -29,6 +29,7 @@ def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[s
     """Each EvalKit checkout the run pinned against its evalkit.digest; the files that differ from the listing
     fingerprint_evalkit recorded are named."""
     pins: dict[tuple[str, str], dict[str, str]] = {}
+    ocr_weights: dict[str, str] = {}  # the EasyOCR weights folder -> the tree digest fingerprint_evalkit recorded
     for manifest in manifests.values():
         evalkit = _params(manifest, "evalkit")
         fingerprinted = manifest["stage"] == "fingerprint_evalkit"
@@ -39,8 +40,20 @@ def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[s
         listing = pins.setdefault((evalkit["path"], evalkit.get("digest", "")), {})
         record = manifest["outputs"].get("fingerprint") if fingerprinted else None
         if record and Path(record["path"]).is_file():
-            listing.update(json.loads(Path(record["path"]).read_text()).get("listing", {}))
+            fingerprint = json.loads(Path(record["path"]).read_text())
+            listing.update(fingerprint.get("listing", {}))
+            if "easyocr_models_tree_sha256" in fingerprint:
+                models = fingerprint.get("easyocr_models") or str(Path(evalkit["path"]) / "easyocr_models")
+                ocr_weights[models] = fingerprint["easyocr_models_tree_sha256"]
     checked, problems = 0, []
+    for models, recorded_tree in sorted(ocr_weights.items()):
+        checked += 1
+        found = digest.tree_digest(Path(models)) if Path(models).is_dir() else "no such directory"
+        if found != recorded_tree:
+            problems.append(
+                f"CHANGED {models}/ (the EasyOCR weights the evaluators read, evalkit.easyocr_models): "
+                f"fingerprint_evalkit recorded tree {recorded_tree}, found {found}"
+            )
     for (path, pinned), recorded in sorted(pins.items()):
         root = Path(path)
         if not (root / "run_evaluation.py").is_file():

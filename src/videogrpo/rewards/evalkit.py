@@ -47,6 +47,7 @@ def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_
                 f"{root}: the evaluators use easyocr.Reader but {models} is missing; link the folder of EasyOCR "
                 f"weights there (evalkit.easyocr_models names it, relative to the checkout)"
             )
+        record["easyocr_models"] = str(models)
         record["easyocr_models_tree_sha256"] = digest.tree_digest(models)
     check_digest(root, expected, found)
     return record
