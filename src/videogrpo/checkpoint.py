@@ -47,6 +47,8 @@ TRAINER_MATH = (
     "grpo/trainer.py",
     "models",
     "rewards/rule.py",
+    "rewards/request.py",
+    "rewards/scoring.py",
     "rewards/scorer_process.py",
     "rewards/evalkit.py",
     "rewards/judge.py",

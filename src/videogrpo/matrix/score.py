@@ -2,7 +2,7 @@
 
 Each generated video is prepared as the reward prepares a rollout (scale to fit without cropping, pad,
 every frame kept, fps raised for the release evaluation's duration cap `matrix.max_seconds`:
-`rewards.rule.score_one`) and scored by the EvalKit
+`rewards.scoring.score_one`) and scored by the EvalKit
 in the CPU scorer pool (workers in the checkout, CUDA hidden, thread limits). Every sample's result,
 error included, is kept as one record in the work directory, so an interrupted scoring resumes and a
 failed one shows every error; the caller promotes a score file only when the set is exact and no

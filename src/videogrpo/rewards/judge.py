@@ -33,7 +33,7 @@ from videogrpo.rewards.judge_protocol import (
     request_body,
     validate_answer,
 )
-from videogrpo.rewards.rule import warn_once
+from videogrpo.rewards.request import warn_once
 
 __all__ = ["JudgeAnswerError", "JudgeError", "JudgeScorer", "JudgeSettings", "judge", "load_protocol", "load_rubrics"]
 BODY_EXCERPT = 1000
@@ -181,7 +181,7 @@ class JudgeScorer:
         return cls(settings, protocol, rubrics, r.judge_concurrency, r.judge_fail_on_error)
 
     def submit(self, request) -> Future:
-        """`request`: a rule.ScoreRequest (frames, task, sample directory)."""
+        """`request`: a request.ScoreRequest (frames, task, sample directory)."""
         from PIL import Image
 
         if request.task not in self.rubrics:

@@ -1,172 +1,28 @@
 """The rule reward: the pinned EvalKit's evaluators, called in a pool of scorer processes, submit now, collect later.
 
-Per sample a worker writes the generated video the way the EvalKit expects it (every frame kept,
-resized with Lanczos and padded to a square, the frame rate raised to fit the duration cap, x264 at a
-fixed CRF), calls
-`run_evaluation.evaluate_single_video(..., device="cpu")` from the checkout, and checks the contract:
-a finite real score in [0, 1]. Tasks the EvalKit does not know score `unsupported_score` with a warning.
-The workers are plain processes of the scorer's interpreter (`scorer_process`: why not multiprocessing).
+Per sample a worker scores the request as `scoring.score_one` says (the video prepared as the EvalKit
+expects it, the evaluator called, the score contract checked). Tasks the EvalKit does not know score
+`unsupported_score` with a warning. The workers are plain processes of the scorer's interpreter
+(`scorer_process`: why not multiprocessing); this module is the driver's side, the pool.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-import os
 import queue
 import signal
 import sys
-import tempfile
 import threading
-import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
-
-import numpy as np
 
 from videogrpo.errors import VideoGRPOError
 from videogrpo.rewards.evalkit import check_digest
+from videogrpo.rewards.request import ScoreRequest, request_to_message, score_request, warn_once
 from videogrpo.rewards.scorer_process import ScorerDied, ScorerProcess, ScorerStartError, receive, send
 
 __all__ = ["EvaluatorError", "RuleScorer", "ScoreRequest", "ScorerDied", "ScorerStartError", "score_request"]
-
-
-@dataclass
-class ScoreRequest:
-    frames: np.ndarray
-    """Generated video, uint8 [F, H, W, 3]."""
-    task: str
-    sample_dir: str
-    fps: int
-    video_size: int
-    max_seconds: float
-    crf: int
-    unsupported_score: float
-    keep_video: str | None = None
-    """Where to keep the MP4 handed to the scorer (None: a temporary file)."""
-    gt: dict | None = None
-    """The EvalKit's ground-truth description (None: that of a dataset sample directory, `gt_info`)."""
-
-    def __post_init__(self) -> None:
-        # Made here, in the driver: the workers run in the checkout, where relative paths would point.
-        self.sample_dir = os.path.abspath(self.sample_dir)
-        self.keep_video = os.path.abspath(self.keep_video) if self.keep_video else None
-
-
-def score_request(
-    evalkit,
-    fps: int,
-    frames: np.ndarray,
-    task: str,
-    sample_dir: str,
-    keep_video: str | None = None,
-    max_seconds: float | None = None,
-) -> ScoreRequest:
-    """A request with the scorer settings of the `evalkit` config section (`max_seconds` overrides its duration
-    cap: evaluation scores with the release evaluation's own, matrix.max_seconds)."""
-    return ScoreRequest(
-        frames,
-        task,
-        sample_dir,
-        fps,
-        evalkit.video_size,
-        evalkit.max_seconds if max_seconds is None else max_seconds,
-        evalkit.crf,
-        evalkit.unsupported_score,
-        keep_video,
-    )
-
-
-def gt_info(sample_dir: str) -> dict:
-    root = Path(sample_dir)
-    return {
-        "gt_video_path": str(root / "video/ground_truth.mp4"),
-        "gt_first_frame": str(root / "first_frame.png"),
-        "gt_final_frame": str(root / "video/final_frame.png"),
-        "prompt": (root / "video/prompt.txt").read_text(encoding="utf-8"),
-        "gt_path": str(root),
-        "metafile_path": [str(root / "metadata.json")],
-    }
-
-
-def request_to_message(request: ScoreRequest) -> tuple[dict, np.ndarray]:
-    """A request as plain values and its frames as one contiguous blob: nothing of the driver's numpy is pickled."""
-    frames = np.ascontiguousarray(request.frames)
-    fields_ = {f.name: getattr(request, f.name) for f in fields(request) if f.name != "frames"}
-    return dict(fields_, frames_shape=frames.shape, frames_dtype=frames.dtype.str), frames
-
-
-def request_from_message(message: dict, frames: bytearray) -> ScoreRequest:
-    message = dict(message)
-    shape, dtype = message.pop("frames_shape"), message.pop("frames_dtype")
-    return ScoreRequest(np.frombuffer(frames, dtype=dtype).reshape(shape), **message)
-
-
-def plain(value):
-    """An evaluator's dimensions as plain Python values (numpy scalars and arrays too; anything else by its repr),
-    so that the driver unpickles them whatever its numpy, and records serialise them as JSON."""
-    if isinstance(value, np.generic):  # first: numpy.float64 is also a float
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return repr(value)
-
-
-def contract_score(value) -> float | None:
-    """The score as a float when it keeps the contract: any real number type (numpy's too; not a bool, which is
-    no score), finite, in [0, 1]; else None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        return None
-    score = float(value)
-    return score if math.isfinite(score) and 0.0 <= score <= 1.0 else None
-
-
-def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
-    """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract.
-
-    What fails for one sample (the EvalKit raising, a ground-truth file missing, a score outside the contract)
-    comes back as that sample's `error` with evalkit.unsupported_score, for `collect` to apply
-    evalkit.fail_on_error to, as to an error the evaluator reports itself (scored 0 by the EvalKit)."""
-    from videogrpo.data.video import fit_square, playback_fps, write_mp4
-
-    run_evaluation, evaluator_map = evalkit
-    named = {"task": request.task, "sample": request.sample_dir}
-    if request.task not in evaluator_map:
-        return {**named, "score": request.unsupported_score, "dimensions": {}, "unsupported": request.task}
-    try:
-        fps = playback_fps(len(request.frames), request.fps, request.max_seconds)
-        frames = fit_square(request.frames, request.video_size)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = request.keep_video or os.path.join(tmp, "generated.mp4")
-            write_mp4(path, frames, fps=fps, crf=request.crf)
-            gt = request.gt or gt_info(request.sample_dir)
-            result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
-    except Exception as err:  # noqa: BLE001 - the sample's error, reported with its traceback in the log
-        print(f"scorer: task {request.task}, sample {request.sample_dir}:", file=sys.stderr)
-        traceback.print_exc()
-        error = f"{type(err).__name__}: {err} (raised while scoring; traceback in the log)"
-        return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
-    if not isinstance(result, dict):
-        error = f"evaluate_single_video returned {type(result).__name__} {result!r:.200}, not a dict"
-        return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
-    dimensions = plain(result.get("dimensions") or {})
-    if result.get("error"):  # the EvalKit caught the evaluator's exception itself: score 0, as it returns
-        return {**named, "score": 0.0, "dimensions": dimensions, "error": str(result["error"])}
-    score = contract_score(result.get("score"))
-    if score is None:
-        value = result.get("score")
-        error = f"EvalKit returned score {value!r} ({type(value).__name__}); the contract is a finite score in [0, 1]"
-        return {**named, "score": request.unsupported_score, "dimensions": dimensions, "error": error}
-    return {**named, "score": score, "dimensions": dimensions, "error": None}
 
 
 @contextmanager
@@ -182,13 +38,6 @@ def _children_ignore_sigint() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def warn_once(warned: set[str], key: str, message: str) -> None:
-    """One warning per key (a task) for the whole run, not one per video."""
-    if key not in warned:
-        warned.add(key)
-        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 class EvaluatorError(VideoGRPOError):

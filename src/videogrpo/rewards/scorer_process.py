@@ -241,7 +241,8 @@ def _answer(message, blobs, state: dict):
             return "start_error", "".join(traceback.format_exception_only(type(err), err)).strip()
         return "ready", {"tasks": sorted(state["evalkit"][1])}
     if kind == "score":
-        from videogrpo.rewards.rule import request_from_message, score_one
+        from videogrpo.rewards.request import request_from_message  # numpy, only where a score is asked
+        from videogrpo.rewards.scoring import score_one
 
         return "result", score_one(request_from_message(payload, blobs[0]), state["evalkit"])
     raise ValueError(f"unknown scorer message {kind!r}")

@@ -61,7 +61,8 @@ CODE_PARTS = {
         "stages/check_scorer_runtime.py",
         "rewards/evalkit.py",
         "rewards/scorer_process.py",
-        "rewards/rule.py",
+        "rewards/request.py",
+        "rewards/scoring.py",
         "data/video.py",
     ),
     "preflight": (
