@@ -4,7 +4,8 @@ preparing one scorer video.
     .venv/bin/python bench/bench_scorer.py [--videos 24] [--workers 1 2 4] [--repeats 3]
 
 In one invocation: the reference EvalKit scores `--videos` rollouts of the synthetic dataset through
-`RuleScorer` (a spawn pool in the checkout, every video prepared and written by the worker) with each
+`RuleScorer` (scorer processes of evalkit.python in the checkout, every video prepared and written by the
+worker) with each
 worker count; videos per second are printed with the spread between identical runs. Then the
 preparation the reward does for every rollout at the recipes' size (81 frames scaled with Lanczos and
 padded to 1024x1024, x264 CRF 12, every frame kept) is timed on its own, in this process. The EvalKit's
