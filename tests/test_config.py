@@ -51,8 +51,9 @@ def test_wrong_type_names_the_field():
 @pytest.mark.parametrize(
     "section,field,value,rule",
     [
-        ("model", "revision", "main", "40-hex commit"),
-        ("data", "revision", "v1.0", "40-hex commit"),
+        ("model", "revision", "main", "lower-case 40-hex commit id \\(branch and tag names move"),
+        ("data", "revision", "v1.0", "lower-case 40-hex commit"),
+        ("model", "revision", "A" * 40, f"must be a lower-case 40-hex commit id: write '{'a' * 40}'"),
         ("evalkit", "digest", "abc", "64-hex"),
         ("grpo", "sampler", "ddim", "must be one of flowcps, dancegrpo, flowgrpo"),
         ("video", "num_frames", 80, "4k \\+ 1"),

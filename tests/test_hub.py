@@ -73,7 +73,7 @@ def test_unknown_revision_is_a_clear_error(tiny_model, tmp_path):
 def test_branch_and_tag_names_are_refused_before_any_request(tmp_path, revision):
     from videogrpo import hub
 
-    with pytest.raises(ConfigError, match="must be a 40-hex commit id"):
+    with pytest.raises(ConfigError, match="must be a lower-case 40-hex commit id"):
         hub.snapshot("org/x", revision, tmp_path / "m")
 
 

@@ -366,7 +366,9 @@ def service_config(tmp_path, command, **reward):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    fields = dict(kind="vbvr_vlm", judge_port=port, judge_serve_command=command, judge_ready_timeout_s=30, **reward)
+    fields = dict(
+        dict(kind="vbvr_vlm", judge_port=port, judge_serve_command=command, judge_ready_timeout_s=30), **reward
+    )
     return config.from_dict({"reward": fields}, partial=True)
 
 
@@ -396,6 +398,16 @@ def test_a_judge_service_that_dies_or_serves_another_model_fails_with_its_log(tm
     other = service_config(tmp_path, [*STAND_IN[:-1], "qwen3.6-27b"], judge_served_name="another-model")
     with pytest.raises(VideoGRPOError, match="serves \\['qwen3.6-27b'\\], not reward.judge_served_name"):
         with judge_service(other, tmp_path / "model", tmp_path / "b.log"):
+            pass
+
+
+def test_a_dead_judge_endpoint_names_the_field_to_fix(tmp_path):
+    from videogrpo.rewards.judge_service import judge_service
+
+    dead = service_config(tmp_path, STAND_IN, judge_ready_timeout_s=1)  # nothing listens on its judge_port
+    dead.reward.judge_endpoint = f"http://127.0.0.1:{dead.reward.judge_port}"
+    with pytest.raises(VideoGRPOError, match=r"^reward.judge_endpoint = 'http://127.0.0.1:\d+': the judge service"):
+        with judge_service(dead, None, tmp_path / "c.log"):
             pass
 
 

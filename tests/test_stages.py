@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import videogrpo
+from videogrpo.progress import human_bytes
 from videogrpo.stages import CODE_PARTS, SHARED_CODE, STAGES
 
 from harness import data_stage
@@ -86,9 +87,22 @@ def test_preflight_checks_room_for_the_checkpoints_it_will_keep(tiny_model, tmp_
     assert params == sum(p.numel() for p in loaded.parameters())
     fits = check_disk_space(config.from_dict({"train": {"keep_checkpoints": 2}}, partial=True), tiny_model, tmp_path)
     assert fits.ok and f"{params:,} parameters" in fits.detail
+    # A tiny model needs kilobytes: shown in the unit that shows them, never "need 0.0 GiB".
+    assert f"export need {human_bytes(params * 12 * 3 + params * 4)}" in fits.detail
+    assert "0.0 " not in fits.detail
     huge = config.from_dict({"train": {"keep_checkpoints": 10**9}}, partial=True)
     full = check_disk_space(huge, tiny_model, tmp_path)
-    assert not full.ok and "lower train.keep_checkpoints" in full.detail and "GiB free" in full.detail
+    assert not full.ok and "lower train.keep_checkpoints" in full.detail and "B free" in full.detail
+
+
+def test_byte_counts_are_shown_in_the_unit_that_shows_them():
+    assert [human_bytes(n) for n in (0, 512, 1536, 5 * 1024**2, 3 * 1024**3)] == [
+        "0 B",
+        "512 B",
+        "1.5 KB",
+        "5.0 MB",
+        "3.0 GB",
+    ]
 
 
 @pytest.fixture
@@ -140,3 +154,22 @@ def test_a_stage_refuses_an_input_its_upstream_manifests_do_not_record(tmp_path,
         tmp_path, "validate-dataset", *validate, "--upstream", str(tmp_path / "materialize-dataset.manifest.json")
     )
     assert right.returncode == 0, right.stderr
+
+
+def test_an_evaluation_tree_that_does_not_exist_is_named_by_its_field(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    missing = tmp_path / "VBVR-Pro-Eval"
+    sections = {"matrix": {"eval_set": str(missing), "eval_set_digest": "ab" * 32}}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "videogrpo"), "eval-set", "--config-json", json.dumps(sections)]
+        + ["--tree", str(missing), "--samples", str(tmp_path / "s.json"), "--final-frames", str(tmp_path / "ff")]
+        + ["--manifest", str(tmp_path / "m.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 3, out.stderr  # a configuration error, not a traceback
+    assert f"matrix.eval_set = {str(missing)!r}: no such directory" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "m.json").exists()

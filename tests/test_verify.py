@@ -226,3 +226,11 @@ def test_edited_easyocr_weights_are_named_with_the_tree_fingerprint_evalkit_reco
         f"CHANGED {weights.parent}/ (the EasyOCR weights the evaluators read, evalkit.easyocr_models): "
         f"fingerprint_evalkit recorded tree {recorded}, found {tree_digest(weights.parent)}"
     ]
+
+
+def test_diff_with_one_run_says_how_to_make_the_second(tmp_path, capsys):
+    """Right after `make demo` there is one run: the README's diff line gets a way forward, not argparse's usage."""
+    (tmp_path / "tiny-0123456789ab").mkdir()
+    assert cli.main(["diff", str(tmp_path / "tiny-0123456789ab")]) == 2
+    err = capsys.readouterr().err
+    assert "diff compares two run directories; given 1" in err and "snakemake --cores 2 --config" in err

@@ -651,6 +651,11 @@ def test_config_error_names_the_field(demo, workdir):
     assert "data.task_list = 'no/such/list.txt': no such file; point it at a file listing one task" in (
         out.stdout + out.stderr
     )
+    (workdir / "not-a-dir").write_text("")  # `results` where nothing can be written (root passes read-only bits)
+    out = run(["snakemake", "-n", "--config", "results=not-a-dir/results"], workdir, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "results = 'not-a-dir/results': cannot write" in text
+    assert "point `results` at a writable directory" in text and "Traceback" not in text
 
 
 @pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule"])

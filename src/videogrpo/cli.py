@@ -70,7 +70,14 @@ def _verify_command(args: argparse.Namespace) -> int:
 def _diff_command(args: argparse.Namespace) -> int:
     from videogrpo.provenance.verify import diff_runs
 
-    return diff_runs(args.run_a, args.run_b)
+    if len(args.runs) != 2:
+        given = " ".join(map(str, args.runs)) or "none"
+        raise VideoGRPOError(
+            f"diff compares two run directories; given {len(args.runs)} ({given}). Right after `make demo` there "
+            f"is one run: make another, e.g. `snakemake --cores 2 --config 'train={{lr: 2.0e-4, max_steps: 2}}'`, "
+            f"then `videogrpo diff $(ls -d results/runs/tiny-* | head -2)`"
+        )
+    return diff_runs(*args.runs)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -110,8 +117,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     verify.set_defaults(handler=_verify_command)
     diff = sub.add_parser("diff", help="the config fields, output digests and final metrics two runs differ in")
-    diff.add_argument("run_a", type=Path)
-    diff.add_argument("run_b", type=Path)
+    diff.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="the two run directories to compare")
     diff.set_defaults(handler=_diff_command)
     return parser
 

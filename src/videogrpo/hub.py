@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from videogrpo.config import HEX40
+from videogrpo.config import revision_problem
 from videogrpo.errors import ConfigError, DigestMismatch, VideoGRPOError
 from videogrpo.progress import Progress
 from videogrpo.provenance.digest import default_threads
@@ -178,11 +178,8 @@ def snapshot(
     files). The token, if any, comes from $HF_TOKEN only and goes with every request to the Hub; it is never
     written anywhere (a manifest refuses it, and no message or file name holds it).
     """
-    if not HEX40.match(revision):
-        raise ConfigError(
-            f"revision {revision!r} of {repo_id}: must be a 40-hex commit id; branch and tag names "
-            f"move, so a pinned pipeline refuses them"
-        )
+    if why := revision_problem(f"revision of {repo_id}", revision):
+        raise ConfigError(why)
     from huggingface_hub import hf_hub_url
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 

@@ -188,14 +188,15 @@ def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
     """
     import shutil
 
+    from videogrpo.progress import human_bytes
+
     params = transformer_parameters(model_dir)
     need = params * 12 * (cfg.train.keep_checkpoints + 1) + params * 4
     run_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run_dir).free
-    gib = 1024**3
     detail = (
-        f"{run_dir}: {free / gib:.1f} GiB free; {cfg.train.keep_checkpoints} + 1 checkpoints of {params:,} "
-        f"parameters and the export need {need / gib:.1f} GiB"
+        f"{run_dir}: {human_bytes(free)} free; {cfg.train.keep_checkpoints} + 1 checkpoints of {params:,} "
+        f"parameters and the export need {human_bytes(need)}"
     )
     if free < need:
         return Check("disk_space", False, detail + "; free space, lower train.keep_checkpoints, or move results")

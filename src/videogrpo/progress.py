@@ -74,10 +74,7 @@ class Progress:
 
     def _fmt(self, value: float) -> str:
         if self.unit == "B":
-            for suffix in ("B", "KB", "MB", "GB", "TB"):
-                if value < 1024 or suffix == "TB":
-                    return f"{value:.1f} {suffix}" if suffix != "B" else f"{int(value)} B"
-                value /= 1024
+            return human_bytes(value)
         return f"{int(value)}{(' ' + self.unit) if self.unit else ''}"
 
     def line(self) -> str:
@@ -117,3 +114,12 @@ class Progress:
             self._rich = None
             return
         print(self.line(), file=self.stream, flush=True)
+
+
+def human_bytes(value: float) -> str:
+    """A byte count in the unit that shows it (binary steps): 512 B, 3.4 KB, 1.2 GB, never "0.0 GB"."""
+    for suffix in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or suffix == "TB":
+            return f"{value:.1f} {suffix}" if suffix != "B" else f"{int(value)} B"
+        value /= 1024
+    raise AssertionError("unreachable")

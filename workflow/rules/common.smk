@@ -31,7 +31,13 @@ INVOCATION = {
 # invocation), so that a new invocation alone reruns nothing.
 INVOCATION_FILE = Path(CFG.results) / ".stage-config/invocation.json"
 if "SLURM_JOB_ID" not in os.environ:  # a job step re-reads the workflow: the driver's invocation is the one
-    atomic.write_json(INVOCATION_FILE, INVOCATION)
+    try:  # even a dry run writes here (the stage config files): say which field to change, not a traceback
+        atomic.write_json(INVOCATION_FILE, INVOCATION)
+    except OSError as err:
+        raise WorkflowError(
+            f"results = {CFG.results!r}: cannot write {INVOCATION_FILE} ({type(err).__name__}: {err}); point "
+            f"`results` at a writable directory, e.g. --config results=/scratch/$USER/videogrpo-results"
+        ) from None
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
@@ -72,6 +78,13 @@ if MATRIX_ON and not CFG.matrix.eval_set:
             f"(not {_NO_GENERATOR[:3]}): set matrix.eval_set and matrix.eval_set_digest to the release evaluation "
             f"tree, or matrix.models: [] for no matrix"
         )
+if MATRIX_ON and CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json").is_file():
+    # A dry run may plan the matrix before the tree is there; the eval_set job refuses it, naming the field.
+    print(
+        f"warning: matrix.eval_set = {CFG.matrix.eval_set!r} holds no split_manifest.json (yet): the eval_set job "
+        f"will refuse it until the release evaluation tree is there",
+        file=sys.stderr,
+    )
 CELL_MODELS = layout.cell_models(CFG, RUN_ID)
 CELL_KINDS = {cell: name if name in ("base", "trained") else "hub" for name, cell in CELL_MODELS.items()}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}

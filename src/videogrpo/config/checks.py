@@ -129,16 +129,25 @@ def _field_problems(cfg: Config, sections: set[str]) -> list[str]:
     return found
 
 
+def revision_problem(field: str, value: str) -> str | None:
+    """Why `value` is no pinned commit: a lower-case 40-hex id (what the Hub's URLs and listings use)."""
+    if HEX40.match(value):
+        return None
+    if HEX40.match(value.lower()):
+        return f"{field} = {value!r}: must be a lower-case 40-hex commit id: write {value.lower()!r}"
+    return f"{field} = {value!r}: must be a lower-case 40-hex commit id (branch and tag names move: refused)"
+
+
 def _model_problems(cfg: Config) -> list[str]:
-    if cfg.model.source == "hub" and not HEX40.match(cfg.model.revision):
-        return [f"model.revision = {cfg.model.revision!r}: must be a 40-hex commit id (branch names are refused)"]
+    if cfg.model.source == "hub" and (why := revision_problem("model.revision", cfg.model.revision)):
+        return [why]
     return []
 
 
 def _data_problems(cfg: Config) -> list[str]:
     found = []
-    if cfg.data.source == "hub" and not HEX40.match(cfg.data.revision):
-        found.append(f"data.revision = {cfg.data.revision!r}: must be a 40-hex commit id (branch names are refused)")
+    if cfg.data.source == "hub" and (why := revision_problem("data.revision", cfg.data.revision)):
+        found.append(why)
     if cfg.data.heldout_per_task >= cfg.data.samples_per_task:
         found.append(
             f"data.heldout_per_task = {cfg.data.heldout_per_task}: must be < data.samples_per_task "
@@ -168,8 +177,8 @@ def _reward_problems(cfg: Config) -> list[str]:
     found = []
     r = cfg.reward
     if r.kind == "vbvr_vlm":
-        if not HEX40.match(r.judge_revision):
-            found.append(f"reward.judge_revision = {r.judge_revision!r}: must be a 40-hex commit id")
+        if why := revision_problem("reward.judge_revision", r.judge_revision):
+            found.append(why)
         if not r.judge_prompts or not HEX64.match(r.judge_prompts_digest):
             found.append(
                 f"reward.judge_prompts = {r.judge_prompts!r}, judge_prompts_digest = {r.judge_prompts_digest!r}: the "
@@ -255,7 +264,8 @@ def _matrix_problems(cfg: Config) -> list[str]:
         if not MATRIX_MODEL.match(name) or name in ("base", "trained"):
             found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base or trained)")
         if not repo_id or not HEX40.match(revision):
-            found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<40-hex revision>")
+            case = f" (write {revision.lower()!r})" if HEX40.match(revision.lower()) else ""
+            found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<lower-case 40-hex revision>{case}")
     for duplicate in sorted(
         {x for x in m.models if m.models.count(x) > 1} | {x for x in m.samplers if m.samplers.count(x) > 1}
     ):

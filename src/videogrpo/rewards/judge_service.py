@@ -51,7 +51,14 @@ def judge_service(cfg, model: Path | None, log: Path) -> Iterator[str]:
         return
     endpoint = endpoint_of(cfg)
     if cfg.reward.judge_endpoint:
-        names = wait_ready(endpoint, 60)
+        try:
+            names = wait_ready(endpoint, min(60.0, cfg.reward.judge_ready_timeout_s))  # it is up, or not
+        except VideoGRPOError as err:
+            raise VideoGRPOError(
+                f"reward.judge_endpoint = {cfg.reward.judge_endpoint!r}: {err}. Start the judge service there, fix "
+                f"the URL, or leave reward.judge_endpoint empty so that the training job starts one per node "
+                f"(reward.judge_port)"
+            ) from None
         check_served(cfg, names, endpoint)
         yield endpoint
         return

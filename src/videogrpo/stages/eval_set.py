@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.errors import DigestMismatch
+from videogrpo.errors import ConfigError, DigestMismatch
 from videogrpo.matrix.evalset import MANIFEST, SAMPLE_FILES, eval_samples, last_frame
 from videogrpo.provenance.digest import tree_digest_of_entries, tree_entries
 from videogrpo.provenance.manifest import StageRun
@@ -30,6 +30,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, sections = load_config(args)
     m = cfg.matrix
+    if not args.tree.is_dir():
+        field = "matrix.eval_set" if m.eval_set else "the synthetic tree (synthesize_eval_set)"
+        raise ConfigError(
+            f"{field} = {str(args.tree)!r}: no such directory; point matrix.eval_set at the release evaluation tree "
+            f"(In-Domain_50/, Out-of-Domain_50/ and split_manifest.json) and pin matrix.eval_set_digest"
+        )
     external = ("tree",) if m.eval_set else ()  # a released tree, pinned by matrix.eval_set_digest below
     with StageRun(
         "eval_set", args.manifest, inputs={}, params=sections, upstream=args.upstream, external=external
