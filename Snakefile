@@ -25,8 +25,11 @@ onstart:
         raise WorkflowError("not implemented by this trainer: " + "; ".join(UNSUPPORTED))
 
 
+# Every stage's manifest, not only the report: Snakemake takes a missing intermediate file of a complete
+# report as fine, so a stage whose outputs a failure removed would never run again by a plain rerun.
 rule all:
     default_target: True
     input:
         REPORT_HTML,
+        **STAGE_MANIFESTS,
     localrule: True

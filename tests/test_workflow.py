@@ -634,6 +634,30 @@ def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir
     assert table.read_bytes() == original_table
 
 
+def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
+    """As after a failed or interrupted stage, whose outputs Snakemake removes, while report.html stays: a plain
+    `snakemake -n` lists the stage again, verify names every missing manifest (exit 4) with the command that
+    rebuilds it, and a plain rerun finishes the job."""
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    removed = [run_dir / f"{stage}.manifest.json" for stage in ("train", "evaluate", "report")]
+    for path in removed:
+        path.unlink()
+    assert (run_dir / "report/report.html").is_file()
+    dry = run(["snakemake", "-n"], workdir)
+    assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
+    checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
+    assert checked.returncode == 4
+    for path in removed:
+        stage = path.name.removesuffix(".manifest.json")
+        assert f"MISSING {path.relative_to(workdir)}: manifest of stage {stage} missing; rebuild it with" in (
+            checked.stdout + checked.stderr
+        )
+    assert "`snakemake --cores <N>` (a plain rerun rebuilds" in checked.stdout + checked.stderr
+    run(["snakemake", "--cores", "2"], workdir)
+    assert all(path.is_file() for path in removed)
+    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
+
+
 def test_snakemake_report(demo, workdir):
     run(["snakemake", "--report", "report.html"], workdir)
     assert (workdir / "report.html").stat().st_size > 10_000

@@ -7,6 +7,7 @@ the settings that generate it), so runs that share an input share its download.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from videogrpo.config import Config, canonical_json, select, task_names
@@ -81,3 +82,9 @@ def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
 def hub_model_key(name: str, spec: str) -> str:
     """Directory name of a hub model to evaluate: its matrix name and revision."""
     return f"{name}@{spec.partition('@')[2][:12]}"
+
+
+def stage_list(results: str | Path, run_id: str) -> Path:
+    """The manifests the workflow expects for a run (written at every invocation): `verify` names each missing
+    one, even when nothing that remains refers to it."""
+    return Path(results) / ".stage-config" / f"{run_id}.stages.json"

@@ -328,3 +328,5 @@ def matrix_cell_args(wildcards, input):
 
 
 STAGE_MANIFESTS.update(matrix_manifests())
+if "SLURM_JOB_ID" not in os.environ:  # as the invocation file: the driver's view of the run
+    atomic.write_json(layout.stage_list(RESULTS, RUN_ID), {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"})

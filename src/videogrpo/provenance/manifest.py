@@ -159,18 +159,30 @@ def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
     atomic.write_text(path, text)
 
 
+# The workflow's default target names every stage's manifest: a plain rerun rebuilds a missing one.
+REBUILD = "`snakemake --cores <N>` (a plain rerun rebuilds every stage whose manifest is missing)"
+
+
+def stage_of(path: str | os.PathLike) -> str:
+    """The stage a manifest belongs to, by its file name (`<stage>.manifest.json`)."""
+    return Path(path).name.removesuffix(".manifest.json")
+
+
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise VideoGRPOError(f"{path}: manifest missing; rerun the stage that makes it") from None
-    except json.JSONDecodeError as err:
-        raise VideoGRPOError(f"{path}: manifest is not valid JSON ({err}); delete it and rerun its stage") from None
+        raise VideoGRPOError(f"{path}: manifest of stage {stage_of(path)} missing; rebuild it with {REBUILD}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise VideoGRPOError(
+            f"{path}: manifest of stage {stage_of(path)} is not valid JSON ({err}), cut short or edited: "
+            f"`rm {path}`, then {REBUILD}"
+        ) from None
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise VideoGRPOError(
-            f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION}; "
-            f"rerun its stage"
+            f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION} (written by "
+            f"another version): `rm {path}`, then {REBUILD}"
         )
     return manifest
 
