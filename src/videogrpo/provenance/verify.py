@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,23 +20,26 @@ from videogrpo import layout
 from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
 from videogrpo.provenance import digest, pins
-from videogrpo.provenance.manifest import REBUILD, read_manifest
+from videogrpo.provenance.manifest import read_manifest
 
 
-def run_manifests(run_dir: Path, unreadable: list[str] | None = None) -> dict[Path, dict[str, Any]]:
-    """The manifests of a run directory and, transitively, every upstream manifest they name. A manifest that
-    is missing or unreadable raises, or with `unreadable` given is listed there (each message names the stage
-    and the command that rebuilds it) and skipped."""
+def run_manifests(
+    run_dir: Path, unreadable: list[str] | None = None, expected: list[Path] = ()
+) -> dict[Path, dict[str, Any]]:
+    """The manifests of a run directory, the `expected` ones, and, transitively, every upstream manifest they
+    name. A manifest that is missing or unreadable raises, or with `unreadable` given is listed there (each
+    message names the stage and the command that rebuilds it) and skipped."""
     todo = sorted(run_dir.glob("*.manifest.json"))
     if not todo:
         raise VideoGRPOError(f"{run_dir}: no stage manifests here; give a run directory (results/runs/<run>)")
+    todo = [*expected, *todo]  # a stack: the run's own first, then what they name, then the expected rest
     found: dict[Path, dict[str, Any]] = {}
-    seen: set[Path] = set()
+    seen: set[str] = set()  # by absolute path: a manifest named in two spellings is read once
     while todo:
         path = todo.pop()
-        if path in seen:
+        if (key := os.path.abspath(path)) in seen:
             continue
-        seen.add(path)
+        seen.add(key)
         try:
             found[path] = read_manifest(path)
         except VideoGRPOError as err:
@@ -43,7 +47,7 @@ def run_manifests(run_dir: Path, unreadable: list[str] | None = None) -> dict[Pa
                 raise
             unreadable.append(f"{'MISSING' if not path.exists() else 'CHANGED'} {err}")
             continue
-        todo += [Path(p) for p in found[path].get("upstream", []) if Path(p) not in seen]
+        todo += [Path(p) for p in found[path].get("upstream", [])]
     return found
 
 
@@ -57,12 +61,10 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     """Re-hash every output the run's manifests record, and every external input they pin; a problem per
     changed, missing or added file."""
     result = Verification()
-    manifests = run_manifests(run_dir, result.problems)
-    expected = layout.stage_list(run_dir.parent.parent, run_dir.name)  # results/runs/<run> -> results/
-    if expected.is_file():
-        for stage, path in sorted(json.loads(expected.read_text()).items()):
-            if not Path(path).is_file() and not any(path in line for line in result.problems):
-                result.problems.append(f"MISSING {path}: manifest of stage {stage} missing; rebuild it with {REBUILD}")
+    # The workflow's list of the run's stages: a missing manifest nothing left refers to is named too.
+    listed = layout.stage_list(run_dir.parent.parent, run_dir.name)  # results/runs/<run> -> results/
+    expected = [Path(p) for p in json.loads(listed.read_text()).values()] if listed.is_file() else []
+    manifests = run_manifests(run_dir, result.problems, expected)
     progress = Progress("verify", total=len(manifests), unit="manifests")
     for _, manifest in sorted(manifests.items()):
         for name, record in sorted(manifest["outputs"].items()):
