@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The judge's stand-in pinned sources shipped for the tiny default, and the fields of their rubrics.
+PROTOCOL_FILE = REPO / "src/videogrpo/rewards/reference_judge_protocol.py"
+RUBRIC_FILE = REPO / "src/videogrpo/rewards/reference_judge_prompts.py"
+JUDGE_FIELDS = ["goal_score", "quality_score", "goal_weight", "quality_weight", "total_score", "reason"]
 TASKS = [
     "S-1_move_red_square_data-generator",
     "S-2_fill_circle_blue_data-generator",

@@ -30,11 +30,10 @@ from videogrpo.rewards.judge_protocol import (
 )
 from videogrpo.rewards.rule import ScoreRequest
 
-REWARDS = Path(__file__).parents[1] / "src/videogrpo/rewards"
-PROTOCOL_FILE = REWARDS / "reference_judge_protocol.py"
-RUBRIC_FILE = REWARDS / "reference_judge_prompts.py"
+from conftest import JUDGE_FIELDS, PROTOCOL_FILE, RUBRIC_FILE
+
 TASK = "S-1_move_red_square_data-generator"
-FIELDS = ["goal_score", "quality_score", "goal_weight", "quality_weight", "total_score", "reason"]
+FIELDS = JUDGE_FIELDS
 
 
 def sha(path: Path) -> str:

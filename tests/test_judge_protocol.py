@@ -20,10 +20,9 @@ from videogrpo.rewards.judge_protocol import (
     validate_answer,
 )
 
-REWARDS = Path(__file__).parents[1] / "src/videogrpo/rewards"
-PROTOCOL_FILE = REWARDS / "reference_judge_protocol.py"
-RUBRIC_FILE = REWARDS / "reference_judge_prompts.py"
-FIELDS = ["goal_score", "quality_score", "goal_weight", "quality_weight", "total_score", "reason"]
+from conftest import JUDGE_FIELDS, PROTOCOL_FILE, RUBRIC_FILE
+
+FIELDS = JUDGE_FIELDS
 GOOD = "goal_score: 80\nquality_score: 60\ngoal_weight: 70\nquality_weight: 30\ntotal_score: 74\nreason: close."
 
 
