@@ -16,7 +16,6 @@ model's unless `grpo.shift` overrides it (`models.wan.flow_shift`).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift
+from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -133,7 +133,7 @@ def dataloader_topology(cfg: Config, world: int, order: list[SampleRef]) -> dict
         "batch_size": cfg.train.batch_size,
         "delayed_replay": p.delayed_replay,
         "training_samples": len(order),
-        "training_order_sha256": hashlib.sha256(ids).hexdigest(),
+        "training_order_sha256": sha256_bytes(ids),
     }
 
 
