@@ -84,3 +84,22 @@ def small_disk(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def evalkit(repo) -> Path:
     return repo / "src/videogrpo/rewards/reference_evalkit"
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    """A fresh copy of the checkout, where the demo runs: shared by every e2e module of the session."""
+    from demo import copy_checkout
+
+    return copy_checkout(tmp_path_factory.mktemp("checkout"))
+
+
+@pytest.fixture(scope="session")
+def demo(workdir):
+    """`snakemake -n` on the fresh checkout, then `make demo`, as the README says."""
+    from demo import SECRETS, VENV, run
+
+    dry = run(["snakemake", "-n"], workdir)
+    # -o: never (re)install into the running environment from this temporary copy.
+    made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir, **SECRETS)
+    return dry, made

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive
-from test_workflow import copy_checkout, jobs_run, run
+from demo import copy_checkout, jobs_run, run
 
 pytestmark = pytest.mark.cluster
 TEST_PROFILE = ["--profile", "profiles/slurm", "--workflow-profile", "tests/cluster/profile"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_workflow import VENV, copy_checkout, run
+from demo import VENV, copy_checkout, run
 
 from videogrpo.config import read_task_list
 from videogrpo.data import synthetic

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 import yaml
-from test_workflow import copy_checkout, run
+from demo import copy_checkout, run
 
 from hub_server import HubServer
 

@@ -1,4 +1,5 @@
-"""End-to-end: the embedded default through real `make demo` / `snakemake`, reruns, dry runs, reports."""
+"""End-to-end: the embedded default through real `make demo` / `snakemake`: the demo, dry runs, the README's
+commands, reports. Reruns and failures: test_workflow_reruns.py (the same demo)."""
 
 from __future__ import annotations
 
@@ -6,90 +7,15 @@ import csv
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from demo import CELLS, MODELS, PROVENANCE_STAGES, RULES, SAMPLERS, SECRETS, VENV, first_run_id, jobs_run, run
 
-from conftest import REPO
 from harness import assert_table_shows_csv, report_tables
 
 pytestmark = pytest.mark.e2e
-VENV = Path(sys.executable).parent.parent
-RULES = [
-    "fetch_model",
-    "fetch_dataset",
-    "materialize_dataset",
-    "validate_dataset",
-    "fingerprint_evalkit",
-    "check_scorer_runtime",
-    "preflight",
-    "train",
-    "evaluate",
-    "synthesize_eval_set",
-    "eval_set",
-    "generate_cell",
-    "score_cell",
-    "matrix",
-    "report",
-]
-# The tiny default's matrix: base and trained by three samplers, one generate and one score job per cell.
-MODELS, SAMPLERS = ["base", "trained"], ["unipc", "euler", "flowcps-0.7"]
-CELLS = [f"{model}:{sampler}" for model in MODELS for sampler in SAMPLERS]
-# Stages as the report's provenance names them: a cell's stages once per cell.
-PROVENANCE_STAGES = {r for r in RULES if r not in ("generate_cell", "score_cell", "report")} | {
-    f"{stage}:{cell}" for stage in ("generate_cell", "score_cell") for cell in CELLS
-}
-
-
-def copy_checkout(dest: Path) -> Path:
-    """The files of the checkout (tracked and not ignored), with their mtimes, as a fresh clone would have."""
-    listed = (
-        subprocess.run(
-            ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
-    return dest
-
-
-def run(args: list[str], cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline", **extra_env)
-    out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {out.returncode}\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}")
-    return out
-
-
-def jobs_run(output: str) -> dict[str, int]:
-    """The 'Job stats' table of a snakemake run or dry run."""
-    table = output.split("Job stats:")[1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
-
-
-# Set while the demo runs: their values must end up in no file the workflow writes.
-SECRETS = {"HF_TOKEN": "hf_MarkerTokenValue0123456789", "WANDB_API_KEY": "MarkerWandbKey0123456789abcdef0123456789"}
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return copy_checkout(tmp_path_factory.mktemp("checkout"))
-
-
-@pytest.fixture(scope="module")
-def demo(workdir):
-    """`snakemake -n` on the fresh checkout, then `make demo`, as the README says."""
-    dry = run(["snakemake", "-n"], workdir)
-    # -o: never (re)install into the running environment from this temporary copy.
-    made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir, **SECRETS)
-    return dry, made
 
 
 def test_dry_run_lists_every_stage(demo):
@@ -324,11 +250,13 @@ def test_cli_commands_of_the_readme(demo, workdir):
 
 
 def test_readme_commands_are_all_exercised_here(repo):
-    """Every command in the README's bash blocks is run by a test in this file (`make test` runs them all)."""
+    """Every command in the README's bash blocks is run by a test of the demo's modules (`make test` runs them
+    all)."""
     import shlex
 
     readme = (repo / "README.md").read_text()
-    here = Path(__file__).read_text().replace('f"', '"').replace("{recipe}", "rl_5b_cps")
+    sources = sorted(Path(__file__).parent.glob("test_workflow*.py"))
+    here = "".join(path.read_text() for path in sources).replace('f"', '"').replace("{recipe}", "rl_5b_cps")
     commands = [
         line.split("  #")[0].strip()
         for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
@@ -414,98 +342,6 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
 
 
-def train_digest(workdir: Path, run_id: str) -> str:
-    manifest = json.loads((workdir / "results/runs" / run_id / "train.manifest.json").read_text())
-    return manifest["outputs"]["final"]["tree_sha256"]
-
-
-def first_run_id(workdir: Path) -> str:
-    return run(["videogrpo", "config", "--configfile", "config/config.yaml", "--run-id"], workdir).stdout.strip()
-
-
-def test_an_evaluation_setting_reruns_only_evaluate_and_report(demo, workdir):
-    out = run(["snakemake", "-n", "--config", "evaluate={seed: 7}"], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
-
-
-def test_an_execution_setting_reruns_training_which_resumes(demo, workdir):
-    run_id = first_run_id(workdir)
-    before = train_digest(workdir, run_id)
-    override = [
-        "--config",
-        "logging={wandb_mode: disabled}",
-        "train={keep_checkpoints: 3}",
-        "parallel={master_port: 29871}",
-        "evalkit={workers: 1}",
-    ]
-    out = run(["snakemake", "--cores", "2", *override], workdir)
-    jobs = jobs_run(out.stdout + out.stderr)
-    assert jobs["train"] == 1 and "fingerprint_evalkit" not in jobs  # evalkit.workers is not what it checks
-    log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
-    assert re.search(r"resumed from \S+/step-00000004 \(update 4 of 4\)", log), log[-2000:]
-    assert train_digest(workdir, run_id) == before  # the same run, not trained again
-
-
-def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workdir):
-    out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
-    assert f"results/runs/{first_run_id(workdir)}/" in out.stdout  # the same run: training would resume
-    out = run(["snakemake", "-n", "--config", "model={max_text_tokens: 16}", "data={heldout_per_task: 1}"], workdir)
-    jobs = jobs_run(out.stdout + out.stderr)
-    assert "fetch_model" not in jobs and "fetch_dataset" not in jobs and jobs["materialize_dataset"] == 1
-
-
-def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, workdir):
-    good = sorted(workdir.glob("results/evalkit/*/fingerprint.json"))
-    assert good
-    out = run(["snakemake", "--cores", "2", "--config", "evalkit={path: no/such/checkout}"], workdir, check=False)
-    assert out.returncode != 0
-    assert "evalkit.path = 'no/such/checkout': no such directory; point it at an EvalKit checkout" in (
-        out.stdout + out.stderr
-    )
-    assert sorted(workdir.glob("results/evalkit/*/fingerprint.json")) == good
-    assert "Nothing to be done" in run(["snakemake", "-n", "fingerprint_evalkit"], workdir).stdout
-
-
-def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
-    """A same-size corruption is found (its archive's record) and repaired, named, by the re-unpack that
-    data.verify_existing (an execution setting) triggers."""
-    (raw,) = workdir.glob("results/data/*/materialized/raw")
-    victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
-    good = victim.read_bytes()
-    bad = bytearray(good)
-    bad[len(bad) // 2] ^= 0xFF
-    victim.write_bytes(bytes(bad))
-    run(["snakemake", "--cores", "2", "validate_dataset", "--config", "data={verify_existing: true}"], workdir)
-    log = next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
-    assert "; 1 files written," in log and f"repairing raw/{victim.relative_to(raw)}" in log, log
-    assert victim.read_bytes() == good
-
-
-def test_a_tampered_output_never_reaches_the_next_stage(demo, workdir):
-    run(["snakemake", "--cores", "2"], workdir)  # up to date first: only the tampering is left to find
-    run_dir = workdir / "results/runs" / first_run_id(workdir)
-    table = run_dir / "evaluate/per_task.csv"
-    original = table.read_text()
-    table.write_text(original.replace("ALL,", "ALL ,", 1))  # a hand edit
-    try:
-        out = run(["snakemake", "--cores", "2", "report"], workdir, check=False)
-        assert out.returncode != 0 and "Error in rule report" in out.stdout + out.stderr
-        assert "per_task.csv: input table is not what evaluate made" in out.stdout + out.stderr
-    finally:
-        table.write_text(original)
-    weights = run_dir / "train/final/transformer/diffusion_pytorch_model.safetensors"
-    good = weights.read_bytes()
-    weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
-    try:
-        out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate"], workdir, check=False)
-        text = out.stdout + out.stderr
-        assert out.returncode != 0 and "Error in rule evaluate" in text
-        assert "input final is not what train made" in text
-        assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
-    finally:
-        weights.write_bytes(good)
-
-
 def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
     run(["snakemake", "--cores", "2"], workdir)
     run_dir = f"results/runs/{first_run_id(workdir)}"
@@ -577,87 +413,6 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     assert "Nothing to be done" in out.stdout + out.stderr  # a cosmetic label reruns nothing
 
 
-def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
-    """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
-    stages and resumes; a change of the loss is refused until the user allows it. Only up to train: what
-    follows it reruns as after any training."""
-    env = {"PYTHONPATH": str(workdir / "src")}
-    run_id = first_run_id(workdir)
-    package = workdir / "src/videogrpo"
-    originals = {rel: (package / rel).read_text() for rel in ("grpo/trainer.py", "grpo/loss.py")}
-    try:
-        (package / "grpo/trainer.py").write_text(originals["grpo/trainer.py"] + "\n# a comment is not math\n")
-        out = run(["snakemake", "--cores", "2", "train"], workdir, **env)
-        assert jobs_run(out.stdout + out.stderr)["train"] == 1
-        log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
-        assert "resumed from" in log and "(update 4 of 4)" in log
-        (package / "grpo/loss.py").write_text(
-            originals["grpo/loss.py"].replace(
-                "    log_ratio = logp_new - logp_old.detach()\n",
-                "    log_ratio = logp_new - logp_old.detach()\n    clip_range = float(clip_range)\n",
-            )
-        )
-        out = run(["snakemake", "--cores", "2", "train"], workdir, check=False, **env)
-        assert out.returncode != 0 and "Error in rule train" in out.stdout + out.stderr
-        log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
-        assert "the trainer's math changed since it was written (grpo/loss.py)" in log
-        assert "train.resume_across_code_changes: true" in log
-        run(
-            ["snakemake", "--cores", "2", "train", "--config", "train={resume_across_code_changes: true}"],
-            workdir,
-            **env,
-        )
-        assert "resumed from" in (workdir / "results/runs" / run_id / "logs/train.log").read_text()
-    finally:
-        for rel, text in originals.items():
-            (package / rel).write_text(text)
-
-
-def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir):
-    """Kept evaluation batches are keyed by the code that made them: evaluate.py edited to sample black videos
-    gives other scores (not the old ones re-emitted), and the original code gives the original table back."""
-    env = {"PYTHONPATH": str(workdir / "src")}
-    table = workdir / "results/runs" / first_run_id(workdir) / "evaluate/per_task.csv"
-    original_table = table.read_bytes()
-    source = workdir / "src/videogrpo/evaluate.py"
-    original = source.read_text()
-    decode = "    return model.decode(trajectory.latents[:, -1])\n"
-    assert decode in original
-    try:
-        source.write_text(original.replace(decode, decode.replace("return ", "return 0 * ")))
-        out = run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
-        assert jobs_run(out.stdout + out.stderr)["evaluate"] == 1
-        assert table.read_bytes() != original_table
-    finally:
-        source.write_text(original)
-    run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
-    assert table.read_bytes() == original_table
-
-
-def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
-    """As after a failed or interrupted stage, whose outputs Snakemake removes, while report.html stays: a plain
-    `snakemake -n` lists the stage again, verify names every missing manifest (exit 4) with the command that
-    rebuilds it, and a plain rerun finishes the job."""
-    run_dir = workdir / "results/runs" / first_run_id(workdir)
-    removed = [run_dir / f"{stage}.manifest.json" for stage in ("train", "evaluate", "report")]
-    for path in removed:
-        path.unlink()
-    assert (run_dir / "report/report.html").is_file()
-    dry = run(["snakemake", "-n"], workdir)
-    assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
-    checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
-    assert checked.returncode == 4
-    for path in removed:
-        stage = path.name.removesuffix(".manifest.json")
-        assert f"MISSING {path.relative_to(workdir)}: manifest of stage {stage} missing; rebuild it with" in (
-            checked.stdout + checked.stderr
-        )
-    assert "`snakemake --cores <N>` (a plain rerun rebuilds" in checked.stdout + checked.stderr
-    run(["snakemake", "--cores", "2"], workdir)
-    assert all(path.is_file() for path in removed)
-    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
-
-
 def test_snakemake_report(demo, workdir):
     run(["snakemake", "--report", "report.html"], workdir)
     assert (workdir / "report.html").stat().st_size > 10_000
@@ -710,17 +465,3 @@ def test_a_recipe_the_trainer_cannot_run_is_refused_before_any_job(demo, workdir
     assert out.returncode != 0
     assert "not implemented by this trainer: parallel.tensor_parallel = 2 (implemented: 1); model.kind = " in out.stderr
     assert sorted(p.name for p in (workdir / "results/models").iterdir()) == before  # nothing was downloaded
-
-
-def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
-    """Last: it leaves the checkout's EvalKit edited."""
-    kit = workdir / "src/videogrpo/rewards/reference_evalkit/vbvr_bench/evaluators/synthetic.py"
-    kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
-    out = run(["snakemake", "--cores", "2"], workdir, check=False)
-    assert out.returncode != 0
-    text = out.stdout + out.stderr
-    assert "Error in rule fingerprint_evalkit" in text
-    pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
-    assert f"expected {pinned} (evalkit.digest)" in text
-    assert re.search(r"found    [0-9a-f]{64}", text)
-    assert not list(workdir.glob("results/evalkit/*/fingerprint.json"))
