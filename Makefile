@@ -63,7 +63,7 @@ test-e2e: env
 
 PROFILES_HOME := $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake
 
-profile:   # once: `snakemake --profile slurm` then finds profiles/slurm of this checkout by name
+profile:   # once: `snakemake --profile slurm` then finds profiles/slurm of this checkout by name from any directory
 	mkdir -p $(PROFILES_HOME)
 	ln -sfn $(CURDIR)/profiles/slurm $(PROFILES_HOME)/slurm
 	@echo "snakemake --profile slurm now uses $(CURDIR)/profiles/slurm"

@@ -282,8 +282,18 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
     block = re.search(r"```sh\n(snakemake -n --profile profiles/slurm.*?)```", readme, re.S).group(1)
     commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
     assert len(commands) == 4
-    run(["make", "profile"], workdir, XDG_CONFIG_HOME=str(workdir / "xdg"))  # for --profile slurm by name
+    by_name = commands[-1].split()
+    assert by_name[:4] == ["snakemake", "-n", "--profile", "slurm"]
+    # As typed on a fresh clone: the checkout's `slurm` link, no profile installed anywhere.
+    out = run(by_name, workdir, XDG_CONFIG_HOME=str(workdir / "no-profiles-here"))
+    assert "Using profiles slurm" in out.stdout + out.stderr and "train" in jobs_run(out.stdout + out.stderr)
+    run(["make", "profile"], workdir, XDG_CONFIG_HOME=str(workdir / "xdg"))  # for --profile slurm from elsewhere
     assert (workdir / "xdg/snakemake/slurm/config.yaml").is_file()
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    from_elsewhere = [str(workdir / arg) if arg.endswith(".yaml") else arg for arg in by_name]
+    out = run([*from_elsewhere, "--directory", str(workdir)], elsewhere, XDG_CONFIG_HOME=str(workdir / "xdg"))
+    assert "train" in jobs_run(out.stdout + out.stderr)
     for command in commands:
         argv = command.split()
         if "-n" not in argv:
