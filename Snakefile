@@ -18,6 +18,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/checks.smk"
 
 
 onstart:

@@ -305,3 +305,35 @@ def test_stage_views_hold_only_their_sections(repo, monkeypatch):
     assert "evaluate" not in config.stage_view(cfg, "train")
     partial = config.from_dict(config.stage_view(cfg, "fetch_model"), partial=True)
     assert (partial.model.source, partial.model.tiny_seed) == (cfg.model.source, cfg.model.tiny_seed)
+
+
+def test_a_field_the_chosen_source_does_not_read_makes_no_new_run_and_no_param(repo, monkeypatch):
+    """model.revision means nothing to the tiny generator, nor the Hub repository to synthetic data: read as
+    empty, they change neither the run identity nor any stage's view; under `hub` they are the pin."""
+    monkeypatch.chdir(repo)
+    base = load_yaml(repo, "config/config.yaml")
+    tasks = (repo / "config/tasks/synthetic.txt").read_text()
+    cfg = config.from_dict(base)
+    hex40 = "0123456789abcdef0123456789abcdef01234567"
+    inert = config.from_dict(
+        config.deep_merge(base, {"model": {"revision": hex40, "repo_id": "a/b"}, "data": {"revision": hex40}})
+    )
+    assert config.run_identity(inert, tasks) == config.run_identity(cfg, tasks)
+    for stage in ("preflight", "train", "evaluate", "fetch_model", "fetch_dataset", "generate_cell"):
+        assert config.stage_view(inert, stage) == config.stage_view(cfg, stage), stage
+    hub = config.deep_merge(base, {"model": {"source": "hub", "repo_id": "a/b", "revision": hex40}})
+    other = config.deep_merge(hub, {"model": {"revision": hex40[::-1]}})
+    assert config.run_identity(config.from_dict(hub), tasks) != config.run_identity(config.from_dict(other), tasks)
+
+
+def test_stage_params_are_the_contract_and_evaluation_fields_only(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    cfg = config.from_dict(load_yaml(repo, "config/config.yaml"))
+    for stage in config.STAGE_SECTIONS:
+        view = config.stage_view(cfg, stage)
+        params = config.identity_fields(view)
+        kinds = {config.field_class(path) for path in params}
+        assert kinds <= {config.CONTRACT, config.EVALUATION}, (stage, kinds)
+    train = config.identity_fields(config.stage_view(cfg, "train"))
+    assert "train.lr" in train and "evalkit.workers" not in train and "parallel.master_port" not in train
+    assert "logging.wandb_project" not in train and "train.keep_checkpoints" not in train

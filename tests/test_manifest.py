@@ -163,3 +163,31 @@ def test_an_input_inside_an_upstream_directory_is_checked_against_its_file_list(
     ):
         with StageRun("generate_cell", tmp_path / "m.json", inputs={"extra": tree / "extra.json"}, upstream=[up]):
             pass
+
+
+def test_check_inputs_stamps_only_inputs_that_are_what_their_stage_made(tmp_path, evalkit, capsys):
+    """`videogrpo check-inputs` (rule check_inputs): an edited output, a cut-short manifest or an EvalKit off its
+    pin exits non-zero naming the file and writes no stamp; the inputs as made get a stamp."""
+    from videogrpo.cli import main
+    from videogrpo.provenance.digest import evalkit_source_digest
+
+    made = tmp_path / "table.csv"
+    made.write_text("a,b\n1,2\n")
+    manifest = tmp_path / "evaluate.manifest.json"
+    with StageRun("evaluate", manifest, inputs={}) as stage:
+        stage.output("table", made)
+    stamp = tmp_path / ".checked/report"
+    argv = ["check-inputs", "--stage", "report", "--input", f"table={made}", "--upstream", str(manifest)]
+    pin = ["--evalkit", f"{evalkit}={evalkit_source_digest(evalkit)}"]
+    assert main([*argv, *pin, "--out", str(stamp)]) == 0
+    assert json.loads(stamp.read_text())["inputs"]["table"]
+    stamp.unlink()
+    made.write_text("a,b\n1,3\n")
+    assert main([*argv, "--out", str(stamp)]) == 4 and not stamp.exists()
+    assert f"{made}: input table is not what evaluate made" in capsys.readouterr().err
+    made.write_text("a,b\n1,2\n")
+    assert main([*argv, "--evalkit", f"{evalkit}={'0' * 64}", "--out", str(stamp)]) == 4 and not stamp.exists()
+    assert "EvalKit source digest mismatch" in capsys.readouterr().err
+    manifest.write_text(manifest.read_text()[:100])
+    assert main([*argv, "--out", str(stamp)]) != 0 and not stamp.exists()
+    assert f"`rm {manifest}`, then `snakemake --cores <N>`" in capsys.readouterr().err

@@ -47,6 +47,10 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
                 assert record["entries"] and all(
                     re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values()
                 )
+    # Every stage but the downloads and generators ran after its inputs were checked; the stamps are temp().
+    checks = {p.name.removesuffix(".log") for p in workdir.glob("results/**/.checked/*.log")}
+    assert checks == set(RULES) - {"fetch_model", "fetch_dataset", "synthesize_eval_set"}
+    assert not [p for p in workdir.glob("results/**/.checked/*") if p.suffix != ".log"]
     private = [p for p in (workdir / "results").rglob("*") if not p.stat().st_mode & 0o040]
     assert not private, f"not readable by the group sharing results/: {private[:5]}"
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
@@ -255,7 +259,7 @@ def test_readme_commands_are_all_exercised_here(repo):
     import shlex
 
     readme = (repo / "README.md").read_text()
-    sources = sorted(Path(__file__).parent.glob("test_workflow*.py"))
+    sources = [Path(__file__).parent / "conftest.py", *sorted(Path(__file__).parent.glob("test_workflow*.py"))]
     here = "".join(path.read_text() for path in sources).replace('f"', '"').replace("{recipe}", "rl_5b_cps")
     commands = [
         line.split("  #")[0].strip()
@@ -413,11 +417,14 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     # the outputs of a stage whose field changed are among them.
     listed = run(["snakemake", "--list-changes", "params"], workdir).stdout
     assert "train.manifest.json" in listed
-    out = run(["snakemake", "-n", "--config", "evalkit={workers: 3}"], workdir).stdout
+    out = run(["snakemake", "-n", "--config", "evaluate={max_samples_per_task: 1}"], workdir).stdout
     reasons = [line for line in out.splitlines() if "Params have changed" in line]
     # Snakemake prints the changed params as unordered sets: the field and the stage's config file.
     changed = [line.split("before: ", 1)[1].split(" now: ") for line in reasons]
-    assert changed and all("'evalkit.workers=2'" in before and "'evalkit.workers=3'" in now for before, now in changed)
+    assert changed and all(
+        "'evaluate.max_samples_per_task=null'" in before and "'evaluate.max_samples_per_task=1'" in now
+        for before, now in changed
+    )
     assert all(len(line) < 400 for line in reasons)  # the field, not kilobytes of JSON
     out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
     assert "Nothing to be done" in out.stdout + out.stderr  # a cosmetic label reruns nothing

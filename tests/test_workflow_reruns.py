@@ -3,7 +3,9 @@ failure costs, and how one plain rerun finishes the job."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 from demo import first_run_id, jobs_run, run, train_digest
@@ -16,22 +18,39 @@ def test_an_evaluation_setting_reruns_only_evaluate_and_report(demo, workdir):
     assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
 
 
-def test_an_execution_setting_reruns_training_which_resumes(demo, workdir):
+def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, workdir):
+    """Workers, ports, retention, logging: how work runs, not what it makes. Flipped, nothing complete reruns
+    (Snakemake and verify agree); the stages' config files hold the new values, which the next run of a stage
+    uses (--forcerun evaluate: its kept batches are reused, the scorer pool has the new size); and flipped
+    back, nothing reruns either."""
+    run(["snakemake", "--cores", "2"], workdir)
     run_id = first_run_id(workdir)
     before = train_digest(workdir, run_id)
+    run_dir = workdir / "results/runs" / run_id
+    made = {path: path.stat().st_mtime_ns for path in (workdir / "results").rglob("*.manifest.json")}
     override = [
         "--config",
         "logging={wandb_mode: disabled}",
         "train={keep_checkpoints: 3}",
-        "parallel={master_port: 29871}",
-        "evalkit={workers: 1}",
+        "parallel={master_port: 29871, cpu_threads: 1}",
+        "evalkit={workers: 1, threads_per_worker: 2}",
     ]
-    out = run(["snakemake", "--cores", "2", *override], workdir)
-    jobs = jobs_run(out.stdout + out.stderr)
-    assert jobs["train"] == 1 and "fingerprint_evalkit" not in jobs  # evalkit.workers is not what it checks
-    log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
-    assert re.search(r"resumed from \S+/step-00000004 \(update 4 of 4\)", log), log[-2000:]
-    assert train_digest(workdir, run_id) == before  # the same run, not trained again
+    for argv in (["snakemake", "-n", *override], ["snakemake", "--cores", "2", *override]):
+        out = run(argv, workdir)
+        assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+    configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("evaluate-*.json")]
+    assert any(c["evalkit"]["workers"] == 1 and c["parallel"]["master_port"] == 29871 for c in configs)
+    out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate", *override], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
+    log = (run_dir / "logs/evaluate.log").read_text()
+    assert "scoring with 1 scorer workers (evalkit.workers)" in log, log[-2000:]
+    kept = re.findall(r"evaluate (base|trained): (\d+) of (\d+) batches kept", log)
+    assert kept and all(done == total != "0" for _, done, total in kept), log[-2000:]  # reused, not redone
+    assert train_digest(workdir, run_id) == before
+    out = run(["snakemake", "-n"], workdir)  # back to the defaults
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+    changed = [p for p, ns in made.items() if p.stat().st_mtime_ns != ns]
+    assert {p.name for p in changed} == {"evaluate.manifest.json", "report.manifest.json"}, changed
 
 
 def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workdir):
@@ -55,43 +74,77 @@ def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, w
 
 
 def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
-    """A same-size corruption is found (its archive's record) and repaired, named, by the re-unpack that
-    data.verify_existing (an execution setting) triggers."""
+    """A same-size corruption is found (its archive's record) and repaired, named, by the re-unpack that the
+    README's command runs (data.verify_existing, an execution setting, applies at the stage's next run)."""
     (raw,) = workdir.glob("results/data/*/materialized/raw")
     victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
     good = victim.read_bytes()
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0xFF
     victim.write_bytes(bytes(bad))
-    run(["snakemake", "--cores", "2", "validate_dataset", "--config", "data={verify_existing: true}"], workdir)
+    repair = ["--forcerun", "materialize_dataset", "--config", "data={verify_existing: true}"]
+    run(["snakemake", "--cores", "2", "validate_dataset", *repair], workdir)
     log = next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
     assert "; 1 files written," in log and f"repairing raw/{victim.relative_to(raw)}" in log, log
     assert victim.read_bytes() == good
 
 
-def test_a_tampered_output_never_reaches_the_next_stage(demo, workdir):
+def snapshot(*folders: Path) -> dict[Path, bytes]:
+    """Every file under the folders, with its bytes: what a failure must not cost."""
+    return {path: path.read_bytes() for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, workdir):
+    """A hand-edited table and a corrupted weight file are refused by the check ahead of the stage that reads
+    them, naming the file and the fix; the report, and the evaluation under --forcerun, stay as they were."""
     run(["snakemake", "--cores", "2"], workdir)  # up to date first: only the tampering is left to find
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     table = run_dir / "evaluate/per_task.csv"
     original = table.read_text()
+    report = snapshot(run_dir / "report")
     table.write_text(original.replace("ALL,", "ALL ,", 1))  # a hand edit
     try:
         out = run(["snakemake", "--cores", "2", "report"], workdir, check=False)
-        assert out.returncode != 0 and "Error in rule report" in out.stdout + out.stderr
-        assert "per_task.csv: input table is not what evaluate made" in out.stdout + out.stderr
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and "Error in rule check_inputs" in text and "Error in rule report" not in text
+        assert "per_task.csv: input table is not what evaluate made" in text
+        assert snapshot(run_dir / "report") == report  # the previous report is kept
     finally:
         table.write_text(original)
     weights = run_dir / "train/final/transformer/diffusion_pytorch_model.safetensors"
     good = weights.read_bytes()
+    evaluation = snapshot(run_dir / "evaluate")
     weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
     try:
         out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate"], workdir, check=False)
         text = out.stdout + out.stderr
-        assert out.returncode != 0 and "Error in rule evaluate" in text
+        assert out.returncode != 0 and "Error in rule check_inputs" in text and "Error in rule evaluate" not in text
         assert "input final is not what train made" in text
         assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
+        assert snapshot(run_dir / "evaluate") == evaluation  # even forced, nothing of the evaluation is lost
     finally:
         weights.write_bytes(good)
+
+
+def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, workdir):
+    """Downstream stages refuse a cut-short train manifest before anything of theirs is deleted; the message's
+    command (rm it, then a plain rerun) rebuilds it: training resumes, and verify passes."""
+    run(["snakemake", "--cores", "2"], workdir)
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    (trained_cells,) = {p.parent.parent for p in workdir.glob(f"results/matrix/*/{run_dir.name}/*/scores.csv")}
+    kept = snapshot(run_dir / "evaluate", trained_cells)
+    manifest = run_dir / "train.manifest.json"
+    manifest.write_text(manifest.read_text()[:500])
+    out = run(["snakemake", "--cores", "2"], workdir, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Error in rule check_inputs" in text
+    fix = re.search(r"cut short or edited: `(rm \S+)`, then `(snakemake --cores <N>)`", text)
+    assert fix and fix.group(1) == f"rm {manifest.relative_to(workdir)}", text[-3000:]
+    assert snapshot(run_dir / "evaluate", trained_cells) == kept
+    run(fix.group(1).split(), workdir)
+    run(fix.group(2).replace("<N>", "2").split(), workdir)
+    assert "resumed from" in (run_dir / "logs/train.log").read_text()
+    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
 
 
 def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
@@ -175,15 +228,32 @@ def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
     assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
 
 
+def test_a_failed_experiment_costs_no_shared_output(demo, workdir):
+    """A judge run whose endpoint is dead fails naming the field; the EvalKit's records and the base model's
+    matrix cells, shared with the demo run, are neither made again nor invalidated: the demo has nothing to
+    do afterwards."""
+    run(["snakemake", "--cores", "2"], workdir)
+    shared = [*workdir.glob("results/evalkit/*/*"), *workdir.glob("results/matrix/*/base-*/*/*")]
+    made = {path: path.stat().st_mtime_ns for path in shared if path.is_file()}
+    assert any(p.name == "fingerprint.json" for p in made) and any(p.name == "scores.csv" for p in made)
+    judge = ["--config", "reward={kind: vbvr_vlm, judge_endpoint: 'http://127.0.0.1:9/v1', judge_ready_timeout_s: 2}"]
+    out = run(["snakemake", "--cores", "2", *judge], workdir, check=False)
+    assert out.returncode != 0 and "reward.judge_endpoint" in out.stdout + out.stderr, out.stdout[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in made} == made
+    out = run(["snakemake", "-n"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+
+
 def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
-    """Last: it leaves the checkout's EvalKit edited."""
+    """Last: it leaves the checkout's EvalKit edited. Refused ahead of the stage: the fingerprint of the
+    pinned checkout is kept."""
     kit = workdir / "src/videogrpo/rewards/reference_evalkit/vbvr_bench/evaluators/synthetic.py"
     kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
     out = run(["snakemake", "--cores", "2"], workdir, check=False)
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert "Error in rule fingerprint_evalkit" in text
+    assert "Error in rule check_inputs" in text and "stage=fingerprint_evalkit" in text
     pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
     assert f"expected {pinned} (evalkit.digest)" in text
     assert re.search(r"found    [0-9a-f]{64}", text)
-    assert not list(workdir.glob("results/evalkit/*/fingerprint.json"))
+    assert len(list(workdir.glob("results/evalkit/*/fingerprint.json"))) == 1

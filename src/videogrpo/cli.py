@@ -113,6 +113,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)"
     )
     schema.set_defaults(handler=_schema_command)
+    check = sub.add_parser(
+        "check-inputs", help="a stage's inputs against their manifests and pins, before its job starts"
+    )
+    if command in (None, "check-inputs"):
+        importlib.import_module("videogrpo.provenance.check_inputs").add_arguments(check)
+    check.set_defaults(handler=lambda args: importlib.import_module("videogrpo.provenance.check_inputs").run(args))
     verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     verify.set_defaults(handler=_verify_command)

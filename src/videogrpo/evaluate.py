@@ -149,9 +149,11 @@ def evaluate(
     records = records or videos_dir.parent / f".{videos_dir.name}.records"
     rows = []
     with RuleScorer.for_config(cfg, evalkit) as scorer:
+        print(f"scoring with {cfg.evalkit.workers} scorer workers (evalkit.workers)", flush=True)
         for variant, load in variants.items():
             kept = BatchRecords(records / variant, scorer)
             todo = [first for first in firsts if not kept.done(first)]
+            print(f"evaluate {variant}: {len(firsts) - len(todo)} of {len(firsts)} batches kept", flush=True)
             progress = Progress(f"evaluate {variant}", total=len(samples), unit="videos")
             progress.update(len(samples) - sum(len(samples[f : f + BATCH]) for f in todo))
             transformer = load().eval() if todo else None

@@ -99,20 +99,17 @@ _PACKAGE = Path(videogrpo.__file__).parent
 
 
 def stage_param_texts(stage):
-    """The config fields a stage reads as `field=value` texts, cosmetic fields left out."""
-    texts = {}
-    for section, value in vg.stage_view(CFG, stage).items():
-        fields = value.items() if isinstance(value, dict) else [(None, value)]
-        for name, field_value in fields:
-            path = f"{section}.{name}" if name else section
-            if vg.field_class(path) != vg.COSMETIC:
-                texts[path.replace(".", "__")] = f"{path}={json.dumps(field_value, sort_keys=True)}"
-    return texts
+    """The contract and evaluation fields a stage reads as `field=value` texts (vg.identity_fields)."""
+    return {
+        path.replace(".", "__"): f"{path}={json.dumps(value, sort_keys=True)}"
+        for path, value in vg.identity_fields(vg.stage_view(CFG, stage)).items()
+    }
 
 
 def stage_params(stage):
-    """The config fields a stage reads, one param each: a change reruns the stage, and `snakemake -n` names
-    the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Cosmetic fields are left out.
+    """The contract and evaluation fields a stage reads, one param each: a change reruns the stage, and
+    `snakemake -n` names the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Execution fields
+    (how it runs) and cosmetic ones are left out: a change reruns nothing complete.
     Snakemake expands {wildcards} in params strings, so a value holding braces (a command template) is
     given as a function, whose value is taken as it is."""
     return {
@@ -122,9 +119,9 @@ def stage_params(stage):
 
 
 def stage_config(stage):
-    """What a stage command receives (`--config-json @file`): every config field it reads, cosmetic ones
-    included, in a file named by a digest of the other fields. The name is a param, so changing a field
-    reruns the stage; a label changes the file in place and reruns nothing."""
+    """What a stage command receives (`--config-json @file`): every config field it reads, in a file named by
+    a digest of its params. The name is a param, so changing a param reruns the stage; an execution field
+    or a label changes the file in place, reruns nothing, and applies at the stage's next run."""
     name = sha256_bytes(vg.canonical_json(stage_param_texts(stage)).encode())[:16]
     path = Path(RESULTS) / ".stage-config" / f"{stage}-{name}.json"
     text = vg.canonical_json(vg.stage_view(CFG, stage))
@@ -224,6 +221,18 @@ def upstream(*stages):
     """Named inputs: the manifests of the stages whose outputs a rule reads. The stage checks each input
     against them (`--upstream`) and fails, naming the file and both digests, when one was changed."""
     return {f"{stage}_manifest": STAGE_MANIFESTS[stage] for stage in stages if stage in STAGE_MANIFESTS}
+
+
+# Stage -> (its input functions, its named inputs): what check_inputs checks before the stage's job starts.
+CHECKED_INPUTS = {}
+
+
+def checked(stage, where, *functions, **named):
+    """A stage's named inputs and the stamp of check_inputs (checks.smk) for them: the stage runs only after its
+    inputs passed, so a refusal costs none of its earlier outputs. `where` is the directory of the stamp (a
+    matrix cell's own, with its wildcards); `functions` are the rule's unpack()ed input functions."""
+    CHECKED_INPUTS[stage] = (functions, named)
+    return {**named, "checked_inputs": f"{where}/.checked/{stage}"}
 
 
 def upstream_args(wildcards, input):

@@ -20,8 +20,7 @@ rule fetch_dataset:
 # interrupted unpack must resume. The manifest records it file by file.
 rule materialize_dataset:
     input:
-        **upstream("fetch_dataset"),
-        archives=ARCHIVES,
+        **checked("materialize_dataset", DATA, **upstream("fetch_dataset"), archives=ARCHIVES),
     output:
         index=f"{DATASET}/dataset.json",
         splits=f"{DATASET}/splits.json",
@@ -45,8 +44,7 @@ rule materialize_dataset:
 
 rule validate_dataset:
     input:
-        **upstream("materialize_dataset"),
-        index=f"{DATASET}/dataset.json",
+        **checked("validate_dataset", DATA, **upstream("materialize_dataset"), index=f"{DATASET}/dataset.json"),
     output:
         validation=f"{DATA}/validation.json",
         manifest=f"{DATA}/validate_dataset.manifest.json",

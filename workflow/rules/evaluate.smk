@@ -1,9 +1,13 @@
 rule evaluate:
     input:
-        **upstream("fetch_model", "materialize_dataset", "train", *EVALKIT_STAGES),
-        final=f"{RUN}/train/final",
-        model=MODEL_DIR,
-        index=f"{DATASET}/dataset.json",
+        **checked(
+            "evaluate",
+            RUN,
+            **upstream("fetch_model", "materialize_dataset", "train", *EVALKIT_STAGES),
+            final=f"{RUN}/train/final",
+            model=MODEL_DIR,
+            index=f"{DATASET}/dataset.json",
+        ),
     output:
         scores=f"{RUN}/evaluate/scores.csv",
         table=report(

@@ -26,7 +26,7 @@ rule synthesize_eval_set:
 
 rule eval_set:
     input:
-        **eval_tree_inputs(),
+        **checked("eval_set", EVALSET, **eval_tree_inputs()),
     output:
         samples=f"{EVALSET}/samples.json",
         final_frames=directory(f"{EVALSET}/final_frames"),
@@ -67,8 +67,13 @@ rule fetch_eval_model:
 rule generate_cell:
     input:
         unpack(cell_model_inputs),
-        samples=f"{EVALSET}/samples.json",
-        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+        **checked(
+            "generate_cell",
+            CELL,
+            cell_model_inputs,
+            samples=f"{EVALSET}/samples.json",
+            eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+        ),
     output:
         videos=directory(f"{CELL}/videos"),
         manifest=f"{CELL}/generate_cell.manifest.json",
@@ -91,12 +96,16 @@ rule generate_cell:
 
 rule score_cell:
     input:
-        **upstream(*EVALKIT_STAGES),
-        videos=f"{CELL}/videos",
-        samples=f"{EVALSET}/samples.json",
-        final_frames=f"{EVALSET}/final_frames",
-        generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
-        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+        **checked(
+            "score_cell",
+            CELL,
+            **upstream(*EVALKIT_STAGES),
+            videos=f"{CELL}/videos",
+            samples=f"{EVALSET}/samples.json",
+            final_frames=f"{EVALSET}/final_frames",
+            generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
+            eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+        ),
     output:
         scores=f"{CELL}/scores.csv",
         aggregate=f"{CELL}/aggregate.csv",
@@ -122,7 +131,7 @@ rule score_cell:
 
 rule matrix:
     input:
-        **matrix_cell_inputs(),
+        **checked("matrix", RUN, **matrix_cell_inputs()),
     output:
         table=report(MATRIX_TABLE, caption="../report/matrix.rst", category="Evaluation"),
         per_task=f"{RUN}/matrix/per_task.csv",

@@ -1,12 +1,16 @@
 rule preflight:
     input:
-        **upstream("fetch_model", "validate_dataset", *RULE_REWARD_STAGES),
-        **rule_reward_inputs(
-            evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
-            scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
+        **checked(
+            "preflight",
+            RUN,
+            **upstream("fetch_model", "validate_dataset", *RULE_REWARD_STAGES),
+            **rule_reward_inputs(
+                evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
+                scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
+            ),
+            model=MODEL_DIR,
+            validation=f"{DATA}/validation.json",
         ),
-        model=MODEL_DIR,
-        validation=f"{DATA}/validation.json",
     output:
         report=f"{RUN}/preflight.json",
         manifest=f"{RUN}/preflight.manifest.json",

@@ -1,9 +1,13 @@
 rule report:
     input:
-        **STAGE_MANIFESTS,
-        **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
-        metrics=f"{RUN}/train/metrics.jsonl",
-        table=f"{RUN}/evaluate/per_task.csv",
+        **checked(
+            "report",
+            RUN,
+            **STAGE_MANIFESTS,
+            **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
+            metrics=f"{RUN}/train/metrics.jsonl",
+            table=f"{RUN}/evaluate/per_task.csv",
+        ),
     output:
         provenance=report(
             f"{RUN}/report/provenance.json",

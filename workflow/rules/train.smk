@@ -2,11 +2,15 @@
 # rerun), so a retried or resubmitted job resumes from the last complete checkpoint.
 rule train:
     input:
-        **upstream("fetch_model", "fetch_judge", "materialize_dataset", "preflight"),
-        **judge_service_inputs(judge=f"{JUDGE}/model"),
-        preflight=f"{RUN}/preflight.json",
-        model=MODEL_DIR,
-        index=f"{DATASET}/dataset.json",
+        **checked(
+            "train",
+            RUN,
+            **upstream("fetch_model", "fetch_judge", "materialize_dataset", "preflight"),
+            **judge_service_inputs(judge=f"{JUDGE}/model"),
+            preflight=f"{RUN}/preflight.json",
+            model=MODEL_DIR,
+            index=f"{DATASET}/dataset.json",
+        ),
     output:
         final=directory(f"{RUN}/train/final"),
         metrics=f"{RUN}/train/metrics.jsonl",

@@ -4,12 +4,17 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
 - contract: what a training run computes. The run identity digests these fields, so changing one
   gives a new run directory (a new run), never a resume of checkpoints made under other values.
 - execution: how and where the work runs (paths, ports, workers, threads, kernels, logging,
-  checkpoint retention, resume settings, SLURM resources). A change reruns the stages that read it;
-  training resumes from the run's last checkpoint.
+  checkpoint retention, resume settings, SLURM resources). No stage's param, as in Nextflow, whose
+  resume hash leaves resource directives out: a change reruns no complete stage, and each stage reads
+  it from its config file at its next run (an interrupted one included). Paths that locate an input
+  (`evalkit.path`, `matrix.eval_set`, `results`) key the directories of what is made from it instead.
 - evaluation: what the evaluate stage measures. A change reruns evaluate and the report only.
 - cosmetic: labels that change no computed value (the W&B project, the split name recorded in the
   split manifest). They are passed to the stages that record them but are no stage's param: a
   change reruns nothing and applies the next time such a stage runs.
+
+A field that has no effect under the chosen source (`model.revision` of the tiny generator, the Hub
+repository of synthetic data) is read as empty (`INERT_FIELDS`): never a new run, never a rerun.
 """
 
 from __future__ import annotations
@@ -257,6 +262,20 @@ def stage_view(cfg: Config, stage: str) -> dict[str, Any]:
     return select(cfg, list(STAGE_SECTIONS[stage]))
 
 
+def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a stage view (`stage_view`) that say what the stage makes, by `section.field`: contract
+    and evaluation fields. They are its Snakemake params and key its kept work; execution and cosmetic
+    fields reach it through its config file only."""
+    found = {}
+    for section, value in view.items():
+        fields = value.items() if isinstance(value, dict) else [(None, value)]
+        for name, field_value in fields:
+            path = f"{section}.{name}" if name else section
+            if field_class(path) in (CONTRACT, EVALUATION):
+                found[path] = field_value
+    return found
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
@@ -265,9 +284,23 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def select(cfg: Config, paths: list[str]) -> dict[str, Any]:
-    """The given fields (`section.field`, or a whole `section`) as nested sections: {"train": {"lr": ...}}."""
+# (section, source) -> the fields of the section that this source does not read.
+INERT_FIELDS = {("model", "tiny"): ("repo_id", "revision"), ("data", "synthetic"): ("repo_id", "revision")}
+
+
+def effective_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested sections, fields that the chosen source does not read empty (INERT_FIELDS)."""
     full = to_dict(cfg)
+    for (section, source), names in INERT_FIELDS.items():
+        if full[section]["source"] == source:
+            full[section].update(dict.fromkeys(names, ""))
+    return full
+
+
+def select(cfg: Config, paths: list[str]) -> dict[str, Any]:
+    """The given fields (`section.field`, or a whole `section`) as nested sections: {"train": {"lr": ...}},
+    inert fields empty (effective_dict)."""
+    full = effective_dict(cfg)
     view: dict[str, Any] = {}
     for path in paths:
         section, _, name = path.partition(".")

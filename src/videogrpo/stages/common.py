@@ -34,15 +34,16 @@ def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
 
 
 def resume_key(stage: str, sections: dict, stage_run, **extra) -> str:
-    """Name of the folder where a stage keeps work for a resume: a digest of the config it reads, the digests of
-    its inputs and the package code it runs (CODE_PARTS, the rule's code param), so work made under other
+    """Name of the folder where a stage keeps work for a resume: a digest of the config it reads (execution and
+    cosmetic fields left out: work made with other workers or ports is the same work), the digests of its
+    inputs and the package code it runs (CODE_PARTS, the rule's code param), so work made under other
     settings, inputs or code is never reused: after an edit of the sampler or the reward, nothing stale returns."""
     from videogrpo.provenance.digest import package_digest, sha256_bytes
     from videogrpo.provenance.manifest import record_digest
     from videogrpo.stages import CODE_PARTS
 
     key = {
-        "config": sections,
+        "config": config_mod.identity_fields(sections),
         "inputs": {k: record_digest(v) for k, v in stage_run.input_records.items()},
         "code": package_digest(Path(videogrpo.__file__).parent, CODE_PARTS[stage]),
         **extra,
