@@ -191,3 +191,32 @@ def test_check_inputs_stamps_only_inputs_that_are_what_their_stage_made(tmp_path
     manifest.write_text(manifest.read_text()[:100])
     assert main([*argv, "--out", str(stamp)]) != 0 and not stamp.exists()
     assert f"`rm {manifest}`, then `snakemake --cores <N>`" in capsys.readouterr().err
+
+
+def test_check_inputs_hashes_a_directory_once_for_every_check_that_reads_it(tmp_path, capsys):
+    """With --digest-cache, a file whose size and mtime are unchanged since an earlier check is not read again
+    (the stage reads it all anyway); a changed mtime is hashed, and a corruption refused."""
+    import os
+
+    from videogrpo.cli import main
+
+    model = tmp_path / "pipeline"
+    (model / "transformer").mkdir(parents=True)
+    weights = model / "transformer/weights.bin"
+    weights.write_bytes(b"w" * 4096)
+    manifest = tmp_path / "fetch_model.manifest.json"
+    with StageRun("fetch_model", manifest, inputs={}) as stage:
+        stage.output("model", model)
+    cache, stamp = tmp_path / "digests.json", tmp_path / "stamp"
+    argv = ["check-inputs", "--stage", "train", "--input", f"model={model}", "--upstream", str(manifest)]
+    argv += ["--digest-cache", str(cache), "--out", str(stamp)]
+    assert main(argv) == 0
+    recorded = json.loads(cache.read_text())
+    assert list(recorded) == [str(weights)] and recorded[str(weights)][0] == 4096
+    st = weights.stat()
+    weights.write_bytes(b"v" * 4096)  # same size, time put back: trusted here (the stage hashes it)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert main(argv) == 0
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # any other time: hashed, refused
+    assert main(argv) == 4
+    assert "files that differ: transformer/weights.bin" in capsys.readouterr().err

@@ -54,5 +54,7 @@ rule check_inputs:
     localrule: True
     params:
         args=check_inputs_args,
+        digest_cache=f"{RESULTS}/.checked-digests.json",
     shell:
-        "videogrpo check-inputs --stage {wildcards.stage} {params.args} --out {output.stamp:q} > {log:q} 2>&1"
+        "videogrpo check-inputs --stage {wildcards.stage} {params.args} --digest-cache {params.digest_cache:q}"
+        " --out {output.stamp:q} > {log:q} 2>&1"

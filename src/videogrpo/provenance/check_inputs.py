@@ -7,12 +7,20 @@ as an input (a `temp()` file: made when the stage is about to run, even under --
 after it): inputs not byte for byte what their upstream manifests record, a manifest cut short, an
 EvalKit checkout or an evaluation tree not at its pinned digest stop the run here, and the stage's
 outputs stay as they were. The stage checks its inputs again when it reads them.
+
+Since the stage hashes every byte again, this check may trust a file of a directory input whose size and
+modification time are those of the digest it recorded in `--digest-cache` at an earlier check: a model
+pipeline of tens of GB is hashed once for all the matrix cells that read it, not once per cell. An edit
+that keeps both is still refused, by the stage (which then, as Snakemake does, costs its outputs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 from videogrpo import atomic
 from videogrpo.errors import DigestMismatch
@@ -38,13 +46,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree", type=_pair, action="append", default=[], metavar="PATH=DIGEST", help="a tree and its pinned digest"
     )
     parser.add_argument("--out", required=True, type=Path, help="the stamp to write when every check passes")
+    parser.add_argument(
+        "--digest-cache", type=Path, help="file digests of earlier checks by path, size and mtime (JSON), updated"
+    )
+
+
+def _load_cache(path: Path | None) -> dict[str, list]:
+    try:
+        cache = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):  # absent, or cut short by a crash: only a speed-up is lost
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _describe(path: str, cache: dict[str, list], seen: dict[str, list]) -> dict[str, Any]:
+    """describe(path), reusing the cached digest of each file of a directory whose size and mtime match."""
+    root = Path(path)
+    if not root.is_dir():
+        return describe(root, list_files=False)
+    known, stats = {}, {}
+    for rel in digest.list_files(root):
+        full = os.path.abspath(root / rel)
+        st = os.stat(full)
+        stats[rel] = (full, st.st_size, st.st_mtime_ns)
+        hit = cache.get(full)
+        if isinstance(hit, list) and len(hit) == 3 and hit[:2] == [st.st_size, st.st_mtime_ns]:
+            known[rel] = (hit[2], st.st_size)
+    entries = digest.tree_entries(root, known=known)
+    for rel, (sha, size) in entries.items():
+        full, st_size, mtime_ns = stats.get(rel, (None, None, None))
+        if full and st_size == size:
+            seen[full] = [size, mtime_ns, sha]
+    return describe(root, list_files=False, known=entries, complete=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from videogrpo.rewards.evalkit import check_checkout, check_digest
 
-    records = {name: describe(path, list_files=False) for name, path in args.input}
+    cache, seen = _load_cache(args.digest_cache), {}
+    records = {name: _describe(path, cache, seen) for name, path in args.input}
     verify_inputs(records, args.upstream)
+    if args.digest_cache and seen:  # only digests that passed; a concurrent check's entries may be lost, never wrong
+        atomic.write_json(args.digest_cache, {**_load_cache(args.digest_cache), **seen})
     pins = {}
     for path, pinned in args.evalkit:
         pins[f"evalkit {path}"] = check_digest(check_checkout(path), pinned)
