@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env scorer-env judge-env demo test test-unit test-e2e lint format dag graphviz profile clean
+.PHONY: env scorer-env judge-env demo test test-unit test-e2e lint format dag graphviz chromium profile clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,9 @@ profile:   # once: `snakemake --profile slurm` then finds profiles/slurm of this
 
 graphviz:   # Debian's graphviz for `dot`, where it is missing (needs root, as CI has)
 	@command -v dot >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q graphviz >/dev/null; }
+
+chromium:   # Debian's chromium for the report page's browser test, where it is missing (needs root, as CI has)
+	@command -v chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 
 dag: env graphviz
 	snakemake --dag | dot -Tsvg > dag.svg

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import html
+import re
 
 import numpy as np
 import pytest
@@ -135,3 +137,142 @@ def test_a_batch_whose_record_holds_an_error_is_scored_again(tiny_model, dataset
     )
     assert calls == [4] and not again.error.any()
     assert again.equals(whole)
+
+
+def _provenance(**timings) -> dict:
+    return {
+        "run_id": "r",
+        "generated_at": "now",
+        "git": {"commit": None},
+        "timings": timings,
+        "digests": {},
+        "versions": {},
+        "config": {},
+    }
+
+
+def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
+    from videogrpo.provenance.report import fixed, render_html
+
+    assert [fixed(v) for v in (-2.9e-05, -0.0, 2.9e-05, -0.00009, -0.0009)] == [
+        "0.0000",
+        "0.0000",
+        "0.0000",
+        "-0.0001",
+        "-0.0009",
+    ]
+    assert fixed(-0.0004, 3) == "0.000" and fixed(float("nan")) == "nan"
+    row = {"task": "ALL", "samples": "6", "delta": "-2.9000502486220547e-05", "delta_ci_low": "-6.4e-05"}
+    matrix = [
+        {
+            "model": "trained",
+            "sampler": "unipc",
+            "domain": "overall",
+            "mean": "0.3",
+            "ci_low": "-0.0002",
+            "ci_high": "1",
+        }
+    ]
+    metrics = [
+        {"step": 1, "reward_mean": 0.5, "reward_std": 0.1, "policy_loss": -3e-07, "learning_rate": 1e-4},
+    ]
+    page = render_html(_provenance(), metrics, [row], {}, matrix)
+    assert not re.search(r"-0\.0+(?![0-9])", page), page
+    tables = report_tables(page)
+    (evaluation,) = [t for t in tables if t[0][:2] == ["task", "samples"]]
+    assert evaluation[1][2:] == ["0.0000", "-0.0001"]
+    (pivot,) = [t for t in tables if t[0] == ["model", "unipc"]]
+    assert pivot[1] == ["trained", "0.300 [0.000, 1.000]"]
+
+
+def test_the_learning_rate_column_shows_the_warm_up_and_the_decay():
+    from videogrpo.grpo.lr_schedule import learning_rate
+    from videogrpo.provenance.report import learning_rate_text, render_html
+
+    rates = [learning_rate(k, 3, 8, 1e-4) for k in range(8)]
+    metrics = [{"step": k + 1, "reward_mean": 0.5, "reward_std": 0.1, "learning_rate": r} for k, r in enumerate(rates)]
+    (shown,) = [t for t in report_tables(render_html(_provenance(), metrics, [])) if "learning_rate" in t[0]]
+    column = [row[shown[0].index("learning_rate")] for row in shown[1:]]
+    assert column[:4] == ["0.00e+00", "3.33e-05", "6.67e-05", "1.00e-04"]
+    assert len(set(column)) == len(rates)  # fixed decimals showed 0.0000 0.0000 0.0001 0.0001 ...
+    assert all(abs(float(text) - rate) <= 0.005 * rate for text, rate in zip(column, rates))
+    assert learning_rate_text("5e-05") == "5.00e-05"  # as a CSV would give it
+
+
+def test_a_stage_that_ran_outside_slurm_is_shown_as_local_not_none():
+    from videogrpo.provenance.report import LOCAL_TITLE, render_html
+
+    timing = {"started_at": "t", "duration_s": 1.0, "host": "vm"}
+    page = render_html(
+        _provenance(train=dict(timing, slurm_job_id="4242"), report=dict(timing, slurm_job_id=None)), [], []
+    )
+    (stages,) = [t for t in report_tables(page) if t[0][0] == "stage"]
+    assert [row[-1] for row in stages[1:]][0] == "4242"
+    assert stages[2][-1] == f"<span title='{html.escape(LOCAL_TITLE)}'>local</span>"
+    assert ">None<" not in page and "SLURM_JOB_ID" in LOCAL_TITLE
+
+
+def test_the_videos_pair_base_and_trained_of_the_same_sample():
+    from videogrpo.provenance.report import render_html, video_pairs
+
+    tasks = ["S-1_move", "S-2_fill"]
+
+    def paths(variant: str, samples: list[str]) -> list[str]:
+        return [f"../evaluate/videos/{variant}/{task}/{s}.mp4" for task in tasks for s in samples]
+
+    # Sorted paths put every base video first: the old page showed two base videos per task.
+    videos = {
+        "base": paths("base", ["a_00001", "a_00002", "a_00003"]),
+        "trained": paths("trained", ["a_00003", "a_00001"]),
+    }
+    pairs, total = video_pairs(videos)
+    assert total == 4 and [(task, sample) for task, sample, _, _ in pairs] == [
+        (task, s) for task in tasks for s in ("a_00001", "a_00003")
+    ]
+    for task, sample, base, trained in pairs:
+        assert base == f"../evaluate/videos/base/{task}/{sample}.mp4"
+        assert trained == f"../evaluate/videos/trained/{task}/{sample}.mp4"
+    page = render_html(_provenance(), [], [{"task": "ALL", "samples": "4"}], videos)
+    rows = re.findall(r"<tr><th scope='row'>(.*?)</tr>", page)
+    assert len(rows) == 4
+    for row, (task, sample, base, trained) in zip(rows, pairs):
+        assert row.startswith(f"{task}<br><code>{sample}</code></th>")
+        assert re.findall(r"<video src='([^']+)'", row) == [base, trained]
+    assert "<th>base</th><th>trained</th>" in page
+    shown, total = video_pairs({v: [f"{v}/t{k}/s{j}.mp4" for k in range(9) for j in range(5)] for v in videos}, 6, 2)
+    assert total == 45 and len(shown) == 12 and len({task for task, *_ in shown}) == 6
+
+
+def test_update_axes_have_integer_ticks_and_task_titles_show_the_whole_name():
+    from videogrpo.provenance.report import per_task_curves_figure, reward_curve_figure
+
+    long = [
+        "G-134_select_next_figure_large_small_alternating_sequence_data-generator",
+        "G-131_select_next_figure_increasing_size_sequence_data-generator",
+        "S-1_move_red_square_data-generator",
+        "x" * 70,  # no break point at all
+        "S-2",
+        "S-3_grow_bar_to_line_data-generator",
+    ]
+    metrics = [
+        {"step": k, "reward_mean": 0.1 * k, "reward_std": 0.01, "reward_per_task": {t: 0.1 * k for t in long}}
+        for k in range(1, 5)
+    ]
+    for fig in (reward_curve_figure(metrics), per_task_curves_figure(metrics)):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            if ax.axison:
+                low, high = ax.get_xlim()
+                ticks = [t for t in ax.get_xticks() if low <= t <= high]
+                assert len(ticks) >= 2 and all(t == int(t) for t in ticks), ticks
+    fig = per_task_curves_figure(metrics)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    shown = [ax for ax in fig.axes if ax.axison]
+    assert sorted(ax.get_title().replace("\n", "") for ax in shown) == sorted(long)
+    boxes = [ax.title.get_window_extent(renderer) for ax in shown]
+    width, height = fig.canvas.get_width_height()
+    for k, box in enumerate(boxes):
+        assert 0 <= box.x0 and box.x1 <= width and box.y1 <= height, (shown[k].get_title(), box)
+        for other in boxes[k + 1 :]:  # no title runs into another panel's title
+            assert box.x1 <= other.x0 or other.x1 <= box.x0 or box.y1 <= other.y0 or other.y1 <= box.y0

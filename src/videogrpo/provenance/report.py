@@ -6,6 +6,7 @@ import base64
 import html
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +86,25 @@ def _figure_png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def reward_curve_png(metrics: list[dict]) -> str:
-    """The mean reward per update with its spread (one standard deviation over all rollouts), as a PNG."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _updates_axis(ax) -> None:
+    """Updates are counted: ticks at whole updates only (matplotlib's default puts them at 1.5, 2.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def reward_curve_figure(metrics: list[dict]):
+    """The mean reward per update with its spread (one standard deviation over all rollouts)."""
+    plt = _pyplot()
     steps = [m["step"] for m in metrics]
     mean = [m["reward_mean"] for m in metrics]
     std = [m["reward_std"] for m in metrics]
@@ -100,36 +113,57 @@ def reward_curve_png(metrics: list[dict]) -> str:
     ax.plot(steps, mean, marker="o", markersize=3, linewidth=2, label="mean reward (band: ±1 std)")
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("reward")
+    _updates_axis(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    return _figure_png(fig)
+    return fig
 
 
-def per_task_curves_png(metrics: list[dict], columns: int = 5) -> str | None:
+def reward_curve_png(metrics: list[dict]) -> str:
+    return _figure_png(reward_curve_figure(metrics))
+
+
+def wrap_name(name: str, width: int) -> str:
+    """A task name on lines of at most `width` characters, broken after '_' or '-' where it can be (the whole
+    name stays readable: VBVR task names run to 40 characters and more)."""
+    lines: list[str] = []
+    for piece in re.findall(r"[^_-]*[_-]|[^_-]+$", name):
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    # A run without a break point longer than a line: cut it.
+    return "\n".join(line[i : i + width] for line in lines for i in range(0, len(line), width))
+
+
+def per_task_curves_figure(metrics: list[dict], columns: int = 5):
     """One small panel per task: its mean reward at the updates whose batch held it (connected, no gaps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     tasks = sorted({t for m in metrics for t in m.get("reward_per_task", {})})
     if not tasks:
         return None
+    columns = min(columns, len(tasks))
     rows = (len(tasks) + columns - 1) // columns
     fig, axes = plt.subplots(
-        rows, columns, figsize=(2.4 * columns, 1.7 * rows), dpi=90, sharex=True, sharey=True, squeeze=False
+        rows, columns, figsize=(2.4 * columns, 1.9 * rows), dpi=90, sharex=True, sharey=True, squeeze=False
     )
     for ax, task in zip(axes.flat, tasks):
         points = [(m["step"], m["reward_per_task"][task]) for m in metrics if task in m.get("reward_per_task", {})]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1)
-        ax.set_title(task if len(task) <= 28 else task[:26] + "…", fontsize=7)
+        ax.set_title(wrap_name(task, 30), fontsize=7)
         ax.tick_params(labelsize=6)
+        _updates_axis(ax)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(tasks) :]:
         ax.axis("off")
     fig.tight_layout()
-    return _figure_png(fig)
+    return fig
+
+
+def per_task_curves_png(metrics: list[dict], columns: int = 5) -> str | None:
+    fig = per_task_curves_figure(metrics, columns)
+    return None if fig is None else _figure_png(fig)
 
 
 def _number(value: Any) -> Any:
@@ -145,41 +179,123 @@ def _number(value: Any) -> Any:
     return value
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
-    def cell(value: Any) -> str:
-        value = _number(value)
-        if isinstance(value, float):
-            return "–" if value != value else f"{value:.4f}"  # NaN: not defined (a single sample)
-        return html.escape(str(value))
+def fixed(value: float, digits: int = 4) -> str:
+    """`value` to `digits` decimals; a value that rounds to zero is 0, never -0 (a sign with no digit behind it
+    reads as a result)."""
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text
 
+
+def learning_rate_text(value: Any) -> str:
+    """A learning rate to three significant digits (1.00e-04, 8.54e-05): the schedule's warm-up and decay
+    differ in the digits that fixed decimals drop."""
+    value = _number(value)
+    return f"{value:.2e}" if isinstance(value, (int, float)) else html.escape(str(value))
+
+
+LOCAL_TITLE = "not run inside a SLURM job (SLURM_JOB_ID was unset): it ran on the host named, outside SLURM"
+
+
+def slurm_job_cell(job_id: Any) -> str:
+    """A stage's SLURM job id, or `local` (with a tooltip saying so) for a stage that ran outside SLURM."""
+    if job_id is None or job_id == "":
+        return f"<span title='{html.escape(LOCAL_TITLE)}'>local</span>"
+    return html.escape(str(job_id))
+
+
+def commit_text(commit: Any) -> str:
+    """The workflow commit the stages recorded: one, several (stages ran at different commits) or none."""
+    if not commit:
+        return "unknown (the workflow directory was not a git checkout)"
+    if isinstance(commit, list):
+        return "differs between stages: " + ", ".join(f"<code>{html.escape(c)}</code>" for c in commit)
+    return f"<code>{html.escape(str(commit))}</code>"
+
+
+def _cell(value: Any) -> str:
+    value = _number(value)
+    if isinstance(value, float):
+        return "–" if value != value else fixed(value)  # NaN: not defined (an interval of a single sample)
+    return html.escape(str(value))
+
+
+def _table(rows: list[dict], columns: list[str], formats: dict[str, Any] | None = None, css: str = "") -> str:
+    """An HTML table; `formats`: per column, the function from a cell's value to its HTML (default: numbers to
+    four decimals, text as it is)."""
+    formats = formats or {}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join(
+        "<tr>" + "".join(f"<td>{formats.get(c, _cell)(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows
+    )
+    opening = f"<table class='{css}'>" if css else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _videos(table: list[dict], videos: dict[str, list[str]], limit: int = 4) -> str:
-    """A few evaluation videos, base beside trained, linked relative to the report."""
-    cells = []
-    for task in [row["task"] for row in table if row["task"] != "ALL"][:limit]:
-        pair = [p for variant in ("base", "trained") for p in videos.get(variant, []) if f"/{task}/" in p][:2]
-        tags = "".join(
-            f"<figure><video src='{html.escape(p)}' controls muted loop width='256'></video>"
-            f"<figcaption>{html.escape(p.split('/')[-3])}</figcaption></figure>"
-            for p in pair
+def video_pairs(
+    videos: dict[str, list[str]], tasks: int = 6, per_task: int = 2
+) -> tuple[list[tuple[str, str, str, str]], int]:
+    """(task, sample, base video, trained video) for the samples that both variants generated, the first
+    `per_task` samples of each of the first `tasks` tasks; and the number of pairs there are in all. Videos are
+    `<variant>/<task>/<sample>.mp4`: the same task and sample under both variants is the same prompt, first
+    frame and noise."""
+
+    def keyed(paths: list[str]) -> dict[tuple[str, str], str]:
+        return {(Path(p).parent.name, Path(p).stem): p for p in paths}
+
+    base, trained = keyed(videos.get("base", [])), keyed(videos.get("trained", []))
+    common = sorted(base.keys() & trained.keys())
+    shown: list[tuple[str, str, str, str]] = []
+    per: dict[str, int] = {}
+    for task, sample in common:
+        if per.get(task, 0) < per_task and (task in per or len(per) < tasks):
+            per[task] = per.get(task, 0) + 1
+            shown.append((task, sample, base[(task, sample)], trained[(task, sample)]))
+    return shown, len(common)
+
+
+def _videos(videos: dict[str, list[str]]) -> str:
+    """Base beside trained for the same samples, one row per sample, linked relative to the report."""
+    pairs, total = video_pairs(videos)
+    if not pairs:
+        return "<p class='warn'>No evaluation videos of both base and trained to show.</p>"
+
+    def video(path: str, variant: str, task: str, sample: str) -> str:
+        return (
+            f"<td><video src='{html.escape(path)}' controls muted loop width='256' "
+            f"data-variant='{variant}' data-task='{html.escape(task)}' data-sample='{html.escape(sample)}'>"
+            f"</video></td>"
         )
-        cells.append(f"<div class='videos'><h3>{html.escape(task)}</h3>{tags}</div>")
-    return "".join(cells)
+
+    rows = "".join(
+        f"<tr><th scope='row'>{html.escape(task)}<br><code>{html.escape(sample)}</code></th>"
+        f"{video(base, 'base', task, sample)}{video(trained, 'trained', task, sample)}</tr>"
+        for task, sample, base, trained in pairs
+    )
+    note = (
+        f"{len(pairs)} of {total} samples shown; all are in <code>evaluate/videos/</code>."
+        if total > len(pairs)
+        else ""
+    )
+    return (
+        "<h3>Videos: base and trained, same sample and noise</h3>"
+        f"<table class='videos'><thead><tr><th>task / sample</th><th>base</th><th>trained</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table><p>{note}</p>"
+    )
 
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
+table.wide { width: 100%; }
+table.wide td { overflow-wrap: anywhere; }
+table.wide td:last-child { overflow-wrap: normal; white-space: nowrap; }
+table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
+img { max-width: 100%; height: auto; }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-size: 0.85em; }
 .warn { color: #a40; }
-.videos { display: inline-block; vertical-align: top; margin-right: 1em; }
-.videos figure { display: inline-block; margin: 0 0.5em 0 0; }
 """
 
 
@@ -190,11 +306,7 @@ def _float(text: str) -> float:
 
 def matrix_png(matrix: list[dict]) -> str:
     """Overall mean per sampler, one bar per model, with the 95 % bootstrap interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     overall = [row for row in matrix if row["domain"] == "overall"]
     models = list(dict.fromkeys(row["model"] for row in overall))
     samplers = list(dict.fromkeys(row["sampler"] for row in overall))
@@ -221,15 +333,8 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
     rows = []
     for model in dict.fromkeys(row["model"] for row in overall):
         cells = {row["sampler"]: row for row in overall if row["model"] == model}
-        rows.append(
-            {
-                "model": model,
-                **{
-                    s: f"{_float(c['mean']):.3f} [{_float(c['ci_low']):.3f}, {_float(c['ci_high']):.3f}]"
-                    for s, c in cells.items()
-                },
-            }
-        )
+        shown = {s: [fixed(_float(c[k]), 3) for k in ("mean", "ci_low", "ci_high")] for s, c in cells.items()}
+        rows.append({"model": model, **{s: f"{mean} [{low}, {high}]" for s, (mean, low, high) in shown.items()}})
     return rows, ["model", *samplers]
 
 
@@ -248,7 +353,7 @@ def render_html(
         f"<!doctype html><html><head><meta charset='utf-8'><title>videogrpo {html.escape(provenance['run_id'])}"
         f"</title><style>{STYLE}</style></head><body>",
         f"<h1>Run {html.escape(provenance['run_id'])}</h1>",
-        f"<p>Workflow commit <code>{html.escape(str(git.get('commit')))}</code>{dirty}; "
+        f"<p>Workflow commit {commit_text(git.get('commit'))}{dirty}; "
         f"report generated {html.escape(provenance['generated_at'])}.</p>",
     ]
     if not metrics:
@@ -270,7 +375,7 @@ def render_html(
             "learning_rate",
             "time_step_s",
         ]
-        parts.append(_table(metrics, columns))
+        parts.append(_table(metrics, columns, {"learning_rate": learning_rate_text}))
     parts.append("<h2>Evaluation: trained against base, same samples and noise (evaluate.split)</h2>")
     if table:
         parts.append(
@@ -279,7 +384,7 @@ def render_html(
             "</p>"
         )
         parts.append(_table(table, list(table[0].keys())))
-        parts.append(_videos(table, videos or {}))
+        parts.append(_videos(videos or {}))
     else:
         parts.append("<p class='warn'>No evaluation table.</p>")
     if matrix:
@@ -295,14 +400,23 @@ def render_html(
         parts.append(_table(matrix, list(matrix[0].keys())))
     parts.append("<h2>Stages</h2>")
     parts.append(
+        "<p><code>slurm_job_id</code>: the SLURM job the stage ran in; <code>local</code>: it ran outside SLURM, "
+        "on the host named.</p>"
+    )
+    parts.append(
         _table(
             [{"stage": name, **t} for name, t in provenance["timings"].items()],
             ["stage", "started_at", "duration_s", "host", "slurm_job_id"],
+            {"slurm_job_id": slurm_job_cell},
         )
     )
     parts.append("<h2>Artifact digests (SHA-256)</h2>")
     parts.append(
-        _table([{"artifact": k, **v} for k, v in provenance["digests"].items()], ["artifact", "path", "sha256", "size"])
+        _table(
+            [{"artifact": k, **v} for k, v in provenance["digests"].items()],
+            ["artifact", "path", "sha256", "size"],
+            css="wide",
+        )
     )
     parts.append("<h2>Software</h2>")
     parts.append(

@@ -1,0 +1,206 @@
+"""The demo's report page as a reader sees it: rendered by a real browser (headless Chromium).
+
+The DOM Chromium builds from report.html is checked for what the page must show (base and trained videos of
+the same samples, the learning-rate schedule, no '-0.0000', no 'None'); a copy of the page with a small probe
+script measures its layout (nothing past the right edge of a 1280-pixel window, no cell whose content spills
+out of it) and asks each video for its size (the file is there and the browser can read it); a screenshot
+shows it drew something."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from demo import first_run_id, run
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = "1280,2000"
+
+# Runs once the page has loaded and every video has its metadata (or failed to), then appends its
+# measurements to the page, where --dump-dom shows them.
+PROBE = """
+window.addEventListener('load', () => {
+  const viewport = document.documentElement.clientWidth;
+  const name = (e) => e.tagName.toLowerCase() + ' ' + (e.textContent || e.getAttribute('src') || '').slice(0, 80);
+  const videos = [...document.querySelectorAll('video')];
+  const loaded = videos.map((v) => v.readyState >= 1 ? null : new Promise((done) => {
+    v.addEventListener('loadedmetadata', done);
+    v.addEventListener('error', done);
+  }));
+  Promise.all(loaded).then(() => {
+    const out = document.createElement('pre');
+    out.id = 'probe';
+    out.textContent = JSON.stringify({
+      viewport: viewport,
+      scroll_width: document.documentElement.scrollWidth,
+      past_right_edge: [...document.body.querySelectorAll('*')]
+        .filter((e) => e.getBoundingClientRect().right > viewport + 0.5).map(name),
+      spilling_cells: [...document.querySelectorAll('td, th')]
+        .filter((c) => c.scrollWidth > c.clientWidth + 1).map(name),
+      videos: videos.map((v) => ({src: v.getAttribute('src'), width: v.videoWidth, error: v.error && v.error.code})),
+    });
+    document.body.appendChild(out);
+  });
+});
+"""
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium as root (no sandbox), without a GPU, with a profile of its own."""
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    return subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
+def as_shown(value: str) -> str:
+    """A CSV cell as the page must show it: integers and text as they are, other numbers to four decimals, and
+    one that rounds to zero without a sign."""
+    try:
+        return str(int(value))
+    except ValueError:
+        pass
+    try:
+        text = f"{float(value):.4f}"
+    except ValueError:
+        return value
+    return text[1:] if re.fullmatch(r"-0\.0+", text) else text
+
+
+class Page(HTMLParser):
+    """The tables (rows of cell texts) and the videos (their attributes) of a DOM."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.videos: list[dict[str, str]] = []
+        self.titles: list[tuple[str, str]] = []  # (title, text) of the elements that have a title
+        self._cell: list[str] | None = None
+        self._title: str | None = None
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "video":
+            self.videos.append(attrs)
+        if "title" in attrs and tag != "title":
+            self._title = attrs["title"]
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._title is not None:
+            self.titles.append((self._title, data))
+            self._title = None
+
+    def table(self, header: list[str]) -> list[list[str]]:
+        (found,) = [t for t in self.tables if t and t[0][: len(header)] == header]
+        return found
+
+
+def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdir, tmp_path):
+    run(["make", "chromium"], workdir)
+    run(["snakemake", "--cores", "2"], workdir)  # up to date
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    report = run_dir / "report/report.html"
+
+    dom = chromium(tmp_path, f"--window-size={WINDOW}", "--dump-dom", report.as_uri()).stdout
+    page = Page(dom)
+    assert "<h1>Run " in dom and len(page.tables) >= 6
+
+    # Base and trained side by side: one row per evaluated sample, base then trained, the same task and sample.
+    evaluated = {(p.parent.name, p.stem) for p in (run_dir / "evaluate/videos/trained").rglob("*.mp4")}
+    assert len(evaluated) == 6 and evaluated == {
+        (p.parent.name, p.stem) for p in (run_dir / "evaluate/videos/base").rglob("*.mp4")
+    }
+    videos = [v for v in page.videos if "data-variant" in v]
+    assert [v["data-variant"] for v in videos] == ["base", "trained"] * len(evaluated)
+    shown = []
+    for base, trained in zip(videos[::2], videos[1::2]):
+        sample = (base["data-task"], base["data-sample"])
+        assert (trained["data-task"], trained["data-sample"]) == sample
+        for video, variant in ((base, "base"), (trained, "trained")):
+            assert video["src"] == f"../evaluate/videos/{variant}/{sample[0]}/{sample[1]}.mp4"
+        shown.append(sample)
+    assert sorted(shown) == sorted(evaluated)
+    (head,) = [t for t in page.tables if t and t[0] == ["task / sample", "base", "trained"]]
+    assert [row[0] for row in head[1:]] == [f"{task}{sample}" for task, sample in shown]
+
+    # The learning rate as the schedule set it, each update's distinct.
+    metrics = [json.loads(line) for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    table = page.table(["step", "reward_mean"])
+    column = [row[table[0].index("learning_rate")] for row in table[1:]]
+    assert column == [f"{m['learning_rate']:.2e}" for m in metrics]
+    assert all(re.fullmatch(r"\d\.\d\de[-+]\d\d", text) for text in column) and len(set(column)) == len(metrics) > 2
+
+    # No signed zero (the evaluation table as its CSV, a value that rounds to zero without a sign), no None;
+    # stages that ran outside SLURM are 'local', with a tooltip saying so.
+    text = re.sub(r"<[^>]+>", " ", dom)
+    assert not re.search(r"-0\.0+(?![0-9])", text), re.search(r".{80}-0\.0+(?![0-9]).{20}", text)
+    with open(run_dir / "evaluate/per_task.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    evaluation = page.table(list(rows[0]))
+    for got, want in zip(evaluation[1:], rows, strict=True):
+        assert got == [as_shown(v) for v in want.values()]
+    assert ">None<" not in dom and not re.search(
+        r"\bNone\b", re.sub(r"<[^>]+>", " ", dom.split("<h2>Configuration")[0])
+    )
+    stages = page.table(["stage", "started_at"])
+    assert {row[-1] for row in stages[1:]} == {"local"}  # the demo ran no stage under SLURM
+    assert sum(1 for title, cell in page.titles if cell == "local" and "SLURM" in title) == len(stages) - 1
+
+    # Layout, measured by the browser on a copy of the page with the probe (resolving paths from the report's folder).
+    probed = tmp_path / "probed.html"
+    probed.write_text(
+        report.read_text()
+        .replace("<head>", f"<head><base href='{report.parent.as_uri()}/'>", 1)
+        .replace("</body>", f"<script>{PROBE}</script></body>", 1)
+    )
+    probe_dom = chromium(
+        tmp_path, f"--window-size={WINDOW}", "--virtual-time-budget=20000", "--dump-dom", probed.as_uri()
+    )
+    found = re.findall(r'<pre id="probe">(.*?)</pre>', probe_dom.stdout, re.S)
+    assert len(found) == 1, f"the probe did not report: {probe_dom.stdout[-2000:]}"
+    layout = json.loads(html.unescape(found[0]))
+    assert layout["viewport"] > 1200 and layout["scroll_width"] == layout["viewport"], layout
+    assert layout["past_right_edge"] == [] and layout["spilling_cells"] == [], layout
+    assert len(layout["videos"]) == 2 * len(evaluated)
+    assert all(v["width"] == 256 and v["error"] is None for v in layout["videos"]), layout["videos"]
+
+    # The screenshot: a real image of the window's size, with the page drawn on it (plots, videos, text).
+    from PIL import Image
+
+    shot = tmp_path / "report.png"
+    # The budget lets the videos load their first frame before the shot.
+    chromium(
+        tmp_path, f"--window-size={WINDOW}", "--virtual-time-budget=20000", f"--screenshot={shot}", report.as_uri()
+    )
+    with Image.open(shot) as image:
+        assert image.format == "PNG" and image.size == (1280, 2000)
+        pixels = image.convert("RGB")
+        colours = pixels.getcolors(maxcolors=1 << 20)
+        assert len(colours) > 200, len(colours)  # a blank or failed page has a handful
+        white = sum(count for count, colour in colours if colour == (255, 255, 255))
+        assert 0.05 < 1 - white / (1280 * 2000), white  # drawn on, not an empty sheet
