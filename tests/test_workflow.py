@@ -296,7 +296,8 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
     elsewhere = workdir / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
     from_elsewhere = [str(workdir / arg) if arg.endswith(".yaml") else arg for arg in by_name]
-    out = run([*from_elsewhere, "--directory", str(workdir)], elsewhere, XDG_CONFIG_HOME=str(workdir / "xdg"))
+    from_elsewhere += ["--snakefile", str(workdir / "Snakefile"), "--directory", str(workdir)]
+    out = run(from_elsewhere, elsewhere, XDG_CONFIG_HOME=str(workdir / "xdg"))
     assert "train" in jobs_run(out.stdout + out.stderr)
     for command in commands:
         argv = command.split()

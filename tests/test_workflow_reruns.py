@@ -4,11 +4,15 @@ failure costs, and how one plain rerun finishes the job."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from demo import first_run_id, jobs_run, run, train_digest
+from demo import VENV, first_run_id, jobs_run, run, train_digest
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +59,7 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
 
 def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workdir):
     out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
-    assert f"results/runs/{first_run_id(workdir)}/" in out.stdout  # the same run: training would resume
+    assert "Nothing to be done" in out.stdout + out.stderr  # a label: the same run, nothing to redo
     out = run(["snakemake", "-n", "--config", "model={max_text_tokens: 16}", "data={heldout_per_task: 1}"], workdir)
     jobs = jobs_run(out.stdout + out.stderr)
     assert "fetch_model" not in jobs and "fetch_dataset" not in jobs and jobs["materialize_dataset"] == 1
@@ -90,8 +94,13 @@ def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir
 
 
 def snapshot(*folders: Path) -> dict[Path, bytes]:
-    """Every file under the folders, with its bytes: what a failure must not cost."""
-    return {path: path.read_bytes() for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
+    """Every file under the folders, with its bytes: what a failure must not cost (the checks' logs aside)."""
+    return {
+        path: path.read_bytes()
+        for folder in folders
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and ".checked" not in path.relative_to(folder).parts
+    }
 
 
 def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, workdir):
@@ -202,6 +211,47 @@ def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir
         source.write_text(original)
     run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
     assert table.read_bytes() == original_table
+
+
+def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(demo, workdir):
+    """Ctrl-C (SIGINT to the terminal's process group) while `--forcerun train` runs: Snakemake removes the
+    job's outputs while report.html stays; `snakemake -n` still lists training, and a plain rerun resumes
+    it and rebuilds what follows."""
+    run(["snakemake", "--cores", "2"], workdir)
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    manifest, log = run_dir / "train.manifest.json", run_dir / "logs/train.log"
+    started, output = time.time(), workdir / "interrupted-train.out"
+
+    def training_runs() -> bool:  # its outputs removed, its log begun by this attempt
+        begun = log.is_file() and log.stat().st_mtime > started and "[launch]" in log.read_text()
+        return begun and not manifest.exists()
+
+    with open(output, "wb") as sink:
+        proc = subprocess.Popen(
+            ["snakemake", "--cores", "2", "--forcerun", "train"],
+            cwd=workdir,
+            env=dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not training_runs():
+            assert proc.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not manifest.exists() and (run_dir / "report/report.html").is_file()
+    dry = run(["snakemake", "-n"], workdir)
+    assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
+    run(["snakemake", "--cores", "2"], workdir)
+    assert "resumed from" in log.read_text()
+    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
 
 
 def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
