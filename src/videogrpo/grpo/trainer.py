@@ -28,7 +28,7 @@ from videogrpo import atomic, checkpoint, distributed, parallelize
 from videogrpo.config import Config, to_dict, unsupported
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, replay
+from videogrpo.grpo import assignment, flops, replay
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
@@ -498,6 +498,7 @@ class Trainer:
                     time_step_s=time.monotonic() - t0,
                     time_rollout_s=fresh.time_rollout_s if fresh else 0.0,
                 )
+                metrics.update(flops.update_metrics(self, metrics, fresh is not None))
                 self.rolled_out = []
                 self.tracker.record(metrics)
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):

@@ -1,0 +1,239 @@
+"""Model FLOPs of the Wan transformer, per forward and per GRPO update, and the MFU they make.
+
+Counted as `torch.utils.flop_counter` counts: every matmul (linear, the patch embedding's
+convolution, attention's scores and values) as 2 m n k; norms, activations, RoPE, softmax, biases and
+the sampler's elementwise arithmetic as nothing (they are a small fraction and not matmul work).
+The backward is the forward's matmuls twice (the input's gradient and the weight's), less the input
+gradient of the three matmuls whose input needs none (the patch embedding of the latents, the first
+layers of the timestep and text embedders); gradient checkpointing (diffusers checkpoints each
+block) recomputes the blocks' forward once more in the backward. Every parameter is assumed
+trainable (full fine-tuning, as the trainer does).
+
+Nothing here changes a training value, which is why this module is not part of the trainer's math
+digest (`checkpoint.TRAINER_MATH`): the trainer makes one call per update (`update_metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardFlops:
+    """FLOPs of one transformer forward of a batch, by part."""
+
+    patch_embedding: int
+    time_embedding: int
+    text_embedding: int
+    image_embedding: int
+    blocks: int
+    """All blocks: projections, attention scores and values, feed-forward."""
+    attention: int
+    """Of `blocks`: attention scores and values only (self-attention, cross-attention to text and image)."""
+    output: int
+    no_input_grad: int
+    """Of the above: matmuls whose input needs no gradient, so their backward is the weight gradient only."""
+
+    @property
+    def total(self) -> int:
+        return (
+            self.patch_embedding
+            + self.time_embedding
+            + self.text_embedding
+            + self.image_embedding
+            + self.blocks
+            + self.output
+        )
+
+    @property
+    def backward(self) -> int:
+        return 2 * self.total - self.no_input_grad
+
+    def training(self, gradient_checkpointing: bool) -> int:
+        """Forward, backward and (with gradient checkpointing) the blocks' recompute."""
+        return self.total + self.backward + (self.blocks if gradient_checkpointing else 0)
+
+
+def _get(config, name: str, default=None):
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
+def video_tokens(latent_shape: tuple[int, ...], patch_size: tuple[int, int, int]) -> int:
+    """Tokens of one sample: latent frames x (h / patch_h) x (w / patch_w) (latent shape [C, F, h, w])."""
+    _, frames, height, width = latent_shape
+    pt, ph, pw = patch_size
+    return (frames // pt) * (height // ph) * (width // pw)
+
+
+def forward_flops(
+    config,
+    video: int,
+    text: int,
+    batch: int = 1,
+    per_token_timestep: bool = True,
+    image: int = 0,
+) -> ForwardFlops:
+    """FLOPs of one forward of diffusers' WanTransformer3DModel with `config` (its config or a dict of it).
+
+    `video`: tokens per sample after patching; `text`: text tokens per sample (`model.max_text_tokens`,
+    every one of them attended); `per_token_timestep`: the timestep embedded per token (Wan2.2 TI2V with
+    expand_timesteps, as this project runs it) rather than once per sample; `image`: image-embedding
+    tokens per sample (Wan2.1 I2V's CLIP tokens; this project passes none).
+    """
+    d = _get(config, "num_attention_heads") * _get(config, "attention_head_dim")
+    patch = math.prod(_get(config, "patch_size"))
+    c_in = _get(config, "in_channels")
+    c_out = _get(config, "out_channels") or c_in
+    ffn, text_dim, freq = _get(config, "ffn_dim"), _get(config, "text_dim"), _get(config, "freq_dim")
+    layers = _get(config, "num_layers")
+    image_dim, added_kv = _get(config, "image_dim"), _get(config, "added_kv_proj_dim")
+    if image and not (image_dim and added_kv):
+        raise ValueError(f"{image} image tokens, but the config has image_dim {image_dim}, added_kv {added_kv}")
+
+    def mm(rows: int, k: int, n: int) -> int:
+        return 2 * batch * rows * k * n
+
+    rows_t = video if per_token_timestep else 1
+    first_time, first_text = mm(rows_t, freq, d), mm(text, text_dim, d)
+    patch_embedding = mm(video, c_in * patch, d)
+    time_embedding = first_time + mm(rows_t, d, d) + mm(rows_t, d, 6 * d)
+    text_embedding = first_text + mm(text, d, d)
+    image_embedding, first_image = 0, 0
+    if image:  # WanImageEmbedding: a feed-forward image_dim -> image_dim -> d
+        first_image = mm(image, image_dim, image_dim)
+        image_embedding = first_image + mm(image, image_dim, d)
+    self_attention = 2 * mm(video, video, d)  # scores Q K^T and values P V, over all heads
+    cross_attention = 2 * mm(video, text, d) + (2 * mm(video, image, d) if image else 0)
+    block = (
+        4 * mm(video, d, d)  # self-attention q, k, v, out
+        + 2 * mm(video, d, d)  # cross-attention q, out
+        + 2 * mm(text, d, d)  # cross-attention k, v over the text tokens
+        + (2 * mm(image, added_kv, d) if image else 0)
+        + mm(video, d, ffn)
+        + mm(video, ffn, d)
+        + self_attention
+        + cross_attention
+    )
+    return ForwardFlops(
+        patch_embedding=patch_embedding,
+        time_embedding=time_embedding,
+        text_embedding=text_embedding,
+        image_embedding=image_embedding,
+        blocks=layers * block,
+        attention=layers * (self_attention + cross_attention),
+        output=mm(video, d, c_out * patch),
+        no_input_grad=patch_embedding + first_time + first_text + first_image,
+    )
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """Transformer FLOPs and token-forwards of one update's step, all ranks together."""
+
+    train: int
+    """Replay with gradients: forward, backward and recompute of every trained (timestep, sample)."""
+    inference: int
+    """Forwards without gradients: the rollout's sampling steps, the KL reference model's replay."""
+    tokens: int
+    """Video tokens through a transformer forward, every forward of the step counted."""
+
+
+def step_flops(
+    per_sample: ForwardFlops,
+    tokens_per_sample: int,
+    samples: int,
+    trained_timesteps: int,
+    sampling_steps: int,
+    rolled_out: bool,
+    guidance: bool,
+    reference: bool,
+    gradient_checkpointing: bool,
+) -> StepFlops:
+    """The trainer's transformer evaluations of one step: `samples` (prompts per step x group size) each
+    replayed at `trained_timesteps` with gradients (and by the reference model without, when the KL weight
+    is > 0), and, when the step rolled out a batch, denoised over `sampling_steps`; classifier-free
+    guidance doubles every evaluation (an unconditional forward beside the conditional one)."""
+    branches = 2 if guidance else 1
+    replays = samples * trained_timesteps * branches
+    no_grad = replays * (1 if reference else 0) + (samples * sampling_steps * branches if rolled_out else 0)
+    return StepFlops(
+        train=replays * per_sample.training(gradient_checkpointing),
+        inference=no_grad * per_sample.total,
+        tokens=(replays + no_grad) * tokens_per_sample,
+    )
+
+
+# Dense bf16 tensor-core peaks (no sparsity) by the name CUDA reports, with the SM count of the full
+# chip: a MIG slice reports the same name with fewer SMs, and its peak is scaled by their share.
+# Checked in order: a variant before the name it contains.
+PEAK_BF16 = (
+    (r"H100.*PCIe", 756e12, 114),
+    (r"H100 NVL", 835e12, 132),
+    (r"H100", 989e12, 132),
+    (r"H200 NVL", 835e12, 132),
+    (r"GH200", 989e12, 132),
+    (r"H200", 989e12, 132),
+    (r"H800", 989e12, 132),
+    (r"B200", 2250e12, 148),
+    (r"A100", 312e12, 108),
+    (r"A800", 312e12, 108),
+    (r"L40S", 362e12, 142),
+    (r"\bL4\b", 121e12, 58),
+)
+
+
+def peak_bf16_flops(name: str, sm_count: int | None = None) -> float | None:
+    """The device's dense bf16 peak in FLOP/s, None for a device not in PEAK_BF16 (no made-up number)."""
+    for pattern, peak, full_sms in PEAK_BF16:
+        if re.search(pattern, name):
+            if sm_count is not None and 0 < sm_count < full_sms:
+                return peak * sm_count / full_sms
+            return peak
+    return None
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of a CUDA device (None on CPU and on devices the table does not know)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return peak_bf16_flops(props.name, props.multi_processor_count)
+
+
+def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
+    """The speed fields of one update's metrics line (`trainer`: a grpo.trainer.Trainer after the update).
+
+    FLOPs and tokens are of the step `time_step_s` measures: the replay of this update and, when
+    `rolled_out`, the rollout of the batch this step prepared (a prefill's rollout belongs to no update).
+    Wall-clock fields carry the `time_` prefix, which every comparison of metrics leaves out.
+    """
+    cfg, model = trainer.cfg, trainer.model
+    config = model.transformer.config
+    tokens = video_tokens(trainer.shape, tuple(config.patch_size))
+    step = step_flops(
+        forward_flops(config, tokens, model.max_text_tokens),
+        tokens,
+        cfg.grpo.prompts_per_step * cfg.grpo.group_size,
+        metrics["trained_timesteps"],
+        len(trainer.sigmas) - 1,
+        rolled_out,
+        cfg.grpo.guidance_scale > 1.0,
+        trainer.reference is not None,
+        cfg.train.gradient_checkpointing,
+    )
+    seconds = metrics["time_step_s"]
+    peak = device_peak_flops(trainer.ctx.device)
+    mfu = None
+    if peak is not None and seconds > 0:
+        mfu = (step.train + step.inference) / (seconds * trainer.ctx.world_size * peak)
+    return {
+        "video_tokens_per_sample": tokens,
+        "model_flops_per_update": step.train,
+        "inference_flops_per_update": step.inference,
+        "time_tokens_per_s": step.tokens / seconds if seconds > 0 else None,
+        "time_mfu": mfu,
+    }
