@@ -112,7 +112,7 @@ def test_the_peak_is_the_devices_known_dense_bf16_or_none():
     assert flops.device_peak_flops(torch.device("cpu")) is None
 
 
-def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset, tmp_path, monkeypatch):
+def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset, tmp_path, monkeypatch, capsys):
     """Every transformer forward of a delayed-replay run with guidance, KL reference and checkpointing is
     counted (by its real shapes) and set against the metrics line of the update it belongs to."""
     cfg = solo_config(
@@ -155,3 +155,5 @@ def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset,
     for line in lines:
         assert line["time_tokens_per_s"] > 0
         assert line["time_mfu"] is None  # CPU: no peak to measure against
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[train] step ")]
+    assert len(progress) == 3 and all(" tokens/s | " in line and "MFU" not in line for line in progress)

@@ -66,10 +66,15 @@ class Tracker:
             self._first = metrics["step"] - 1
         done = metrics["step"] - self._first
         eta = (time.monotonic() - self._started) / max(done, 1) * (self.total - metrics["step"])
+        speed = ""
+        if metrics.get("time_tokens_per_s") is not None:
+            speed = f" | {metrics['time_tokens_per_s']:.0f} tokens/s"
+        if metrics.get("time_mfu") is not None:
+            speed += f" | MFU {100 * metrics['time_mfu']:.1f} %"
         log(
             f"step {metrics['step']}/{self.total} | reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f}"
             f" | loss {metrics['policy_loss']:+.5f} | ratio {metrics['ppo_ratio_mean']:.6f}"
-            f" | stale {metrics['delayed_replay_staleness']:.1f} | {metrics['time_step_s']:.2f} s/update"
+            f" | stale {metrics['delayed_replay_staleness']:.1f} | {metrics['time_step_s']:.2f} s/update{speed}"
             f" | ETA {math.ceil(eta)} s"
         )
 
