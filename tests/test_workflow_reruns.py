@@ -42,6 +42,10 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     for argv in (["snakemake", "-n", *override], ["snakemake", "--cores", "2", *override]):
         out = run(argv, workdir)
         assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+        if "-n" in argv:  # said once, when the change is first seen
+            (note,) = [line for line in out.stderr.splitlines() if line.startswith("note: evaluate: ")]
+            assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
+            assert note.endswith("applies at its next run (`--forcerun evaluate` applies it now)"), note
     configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("evaluate-*.json")]
     assert any(c["evalkit"]["workers"] == 1 and c["parallel"]["master_port"] == 29871 for c in configs)
     out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate", *override], workdir)

@@ -11,6 +11,8 @@ EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "evaluate", "s
 )
 # Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
 PINNED_INPUTS = {"sources", "tree_files"}
+# File digests of earlier checks (see videogrpo/provenance/check_inputs.py): a pipeline is hashed once.
+DIGEST_CACHE = f"{RESULTS}/.checked-digests.json"
 
 
 def check_inputs_of(wildcards):
@@ -42,6 +44,9 @@ def check_inputs_args(wildcards, input):
     return " ".join(args)
 
 
+# A run block, not params: the check's arguments and code must never make its stage rerun (Snakemake keeps
+# the metadata of a temp() output after removing it, and a job rerun for changed params or code would make
+# every stage after it rerun). The arguments follow from the inputs and the pins, which rerun the stage anyway.
 rule check_inputs:
     input:
         unpack(check_inputs_of),
@@ -52,9 +57,9 @@ rule check_inputs:
     wildcard_constraints:
         stage="|".join(CHECKED_INPUTS),
     localrule: True
-    params:
-        args=check_inputs_args,
-        digest_cache=f"{RESULTS}/.checked-digests.json",
-    shell:
-        "videogrpo check-inputs --stage {wildcards.stage} {params.args} --digest-cache {params.digest_cache:q}"
-        " --out {output.stamp:q} > {log:q} 2>&1"
+    run:
+        shell(
+            f"videogrpo check-inputs --stage {wildcards.stage} {check_inputs_args(wildcards, input)}"
+            f" --digest-cache {shlex.quote(DIGEST_CACHE)} --out {shlex.quote(output.stamp)}"
+            f" > {shlex.quote(log[0])} 2>&1"
+        )

@@ -125,9 +125,41 @@ def stage_config(stage):
     name = sha256_bytes(vg.canonical_json(stage_param_texts(stage)).encode())[:16]
     path = Path(RESULTS) / ".stage-config" / f"{stage}-{name}.json"
     text = vg.canonical_json(vg.stage_view(CFG, stage))
-    if not path.is_file() or path.read_text() != text:
+    before = path.read_text() if path.is_file() else None
+    if before != text:
+        if before is not None and "SLURM_JOB_ID" not in os.environ:
+            note_unapplied_fields(stage, before, text)
         atomic.write_text(path, text)
     return f"@{path}"
+
+
+def flat_fields(view):
+    """A stage view as {`section.field`: value}."""
+    found = {}
+    for section, fields in view.items():
+        for name, value in fields.items() if isinstance(fields, dict) else [(None, fields)]:
+            found[f"{section}.{name}" if name else section] = value
+    return found
+
+
+def note_unapplied_fields(stage, before_text, now_text):
+    """Say which execution fields or labels changed for a stage that is not rerun for them, and how to apply them."""
+    try:
+        before = flat_fields(json.loads(before_text))
+    except (ValueError, AttributeError):  # a stage config file cut short: nothing to compare with
+        return
+    now = flat_fields(json.loads(now_text))
+    changed = [
+        f"{path} {json.dumps(before.get(path))} -> {json.dumps(value)}"
+        for path, value in now.items()
+        if before.get(path) != value
+    ]
+    if changed:
+        print(
+            f"note: {stage}: {'; '.join(changed)}: how it runs, not what it makes: applies at its next run "
+            f"(`--forcerun {stage}` applies it now)",
+            file=sys.stderr,
+        )
 
 
 def code(stage):
