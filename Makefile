@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: env scorer-env judge-env demo test test-unit test-e2e lint format dag graphviz chromium profile clean
+.PHONY: env gpu-env scorer-env judge-env demo test test-unit test-e2e lint format dag graphviz chromium profile clean
 
 $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,18 @@ $(STAMP): envs/cpu.txt envs/cpu.lock.txt pyproject.toml
 	touch $@
 
 env: $(STAMP)
+
+# The training environment of the GPU cluster (Linux x86_64, Python 3.11 or 3.12; the README's "GPU
+# cluster environment"): every package by its hash from envs/gpu.lock.txt, then this package.
+# GPU_LIGER=1 adds the optional liger-kernel (envs/gpu-liger.lock.txt).
+GPU_VENV ?= .venv-gpu
+GPU_LIGER ?=
+gpu-env:
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install --disable-pip-version-check --require-hashes -r envs/gpu.lock.txt \
+		$(if $(GPU_LIGER),-r envs/gpu-liger.lock.txt)
+	$(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	@echo "GPU environment ready: put $(CURDIR)/$(GPU_VENV)/bin first on PATH (login node and jobs)"
 
 # The EvalKit scorer's own environment (envs/scorer.txt says why it is separate); then set
 # evalkit.python: .venv-scorer/bin/python. norfair's metadata pins numpy<2: installed --no-deps.
