@@ -31,7 +31,7 @@ gpu-env:
 	$(GPU_VENV)/bin/pip install --disable-pip-version-check --require-hashes -r envs/gpu.lock.txt \
 		$(if $(GPU_LIGER),-r envs/gpu-liger.lock.txt)
 	$(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
-	@echo "GPU environment ready: put $(CURDIR)/$(GPU_VENV)/bin first on PATH (login node and jobs)"
+	@echo "GPU environment ready: put $(abspath $(GPU_VENV))/bin first on PATH (login node and jobs)"
 
 # The EvalKit scorer's own environment (envs/scorer.txt says why it is separate); then set
 # evalkit.python: .venv-scorer/bin/python. norfair's metadata pins numpy<2: installed --no-deps.
