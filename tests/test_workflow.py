@@ -175,6 +175,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     jobs = jobs_run(text)
     assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1
     generate = resources_of(text, "generate_cell")
+    assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (profiles/slurm)
     assert (generate["nodes"], generate["gres"]) == ("1", "gpu:8")  # matrix.procs: one process per GPU
 
 
@@ -317,6 +318,7 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
             minutes,
         )
     assert "mpi" in train and "mpi" not in evaluate
+    assert train["tasks_per_gpu"] == preflight["tasks_per_gpu"] == evaluate["tasks_per_gpu"] == "0"
 
 
 def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
