@@ -2,7 +2,9 @@
 # of the package: a dry run must not pay for torch or diffusers.
 import json
 import os
+import shlex
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -371,3 +373,51 @@ def matrix_cell_args(wildcards, input):
 STAGE_MANIFESTS.update(matrix_manifests())
 if "SLURM_JOB_ID" not in os.environ:  # as the invocation file: the driver's view of the run
     atomic.write_json(layout.stage_list(RESULTS, RUN_ID), {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"})
+
+
+# The checks ahead of the stages (checks.smk).
+# The stages that read the EvalKit checkout: it must be at evalkit.digest before they start.
+EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "evaluate", "score_cell"} | (
+    {"train"} if RULE_REWARD else set()
+)
+# Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
+PINNED_INPUTS = {"sources", "tree_files"}
+# File digests of earlier checks (see videogrpo/provenance/check_inputs.py): a pipeline is hashed once.
+DIGEST_CACHE = f"{RESULTS}/.checked-digests.json"
+
+
+def check_inputs_of(wildcards):
+    """The named inputs of the stage whose stamp this is; a matrix cell's by its model and sampler (the last two
+    parts of its directory)."""
+    functions, named = CHECKED_INPUTS[wildcards.stage]
+    cell = SimpleNamespace(model=Path(wildcards.where).parent.name, sampler=Path(wildcards.where).name)
+    found = {}
+    for function in functions:
+        found.update(function(cell))
+    for name, value in named.items():
+        found[name] = value.format(**vars(cell)) if isinstance(value, str) and "{" in value else value
+    return found
+
+
+def check_inputs_args(wildcards, input):
+    """--upstream for every manifest, --input for every file a stage made, and the stage's pins."""
+    args = []
+    for name, value in input.items():
+        if name in PINNED_INPUTS:
+            continue
+        path = str(value)
+        flag = "--upstream" if path.endswith(".manifest.json") else f"--input {name}="
+        args.append(f"{flag} {shlex.quote(path)}" if flag == "--upstream" else f"{flag}{shlex.quote(path)}")
+    if wildcards.stage in EVALKIT_READERS:
+        args.append(f"--evalkit {shlex.quote(CFG.evalkit.path)}={CFG.evalkit.digest}")
+    if wildcards.stage == "eval_set" and CFG.matrix.eval_set:
+        args.append(f"--tree {shlex.quote(EVAL_TREE)}={CFG.matrix.eval_set_digest}")
+    return " ".join(args)
+
+
+def check_inputs_command(wildcards, input, output, log):
+    """The command of a check_inputs job (its run block): the stage, its inputs and pins, the digest cache."""
+    return (
+        f"videogrpo check-inputs --stage {wildcards.stage} {check_inputs_args(wildcards, input)}"
+        f" --digest-cache {shlex.quote(DIGEST_CACHE)} --out {shlex.quote(output.stamp)} > {shlex.quote(log[0])} 2>&1"
+    )
