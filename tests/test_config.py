@@ -324,6 +324,8 @@ def test_a_field_the_chosen_source_does_not_read_makes_no_new_run_and_no_param(r
     hub = config.deep_merge(base, {"model": {"source": "hub", "repo_id": "a/b", "revision": hex40}})
     other = config.deep_merge(hub, {"model": {"revision": hex40[::-1]}})
     assert config.run_identity(config.from_dict(hub), tasks) != config.run_identity(config.from_dict(other), tasks)
+    seeded = config.deep_merge(hub, {"model": {"tiny_seed": 7}})  # the tiny generator's seed, under hub
+    assert config.run_identity(config.from_dict(hub), tasks) == config.run_identity(config.from_dict(seeded), tasks)
 
 
 def test_stage_params_are_the_contract_and_evaluation_fields_only(repo, monkeypatch):

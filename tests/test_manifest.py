@@ -194,8 +194,9 @@ def test_check_inputs_stamps_only_inputs_that_are_what_their_stage_made(tmp_path
 
 
 def test_check_inputs_hashes_a_directory_once_for_every_check_that_reads_it(tmp_path, capsys):
-    """With --digest-cache, a file whose size and mtime are unchanged since an earlier check is not read again
-    (the stage reads it all anyway); a changed mtime is hashed, and a corruption refused."""
+    """With --digest-cache, a file unchanged since an earlier check (device, inode, size, both times) is not read
+    again; a write that puts the size and modification time back (cp -p, rsync -a) still changes the change
+    time: hashed again, and the corruption refused."""
     import os
 
     from videogrpo.cli import main
@@ -212,11 +213,12 @@ def test_check_inputs_hashes_a_directory_once_for_every_check_that_reads_it(tmp_
     argv += ["--digest-cache", str(cache), "--out", str(stamp)]
     assert main(argv) == 0
     recorded = json.loads(cache.read_text())
-    assert list(recorded) == [str(weights)] and recorded[str(weights)][0] == 4096
+    assert list(recorded) == [str(weights)] and recorded[str(weights)][0][2] == 4096
+    assert main(argv) == 0  # from the cache
+    capsys.readouterr()
     st = weights.stat()
-    weights.write_bytes(b"v" * 4096)  # same size, time put back: trusted here (the stage hashes it)
+    weights.write_bytes(b"v" * 4096)  # same size, modification time put back
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert main(argv) == 0
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # any other time: hashed, refused
+    assert weights.stat().st_mtime_ns == st.st_mtime_ns and weights.stat().st_size == st.st_size
     assert main(argv) == 4
     assert "files that differ: transformer/weights.bin" in capsys.readouterr().err

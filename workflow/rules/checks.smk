@@ -5,6 +5,10 @@
 # A run block, not params: the check's arguments and code must never make its stage rerun (Snakemake keeps
 # the metadata of a temp() output after removing it, and a job rerun for changed params or code would make
 # every stage after it rerun). The arguments follow from the inputs and the pins, which rerun the stage anyway.
+if "SLURM_JOB_ID" not in os.environ:  # the driver (a job step re-reads the workflow)
+    remove_leftover_stamps()
+
+
 rule check_inputs:
     input:
         unpack(check_inputs_of),

@@ -158,8 +158,8 @@ def note_unapplied_fields(stage, before_text, now_text):
     ]
     if changed:
         print(
-            f"note: {stage}: {'; '.join(changed)}: how it runs, not what it makes: applies at its next run "
-            f"(`--forcerun {stage}` applies it now)",
+            f"note: {stage}: {'; '.join(changed)}: how it runs, not what it makes: nothing complete reruns, "
+            f"the stage's next run applies it (`--forcerun {stage}` reruns it and what follows it)",
             file=sys.stderr,
         )
 
@@ -259,6 +259,7 @@ def upstream(*stages):
 
 # Stage -> (its input functions, its named inputs): what check_inputs checks before the stage's job starts.
 CHECKED_INPUTS = {}
+CHECK_STAMPS = {}  # stage -> its stamp's path pattern
 
 
 def checked(stage, where, *functions, **named):
@@ -266,7 +267,9 @@ def checked(stage, where, *functions, **named):
     inputs passed, so a refusal costs none of its earlier outputs. `where` is the directory of the stamp (a
     matrix cell's own, with its wildcards); `functions` are the rule's unpack()ed input functions."""
     CHECKED_INPUTS[stage] = (functions, named)
-    return {**named, "checked_inputs": f"{where}/.checked/{stage}"}
+    CHECK_STAMPS[stage] = f"{where}/.checked/{stage}"
+    # ancient: a stamp left by a check whose stage never started (another job failed first) reruns nothing.
+    return {**named, "checked_inputs": ancient(CHECK_STAMPS[stage])}
 
 
 def upstream_args(wildcards, input):
@@ -413,6 +416,15 @@ def check_inputs_args(wildcards, input):
     if wildcards.stage == "eval_set" and CFG.matrix.eval_set:
         args.append(f"--tree {shlex.quote(EVAL_TREE)}={CFG.matrix.eval_set_digest}")
     return " ".join(args)
+
+
+def remove_leftover_stamps():
+    """Stamps of checks whose stage never started (another job failed first, Ctrl-C): removed, so that a stage
+    that runs is always checked just before."""
+    for stage, pattern in CHECK_STAMPS.items():
+        cells = [{"model": CELL_MODELS[name], "sampler": sampler} for name, sampler, _ in matrix_cells()]
+        for fields in cells if "{model}" in pattern else [{}]:
+            Path(pattern.format(**fields)).unlink(missing_ok=True)
 
 
 def check_inputs_command(wildcards, input, output, log):

@@ -7,7 +7,9 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
   checkpoint retention, resume settings, SLURM resources). No stage's param, as in Nextflow, whose
   resume hash leaves resource directives out: a change reruns no complete stage, and each stage reads
   it from its config file at its next run (an interrupted one included). Paths that locate an input
-  (`evalkit.path`, `matrix.eval_set`, `results`) key the directories of what is made from it instead.
+  key the directories of what is made from it instead (`results`; `evalkit.path` and
+  `evalkit.easyocr_models`, the EvalKit's records), or are read as inputs (`matrix.eval_set`: its files,
+  so a moved tree is checked and listed again).
 - evaluation: what the evaluate stage measures. A change reruns evaluate and the report only.
 - cosmetic: labels that change no computed value (the W&B project, the split name recorded in the
   split manifest). They are passed to the stages that record them but are no stage's param: a
@@ -193,7 +195,7 @@ RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo",
 STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
     "validate_dataset": ("data",),
-    "fingerprint_evalkit": ("evalkit.path", "evalkit.digest"),
+    "fingerprint_evalkit": ("evalkit.path", "evalkit.digest", "evalkit.easyocr_models"),
     "check_scorer_runtime": ("evalkit.runtime", "evalkit.python"),
     "preflight": RUN_SECTIONS,
     "train": RUN_SECTIONS + ("logging",),
@@ -284,16 +286,20 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-# (section, source) -> the fields of the section that this source does not read.
-INERT_FIELDS = {("model", "tiny"): ("repo_id", "revision"), ("data", "synthetic"): ("repo_id", "revision")}
+# (section, source) -> the fields of the section that this source does not read, and the value they are read as.
+INERT_FIELDS = {
+    ("model", "tiny"): {"repo_id": "", "revision": ""},
+    ("model", "hub"): {"tiny_seed": 0},
+    ("data", "synthetic"): {"repo_id": "", "revision": ""},
+}
 
 
 def effective_dict(cfg: Config) -> dict[str, Any]:
     """The config as nested sections, fields that the chosen source does not read empty (INERT_FIELDS)."""
     full = to_dict(cfg)
-    for (section, source), names in INERT_FIELDS.items():
+    for (section, source), values in INERT_FIELDS.items():
         if full[section]["source"] == source:
-            full[section].update(dict.fromkeys(names, ""))
+            full[section].update(values)
     return full
 
 

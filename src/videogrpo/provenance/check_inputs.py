@@ -8,10 +8,11 @@ after it): inputs not byte for byte what their upstream manifests record, a mani
 EvalKit checkout or an evaluation tree not at its pinned digest stop the run here, and the stage's
 outputs stay as they were. The stage checks its inputs again when it reads them.
 
-Since the stage hashes every byte again, this check may trust a file of a directory input whose size and
-modification time are those of the digest it recorded in `--digest-cache` at an earlier check: a model
-pipeline of tens of GB is hashed once for all the matrix cells that read it, not once per cell. An edit
-that keeps both is still refused, by the stage (which then, as Snakemake does, costs its outputs).
+This check may trust a file of a directory input whose device, inode, size, modification and change times
+are those of the digest it recorded in `--digest-cache` at an earlier check: a model pipeline of tens of
+GB is hashed once for all the matrix cells that read it, not once per cell. The change time is set by the
+kernel on every write and every `utime`, so a restore that keeps the size and the modification time
+(`cp -p`, `rsync -a`, `tar x`) is hashed again; the stage itself reads every byte anyway.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, type=Path, help="the stamp to write when every check passes")
     parser.add_argument(
-        "--digest-cache", type=Path, help="file digests of earlier checks by path, size and mtime (JSON), updated"
+        "--digest-cache", type=Path, help="file digests of earlier checks by path and stat (JSON), updated"
     )
 
 
@@ -68,15 +69,16 @@ def _describe(path: str, cache: dict[str, list], seen: dict[str, list]) -> dict[
     for rel in digest.list_files(root):
         full = os.path.abspath(root / rel)
         st = os.stat(full)
-        stats[rel] = (full, st.st_size, st.st_mtime_ns)
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        stats[rel] = (full, st.st_size, stamp)
         hit = cache.get(full)
-        if isinstance(hit, list) and len(hit) == 3 and hit[:2] == [st.st_size, st.st_mtime_ns]:
-            known[rel] = (hit[2], st.st_size)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp:
+            known[rel] = (hit[1], st.st_size)
     entries = digest.tree_entries(root, known=known)
     for rel, (sha, size) in entries.items():
-        full, st_size, mtime_ns = stats.get(rel, (None, None, None))
+        full, st_size, stamp = stats.get(rel, (None, None, None))
         if full and st_size == size:
-            seen[full] = [size, mtime_ns, sha]
+            seen[full] = [stamp, sha]
     return describe(root, list_files=False, known=entries, complete=True)
 
 
