@@ -5,7 +5,9 @@
 # A run block, not params: the check's arguments and code must never make its stage rerun (Snakemake keeps
 # the metadata of a temp() output after removing it, and a job rerun for changed params or code would make
 # every stage after it rerun). The arguments follow from the inputs and the pins, which rerun the stage anyway.
-if "SLURM_JOB_ID" not in os.environ:  # the driver (a job step re-reads the workflow)
+# Only in the main process: a job's own process (a SLURM step, or a local run block's subprocess) re-reads
+# the workflow while other checks may just have made their stamps.
+if workflow.is_main_process and "SLURM_JOB_ID" not in os.environ:
     remove_leftover_stamps()
 
 
