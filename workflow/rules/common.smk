@@ -135,22 +135,13 @@ def stage_config(stage):
     return f"@{path}"
 
 
-def flat_fields(view):
-    """A stage view as {`section.field`: value}."""
-    found = {}
-    for section, fields in view.items():
-        for name, value in fields.items() if isinstance(fields, dict) else [(None, fields)]:
-            found[f"{section}.{name}" if name else section] = value
-    return found
-
-
 def note_unapplied_fields(stage, before_text, now_text):
     """Say which execution fields or labels changed for a stage that is not rerun for them, and how to apply them."""
     try:
-        before = flat_fields(json.loads(before_text))
+        before = vg.flat_fields(json.loads(before_text))
     except (ValueError, AttributeError):  # a stage config file cut short: nothing to compare with
         return
-    now = flat_fields(json.loads(now_text))
+    now = vg.flat_fields(json.loads(now_text))
     changed = [
         f"{path} {json.dumps(before.get(path))} -> {json.dumps(value)}"
         for path, value in now.items()
@@ -408,9 +399,8 @@ def check_inputs_args(wildcards, input):
     for name, value in input.items():
         if name in PINNED_INPUTS:
             continue
-        path = str(value)
-        flag = "--upstream" if path.endswith(".manifest.json") else f"--input {name}="
-        args.append(f"{flag} {shlex.quote(path)}" if flag == "--upstream" else f"{flag}{shlex.quote(path)}")
+        path = shlex.quote(str(value))
+        args.append(f"--upstream {path}" if str(value).endswith(".manifest.json") else f"--input {name}={path}")
     if wildcards.stage in EVALKIT_READERS:
         args.append(f"--evalkit {shlex.quote(CFG.evalkit.path)}={CFG.evalkit.digest}")
     if wildcards.stage == "eval_set" and CFG.matrix.eval_set:
@@ -421,8 +411,8 @@ def check_inputs_args(wildcards, input):
 def remove_leftover_stamps():
     """Stamps of checks whose stage never started (another job failed first, Ctrl-C): removed, so that a stage
     that runs is always checked just before."""
-    for stage, pattern in CHECK_STAMPS.items():
-        cells = [{"model": CELL_MODELS[name], "sampler": sampler} for name, sampler, _ in matrix_cells()]
+    cells = [{"model": CELL_MODELS[name], "sampler": sampler} for name, sampler, _ in matrix_cells()]
+    for pattern in CHECK_STAMPS.values():
         for fields in cells if "{model}" in pattern else [{}]:
             Path(pattern.format(**fields)).unlink(missing_ok=True)
 

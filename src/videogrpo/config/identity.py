@@ -264,18 +264,20 @@ def stage_view(cfg: Config, stage: str) -> dict[str, Any]:
     return select(cfg, list(STAGE_SECTIONS[stage]))
 
 
+def flat_fields(view: dict[str, Any]) -> dict[str, Any]:
+    """A stage view (nested sections, as `stage_view` gives) as {`section.field`: value}."""
+    found = {}
+    for section, value in view.items():
+        for name, field_value in value.items() if isinstance(value, dict) else [(None, value)]:
+            found[f"{section}.{name}" if name else section] = field_value
+    return found
+
+
 def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
     """The fields of a stage view (`stage_view`) that say what the stage makes, by `section.field`: contract
     and evaluation fields. They are its Snakemake params and key its kept work; execution and cosmetic
     fields reach it through its config file only."""
-    found = {}
-    for section, value in view.items():
-        fields = value.items() if isinstance(value, dict) else [(None, value)]
-        for name, field_value in fields:
-            path = f"{section}.{name}" if name else section
-            if field_class(path) in (CONTRACT, EVALUATION):
-                found[path] = field_value
-    return found
+    return {path: value for path, value in flat_fields(view).items() if field_class(path) in (CONTRACT, EVALUATION)}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

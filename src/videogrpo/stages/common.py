@@ -44,6 +44,8 @@ def resume_key(stage: str, sections: dict, stage_run, **extra) -> str:
 
     key = {
         "config": config_mod.identity_fields(sections),
+        # An execution field, but the OCR weights score too: kept scores of other weights are not these.
+        "easyocr_models": sections.get("evalkit", {}).get("easyocr_models"),
         "inputs": {k: record_digest(v) for k, v in stage_run.input_records.items()},
         "code": package_digest(Path(videogrpo.__file__).parent, CODE_PARTS[stage]),
         **extra,

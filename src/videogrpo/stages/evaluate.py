@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
     with StageRun(
         "evaluate", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
     ) as stage:
-        # The OCR weights score too: kept scores of other weights are not these.
-        records = args.records / resume_key("evaluate", sections, stage, easyocr_models=cfg.evalkit.easyocr_models)
+        records = args.records / resume_key("evaluate", sections, stage)
         with atomic.atomic_directory(args.videos) as videos_tmp:
             scores, table = evaluate(
                 cfg, args.model, args.final, args.dataset, args.evalkit, videos_tmp, device, records

@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
     ) as stage:
         # Every file of a sample reaches the EvalKit (gt_info names the first frame too).
         tree, samples = load_samples(args.samples, check=SAMPLE_FILES)
-        # The OCR weights score too: kept scores of other weights are not these.
-        work = args.work / resume_key("score_cell", sections, stage, easyocr_models=cfg.evalkit.easyocr_models)
+        work = args.work / resume_key("score_cell", sections, stage)
         scores, errors = score_cell(cfg, args.evalkit, tree, args.final_frames, samples, args.videos, work)
         recheck_samples(args.samples, SAMPLE_FILES, lambda name: list(sample_work(work, name)))
         if errors:
