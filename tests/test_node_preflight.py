@@ -352,3 +352,11 @@ def torch_version() -> str:
     import torch
 
     return torch.__version__
+
+
+def test_a_triton_cache_that_cannot_be_made_is_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    facts = node_preflight.probe("cuda", dict(os.environ, TRITON_CACHE_DIR=str(blocker / "triton")))
+    check = decide(facts, "cuda", "nccl", "native", 1)[0]
+    assert not check.ok and f"TRITON_CACHE_DIR = {blocker / 'triton'} cannot be made" in check.detail

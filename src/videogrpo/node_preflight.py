@@ -25,6 +25,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from videogrpo.errors import ConfigError
+
 PREFLIGHT_ONLY_VAR = "WAN_TRAINER_TRITON_PREFLIGHT_ONLY"
 ALLOC_CONF = "expandable_segments:True"
 PROBE_TIMEOUT_S = 300
@@ -72,22 +74,9 @@ BACKEND_CAPABILITY = {
     "flash_varlen_hub": ((8, 0), None, "Ampere or newer (sm_80+)"),
 }
 # Shared filesystems: a Triton cache there is written by every rank of every node at once.
-NETWORK_FILESYSTEMS = {
-    "nfs",
-    "nfs4",
-    "lustre",
-    "gpfs",
-    "beegfs",
-    "cifs",
-    "smb3",
-    "ceph",
-    "glusterfs",
-    "fuse.glusterfs",
-    "fuse.sshfs",
-    "wekafs",
-    "panfs",
-    "9p",
-}
+NETWORK_FILESYSTEMS = frozenset(
+    "nfs nfs4 lustre gpfs beegfs cifs smb3 ceph glusterfs fuse.glusterfs fuse.sshfs wekafs panfs 9p".split()
+)
 
 
 @dataclass
@@ -153,7 +142,7 @@ def parse_proc_driver_version(text: str) -> str | None:
 
 def filesystem_of(path: str, mounts: str) -> str | None:
     """The type of the filesystem holding `path`, from the text of /proc/mounts (longest mount point wins)."""
-    target = os.path.abspath(path)
+    target = os.path.realpath(path)  # a symlinked cache lives where its target does
     best, kind = "", None
     for line in mounts.splitlines():
         parts = line.split()
@@ -189,8 +178,6 @@ def node_env(env: dict[str, str], uid: int | None = None) -> dict[str, str]:
 
 def preflight_only(flag: bool, env: dict[str, str] | None = None) -> bool:
     """The preflight-only switch: the CLI flag, or the reference's environment variable."""
-    from videogrpo.errors import ConfigError
-
     value = (os.environ if env is None else env).get(PREFLIGHT_ONLY_VAR, "").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return flag
@@ -526,13 +513,11 @@ def probe(device: str, env: dict[str, str] | None = None, timeout_s: float = PRO
     """The node's facts. CUDA configs: in a child process under `env` (the workers' environment)."""
     if device != "cuda":
         return probe_here(cuda=False)
+    import torch
+
     env = dict(os.environ if env is None else env)
-    cache = env.get("TRITON_CACHE_DIR")
-    if cache:
-        Path(cache).mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [sys.executable, "-m", "videogrpo.node_preflight"]
     host = socket.gethostname()
-    import torch
 
     failed = {
         "hostname": host,
@@ -542,6 +527,12 @@ def probe(device: str, env: dict[str, str] | None = None, timeout_s: float = PRO
         "nccl_available": False,
         "cuda_probed": True,
     }
+    cache = env.get("TRITON_CACHE_DIR")
+    try:
+        if cache:
+            Path(cache).mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        return NodeFacts(**failed, probe_error=f"TRITON_CACHE_DIR = {cache} cannot be made ({err}); point it elsewhere")
     try:
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
