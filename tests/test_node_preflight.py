@@ -360,3 +360,58 @@ def test_a_triton_cache_that_cannot_be_made_is_named(tmp_path):
     facts = node_preflight.probe("cuda", dict(os.environ, TRITON_CACHE_DIR=str(blocker / "triton")))
     check = decide(facts, "cuda", "nccl", "native", 1)[0]
     assert not check.ok and f"TRITON_CACHE_DIR = {blocker / 'triton'} cannot be made" in check.detail
+
+
+SRUN = """#!/bin/bash
+# Stand-in for srun inside an allocation: one task per node, each with the variables srun gives its task,
+# in turn; the exit status is the highest of the tasks' (as srun's without --kill-on-bad-exit).
+printf '%s\n' "$@" > "$SRUN_ARGV"
+nodes=1
+while [[ $1 == --* ]]; do
+  case $1 in --nodes=*) nodes=${1#--nodes=} ;; esac
+  shift
+done
+status=0
+for ((i = 0; i < nodes; i++)); do
+  SLURM_NODEID=$i SLURM_PROCID=$i SLURM_NNODES=$nodes SLURM_LAUNCH_NODE_IPADDR=127.0.0.1 "$@"
+  code=$?
+  ((code > status)) && status=$code
+done
+exit $status
+"""
+
+
+def test_preflight_only_in_an_allocation_reports_every_node_and_fails_if_one_does(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    with socket.socket() as held:  # node 0's rendezvous port, taken: node 0 fails, node 1 passes
+        held.bind(("", 0))
+        held.listen()
+        env = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "SLURM_JOB_ID": "99",
+            "SLURM_JOB_NUM_NODES": "2",
+            "MASTER_PORT": str(held.getsockname()[1]),
+            "SRUN_ARGV": str(tmp_path / "argv"),
+        }
+        run = videogrpo_train("--preflight-only", "--config-json", json.dumps(CPU_GLOO), env=env)
+    assert run.returncode == 1, run.stderr
+    srun_args = (tmp_path / "argv").read_text().splitlines()
+    assert srun_args[:4] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpu-bind=none"]
+    assert srun_args[5:9] == [sys.executable, "-m", "videogrpo.cli", "train"] and "--node-only" in srun_args
+    assert "--kill-on-bad-exit=1" not in srun_args and srun_args[-3:] == [
+        "--preflight-only",
+        "--config-json",
+        json.dumps(CPU_GLOO),
+    ]
+    lines = run.stdout.strip().splitlines()
+    host = socket.gethostname()
+    assert lines[0].startswith(f"[preflight] node 0/2 {host}: FAIL (rendezvous_port): CPU")
+    assert lines[1].startswith(f"[preflight] node 1/2 {host}: ok: CPU")
+    assert lines[2] == (
+        "[preflight] NOT all of the allocation's 2 nodes passed (srun exited 1): the FAIL lines above name the "
+        "nodes and the fixes"
+    )
+    assert f"[launch] [FAIL] rendezvous_port: port {env['MASTER_PORT']} on {host} is in use" in run.stderr
