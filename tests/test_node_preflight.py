@@ -415,3 +415,29 @@ def test_preflight_only_in_an_allocation_reports_every_node_and_fails_if_one_doe
         "nodes and the fixes"
     )
     assert f"[launch] [FAIL] rendezvous_port: port {env['MASTER_PORT']} on {host} is in use" in run.stderr
+
+
+def test_facts_cross_the_process_boundary_unchanged():
+    facts = hopper(probe_error=None, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert NodeFacts.from_json(json.loads(json.dumps(dataclasses.asdict(facts)))) == facts
+
+
+def test_the_cuda_branch_of_the_probe_reads_what_torch_reports(monkeypatch):
+    """No GPU here: torch's CUDA queries answer as on a 2 x H100 node, to run the probe's own code path."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(node_preflight, "read_driver_version", lambda: ("560.35.03", "nvidia-smi"))
+    facts = node_preflight.probe_here(cuda=True)
+    assert (facts.device_count, facts.capabilities, facts.nccl_version) == (2, ((9, 0), (9, 0)), "2.27.3")
+    assert facts.driver_version == "560.35.03" and facts.torch_cuda == "12.6"
+    checks = {c.name: c for c in decide(facts, "cuda", "nccl", "_flash_3_hub", 2)}
+    assert checks["devices"].ok and checks["compute_capability"].ok and checks["nccl"].ok
+    assert checks["nvidia_driver"].ok and ">= 560.28.03" in checks["nvidia_driver"].detail
+    assert not checks["triton"].ok and "triton is not installed" in checks["triton"].detail  # none in this env
