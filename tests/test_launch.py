@@ -59,3 +59,27 @@ def test_srun_fans_out_only_from_the_rule_shell_of_a_multi_node_allocation():
         {"parallel": {"nodes": 2, "procs_per_node": 8, "device": "cuda", "backend": "nccl"}}, partial=True
     )
     assert "--gres=gpu:8" in launch.srun_argv(gpu, ["x"])
+
+
+def test_workers_get_a_node_local_triton_cache_and_expandable_segments_unless_set():
+    env = launch.worker_env(cfg(), env={"SLURM_JOB_ID": "77", "TMPDIR": "/local/77", "PATH": "/bin"})
+    assert env["TRITON_CACHE_DIR"] == "/local/77/triton-77"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] and env["PATH"] == "/bin"
+    user = {"TRITON_CACHE_DIR": "/nvme/t", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
+    mine = launch.worker_env(cfg(), env=user)
+    assert mine["TRITON_CACHE_DIR"] == "/nvme/t" and mine["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+
+
+def test_the_preflight_only_fan_out_covers_the_allocation_and_lets_every_node_report():
+    assert launch.allocation_nodes({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3"}) == 3
+    assert launch.allocation_nodes({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "1"}) == 0
+    assert launch.allocation_nodes({}) == 0
+    argv = launch.srun_argv(cfg(nodes=16), ["x"], nodes=3, kill_on_bad_exit=False)
+    assert argv[:4] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1"]
+    assert "--kill-on-bad-exit=1" not in argv and "--kill-on-bad-exit=1" in launch.srun_argv(cfg(nodes=2), ["x"])
+    # one machine of a 16-node recipe checks itself: its place in the job, not the run's topology
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_NODEID": "2", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.9"}
+    assert launch.from_environment(cfg(nodes=16), env=env, check_nodes=False).node_rank == 2
+    with pytest.raises(ConfigError, match="parallel.nodes = 16 but this launch has 3 machines"):
+        launch.from_environment(cfg(nodes=16), env=env)

@@ -10,6 +10,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# The reference's process-group timeout (REFERENCE section 12): a collective may wait this long for the
+# slowest rank, e.g. one decoding and scoring a large rollout group or writing a checkpoint.
+PROCESS_GROUP_TIMEOUT_S = 240 * 60
+
 
 @dataclass(frozen=True)
 class Context:
@@ -23,7 +27,7 @@ class Context:
         return self.rank == 0
 
 
-def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = 1800) -> Context:
+def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> Context:
     """Join the process group torchrun prepared (or a world of one without torchrun)."""
     torch.set_num_threads(cpu_threads)
     rank = int(os.environ.get("RANK", "0"))

@@ -8,8 +8,9 @@ One launcher runs per machine. It finds its place in the job from, in order:
   RANK, or none of them;
 - nothing: a local run on this machine.
 Processes per machine come from parallel.procs_per_node. The launcher then runs the per-node
-preflight (devices visible, attention backend present, rendezvous port free on the first machine)
-and starts `torchrun` with a c10d rendezvous on the first machine.
+preflight (node_preflight.py: devices, driver, compute capability, NCCL, a Triton compile; attention
+backend present, rendezvous port free on the first machine) and starts `torchrun` with a c10d
+rendezvous on the first machine, its workers' environment from `worker_env`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from videogrpo import node_preflight
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError, VideoGRPOError
 
@@ -48,7 +50,9 @@ def slurm_port(cfg: Config, env: dict[str, str]) -> int:
     return cfg.parallel.master_port + int(env.get("SLURM_JOB_ID", "0")) % 1000
 
 
-def from_environment(cfg: Config, env: dict[str, str] | None = None) -> Launch:
+def from_environment(cfg: Config, env: dict[str, str] | None = None, check_nodes: bool = True) -> Launch:
+    """This machine's place in the job. check_nodes=False (the preflight-only run) accepts an allocation of
+    another size than parallel.nodes: the checks are per machine."""
     env = dict(os.environ if env is None else env)
     nproc = cfg.parallel.procs_per_node
     if env.get("SLURM_NNODES") and env.get("SLURM_NODEID") and env.get("SLURM_LAUNCH_NODE_IPADDR"):
@@ -81,7 +85,7 @@ def from_environment(cfg: Config, env: dict[str, str] | None = None) -> Launch:
             if not 0 <= node_rank < nnodes:
                 raise ConfigError(f"launch contract: RANK={node_rank} must be in [0, WORLD_SIZE={nnodes})")
             launch = Launch(nnodes, node_rank, env["MASTER_ADDR"], port, nproc, "manual")
-    if launch.nnodes != cfg.parallel.nodes:
+    if check_nodes and launch.nnodes != cfg.parallel.nodes:
         raise ConfigError(
             f"parallel.nodes = {cfg.parallel.nodes} but this launch has {launch.nnodes} machines "
             f"({launch.source}); the run identity includes the topology, so they must agree"
@@ -108,14 +112,17 @@ def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[s
     return argv + ["-m", module] + module_args
 
 
-def worker_env(cfg: Config) -> dict[str, str]:
-    """The environment of the torchrun workers: a fixed CPU thread count on every topology.
+def worker_env(cfg: Config, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the torchrun workers (and of the per-node preflight's probe).
 
-    torchrun sets OMP_NUM_THREADS=1 only when it starts several processes; results of CPU kernels
-    depend on the thread count, so it is set explicitly from parallel.cpu_threads.
+    A fixed CPU thread count on every topology: torchrun sets OMP_NUM_THREADS=1 only when it starts several
+    processes, and results of CPU kernels depend on the thread count, so it is set from parallel.cpu_threads.
+    As the reference (section 12): TRITON_CACHE_DIR on node-local disk and
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, each unless the user set it.
     """
+    env = dict(os.environ if env is None else env)
     threads = str(cfg.parallel.cpu_threads)
-    return dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    return dict(env, **node_preflight.node_env(env), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
 
 
 def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:
@@ -124,18 +131,25 @@ def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_NODEID") and cfg.parallel.nodes > 1
 
 
-def srun_argv(cfg: Config, command: list[str]) -> list[str]:
-    """One launcher per node of the allocation (the rule's shell runs once, on the first node)."""
-    nodes = cfg.parallel.nodes
-    argv = [
-        "srun",
-        f"--nodes={nodes}",
-        f"--ntasks={nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-        "--cpu-bind=none",
-        "--export=ALL",
-    ]
+def allocation_nodes(env: dict[str, str] | None = None) -> int:
+    """Nodes of the SLURM allocation this shell runs in (0 outside one, or inside an srun task)."""
+    env = dict(os.environ if env is None else env)
+    if not env.get("SLURM_JOB_ID") or env.get("SLURM_NODEID"):
+        return 0
+    return int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+
+
+def srun_argv(cfg: Config, command: list[str], nodes: int | None = None, kill_on_bad_exit: bool = True) -> list[str]:
+    """One launcher per node of the allocation (the rule's shell runs once, on the first node).
+
+    The preflight-only run passes the allocation's node count and lets every node finish its report
+    (no --kill-on-bad-exit: one failing node does not cut the others' lines short).
+    """
+    nodes = cfg.parallel.nodes if nodes is None else nodes
+    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    if kill_on_bad_exit:
+        argv.append("--kill-on-bad-exit=1")
+    argv += ["--cpu-bind=none", "--export=ALL"]
     gpus = cfg.slurm.gpus_per_node
     if gpus is None:
         gpus = cfg.parallel.procs_per_node if cfg.parallel.device == "cuda" else 0
@@ -144,8 +158,8 @@ def srun_argv(cfg: Config, command: list[str]) -> list[str]:
     return argv + command
 
 
-def run_srun(cfg: Config, command: list[str]) -> int:
-    argv = srun_argv(cfg, command)
+def run_srun(cfg: Config, command: list[str], **options) -> int:
+    argv = srun_argv(cfg, command, **options)
     print(f"[launch] {' '.join(argv[:8])} ... in job {os.environ.get('SLURM_JOB_ID')}", file=sys.stderr, flush=True)
     try:
         return subprocess.run(argv, check=False).returncode

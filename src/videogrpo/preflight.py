@@ -2,19 +2,22 @@
 
 Each check returns a `Check` naming what was checked, whether it passed, and on failure the field or
 file at fault and the fix. `node_checks` are the per-machine part the launcher also runs on every
-node of a multi-node job.
+node of a multi-node job (their facts and decisions in node_preflight.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from videogrpo import node_preflight
 from videogrpo.config import Config, problems, unsupported
+from videogrpo.node_preflight import Check
 from videogrpo.provenance import digest
 
 # diffusers attention backends that need an extra package (the rest ship with torch).
@@ -29,13 +32,6 @@ BACKEND_PACKAGES = {
     "sage_varlen": "sageattention",
     "xformers": "xformers",
 }
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 def check_config(cfg: Config) -> Check:
@@ -241,26 +237,6 @@ def check_attention_backend(name: str) -> Check:
     return Check("attention_backend", True, f"{name} available")
 
 
-def check_devices(cfg: Config) -> Check:
-    import torch
-    import torch.distributed as dist
-
-    backend_ok = dist.is_gloo_available() if cfg.parallel.backend == "gloo" else dist.is_nccl_available()
-    if not backend_ok:
-        return Check("devices", False, f"parallel.backend = {cfg.parallel.backend!r} is not available in this torch")
-    if cfg.parallel.device == "cuda":
-        visible = torch.cuda.device_count()
-        if visible < cfg.parallel.procs_per_node:
-            return Check(
-                "devices",
-                False,
-                f"parallel.procs_per_node = {cfg.parallel.procs_per_node} but {visible} "
-                f"CUDA devices are visible on {socket.gethostname()}",
-            )
-        return Check("devices", True, f"{visible} CUDA devices visible, backend {cfg.parallel.backend}")
-    return Check("devices", True, f"CPU, backend {cfg.parallel.backend}")
-
-
 def check_port_free(port: int, host: str = "") -> Check:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -274,9 +250,20 @@ def check_port_free(port: int, host: str = "") -> Check:
     return Check("rendezvous_port", True, f"port {port} free on {socket.gethostname()}")
 
 
-def node_checks(cfg: Config, port: int | None = None) -> list[Check]:
-    """The checks that must hold on every machine of the job."""
-    checks = [check_devices(cfg), check_attention_backend(cfg.parallel.attention_backend)]
+def node_checks(
+    cfg: Config, port: int | None = None, devices: int | None = None, facts: node_preflight.NodeFacts | None = None
+) -> list[Check]:
+    """The checks that must hold on every machine of the job (node_preflight.py), from `facts` or a fresh probe.
+
+    devices: how many CUDA devices this process needs (parallel.procs_per_node unless given).
+    """
+    if facts is None:
+        env = dict(os.environ, **node_preflight.node_env(dict(os.environ)))
+        facts = node_preflight.probe(cfg.parallel.device, env)
+    p = cfg.parallel
+    needed = p.procs_per_node if devices is None else devices
+    checks = node_preflight.decide(facts, p.device, p.backend, p.attention_backend, needed)
+    checks.append(check_attention_backend(p.attention_backend))
     if port is not None:
         checks.append(check_port_free(port))
     return checks

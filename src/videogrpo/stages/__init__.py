@@ -68,6 +68,8 @@ CODE_PARTS = {
     "preflight": (
         "stages/preflight.py",
         "preflight.py",
+        "node_preflight.py",
+        "triton_check.py",
         "data/video.py",
         "grpo",
         "models",
@@ -81,6 +83,8 @@ CODE_PARTS = {
         "stages/train.py",
         "launch.py",
         "preflight.py",
+        "node_preflight.py",
+        "triton_check.py",
         "grpo",
         "models",
         "rewards",

@@ -10,13 +10,13 @@ from videogrpo import config as config_mod
 from videogrpo.config import Config, canonical_json
 
 
-def add_config_argument(parser: argparse.ArgumentParser) -> None:
+def add_config_argument(parser: argparse.ArgumentParser, manifest_required: bool = True) -> None:
     parser.add_argument(
         "--config-json",
         required=True,
         help="the config sections this stage reads, as JSON or @file (the Snakemake rule passes a file)",
     )
-    parser.add_argument("--manifest", required=True, type=Path, help="where to write the stage manifest")
+    parser.add_argument("--manifest", required=manifest_required, type=Path, help="where to write the stage manifest")
     parser.add_argument(
         "--upstream",
         action="append",

@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
         else:
             checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
-        checks += preflight.node_checks(cfg)
+        # This job holds one GPU (cluster_resources("preflight")); the launcher checks procs_per_node on every
+        # training node.
+        checks += preflight.node_checks(cfg, devices=1)
         report = preflight.as_report(checks)
         for check in checks:
             print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr)

@@ -1,6 +1,9 @@
 """train: launch GRPO training on every machine of the job with torchrun, and record what it made.
 
-Run by the rule once, on the first (or only) machine. Inside a multi-node SLURM allocation it starts
+Run by the rule once, on the first (or only) machine. Every machine runs the per-node preflight
+(node_preflight.py) before its torchrun; `--preflight-only` (or WAN_TRAINER_TRITON_PREFLIGHT_ONLY=1) runs just
+that, on every node of the SLURM allocation (srun) or on this machine, prints one report line per node and
+exits 0 or 1, training nothing and writing no output. Inside a multi-node SLURM allocation it starts
 itself once per node with srun (`--node-only`); by hand on a cluster without SLURM, run the same
 command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
 and the manifest, the others only train.
@@ -22,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo import checkpoint, launch, preflight
+from videogrpo import checkpoint, launch, node_preflight, preflight
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
@@ -31,18 +34,27 @@ from videogrpo.provenance.manifest import describe as describe_path
 from videogrpo.rewards.judge_service import judge_service
 from videogrpo.stages.common import add_config_argument, load_config
 
+# Needed to train; a preflight-only run needs only --config-json (argparse cannot say "required unless").
+TRAINING_ARGUMENTS = ("manifest", "run_id", "run_dir", "model", "dataset", "preflight", "final", "metrics")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_argument(parser)
-    parser.add_argument("--run-id", required=True, help="the run identity (names the run directory)")
-    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (checkpoints go under it)")
-    parser.add_argument("--model", required=True, type=Path, help="model directory")
-    parser.add_argument("--dataset", required=True, type=Path, help="materialized dataset directory")
-    parser.add_argument("--preflight", required=True, type=Path, help="preflight report")
+    add_config_argument(parser, manifest_required=False)
+    parser.add_argument("--run-id", help="the run identity (names the run directory)")
+    parser.add_argument("--run-dir", type=Path, help="run directory (checkpoints go under it)")
+    parser.add_argument("--model", type=Path, help="model directory")
+    parser.add_argument("--dataset", type=Path, help="materialized dataset directory")
+    parser.add_argument("--preflight", type=Path, help="preflight report")
     parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
     parser.add_argument("--judge-model", type=Path, help="judge model directory the per-node service serves (VLM)")
-    parser.add_argument("--final", required=True, type=Path, help="final checkpoint directory to create")
-    parser.add_argument("--metrics", required=True, type=Path, help="metrics file to create (JSON lines)")
+    parser.add_argument("--final", type=Path, help="final checkpoint directory to create")
+    parser.add_argument("--metrics", type=Path, help="metrics file to create (JSON lines)")
+    parser.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help=f"run only the per-node preflight on every machine of the job (or allocation), print one report "
+        f"line per node and exit 0 or 1; training never starts (also: {node_preflight.PREFLIGHT_ONLY_VAR}=1)",
+    )
     parser.add_argument(
         "--node-only",
         action="store_true",
@@ -78,13 +90,47 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
     }
 
 
+def check_this_node(cfg: Config, where: launch.Launch) -> tuple[list[preflight.Check], str]:
+    """The per-node preflight, each check on a log line, and the node's one-line report."""
+    facts = node_preflight.probe(cfg.parallel.device, launch.worker_env(cfg))
+    port = where.master_port if where.node_rank == 0 and not where.is_local else None
+    checks = preflight.node_checks(cfg, port=port, facts=facts)
+    for check in checks:
+        print(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr, flush=True)
+    failed = [c.name for c in checks if not c.ok]
+    verdict = f"FAIL ({', '.join(failed)})" if failed else "ok"
+    line = (
+        f"[preflight] node {where.node_rank}/{where.nnodes} {facts.hostname}: {verdict}: "
+        f"{node_preflight.summary(facts, cfg.parallel.device)}"
+    )
+    return checks, line
+
+
+def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
+    """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
+    nodes = launch.allocation_nodes() if not args.node_only else 0
+    if nodes > 1:
+        command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
+        code = launch.run_srun(cfg, command + ["--config-json", args.config_json], nodes=nodes, kill_on_bad_exit=False)
+        print(
+            f"[preflight] {'all' if code == 0 else 'NOT all'} of the allocation's {nodes} nodes passed"
+            + ("" if code == 0 else f" (srun exited {code}): the FAIL lines above name the nodes and the fixes"),
+            flush=True,
+        )
+        return 0 if code == 0 else 1
+    where = launch.from_environment(cfg, check_nodes=False)
+    print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
+    checks, line = check_this_node(cfg, where)
+    print(line, flush=True)
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, str]) -> None:
     """Per-node preflight, then torchrun for this machine's processes."""
     where = launch.from_environment(cfg)
     print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
-    checks = preflight.node_checks(cfg, port=where.master_port if where.node_rank == 0 and not where.is_local else None)
-    for check in checks:
-        print(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr, flush=True)
+    checks, line = check_this_node(cfg, where)
+    print(line, file=sys.stderr, flush=True)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
     if failed:
         raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
@@ -127,6 +173,11 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
+    if node_preflight.preflight_only(args.preflight_only):
+        return preflight_only_run(cfg, args)
+    missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
+    if missing:
+        raise VideoGRPOError(f"videogrpo train: {', '.join(missing)} required (only --preflight-only runs without)")
     if args.node_only:
         train_this_node(cfg, args, json.loads(args.input_digests) if args.input_digests else input_digests(args))
         return 0
