@@ -42,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
             preflight.check_video_io(),
             preflight.check_disk_space(cfg, args.model, args.out.parent),
         ]
+        memory, plan = preflight.check_memory_plan(cfg, args.model)
+        checks.append(memory)
         if cfg.reward.kind == "vbvr_rule":
             checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
         else:
             checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
         checks += preflight.node_checks(cfg)
-        report = preflight.as_report(checks)
+        report = dict(preflight.as_report(checks), memory_plan=plan)
         for check in checks:
             print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr)
         if not report["ok"]:
