@@ -68,6 +68,7 @@ CODE_PARTS = {
     "preflight": (
         "stages/preflight.py",
         "preflight.py",
+        "memory_plan.py",
         "data/video.py",
         "grpo",
         "models",
@@ -81,6 +82,7 @@ CODE_PARTS = {
         "stages/train.py",
         "launch.py",
         "preflight.py",
+        "memory_plan.py",
         "grpo",
         "models",
         "rewards",
@@ -109,7 +111,7 @@ CODE_PARTS = {
         "data/video.py",
     ),
     "eval_set": ("stages/eval_set.py", "matrix/evalset.py", "data/video.py"),
-    "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "models"),
+    "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "weights.py", "models"),
     # The two GRPO modules generation runs (not the trainer: its edits never regenerate a matrix).
     "generate_cell": (
         "stages/generate_cell.py",
