@@ -214,6 +214,13 @@ def test_training_ran_two_processes_and_logged_metrics(demo, workdir):
     assert list(workdir.glob("results/runs/*/checkpoints/step-00000004/COMPLETE"))
 
 
+def test_preflight_prints_the_memory_plan_and_records_it(demo, workdir):
+    log = next(workdir.glob("results/runs/*/logs/preflight.log")).read_text()
+    assert "[ok] memory_plan:" in log and "not enforced on CPU" in log and "\n    activations" in log
+    plan = json.loads(next(workdir.glob("results/runs/*/preflight.json")).read_text())["memory_plan"]
+    assert plan["enforced"] is False and plan["peak_bytes"] == max(plan["rollout_bytes"], plan["replay_bytes"]) > 0
+
+
 def test_second_run_has_nothing_to_do(demo, workdir):
     out = run(["snakemake", "--cores", "2"], workdir)
     assert "Nothing to be done" in out.stdout + out.stderr

@@ -15,6 +15,7 @@ rendezvous on the first machine, its workers' environment from `worker_env`.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -93,7 +94,10 @@ def from_environment(cfg: Config, env: dict[str, str] | None = None, check_nodes
     return launch
 
 
-def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[str]:
+def torchrun_argv(
+    launch: Launch, module: str, module_args: list[str], join_timeout_s: float | None = None
+) -> list[str]:
+    """`join_timeout_s`: how long the rendezvous waits for every node (torchrun's default: 600 s)."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
     if launch.is_local:
         # A free rendezvous port chosen by torchrun: local runs never collide with each other.
@@ -106,7 +110,8 @@ def torchrun_argv(launch: Launch, module: str, module_args: list[str]) -> list[s
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={launch.master_addr}:{launch.master_port}",
             "--rdzv-id=videogrpo",
-            f"--rdzv-conf=is_host={'true' if launch.node_rank == 0 else 'false'}",
+            f"--rdzv-conf=is_host={'true' if launch.node_rank == 0 else 'false'}"
+            + (f",join_timeout={math.ceil(join_timeout_s)}" if join_timeout_s else ""),
             "--max-restarts=0",
         ]
     return argv + ["-m", module] + module_args

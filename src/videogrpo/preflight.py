@@ -199,6 +199,37 @@ def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
     return Check("disk_space", True, detail)
 
 
+def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str = "float32", probe=None) -> tuple[Check, dict]:
+    """The per-rank memory plan (memory_plan.py) against the device, and the plan itself for the report.
+
+    On CUDA the run is refused when the plan's peak exceeds the device's memory less the co-hosted judge's share;
+    on CPU it is printed only. `frozen_dtype`: the text encoder's and VAE's dtype; `probe`: torch.cuda's stand-in.
+    """
+    from videogrpo import memory_plan
+
+    try:
+        plan = memory_plan.plan_for_config(cfg, memory_plan.ModelShape.from_model_dir(model_dir), frozen_dtype, probe)
+    except (OSError, KeyError, ValueError) as err:  # an unreadable config or header; other checks name the cause
+        return Check("memory_plan", False, f"{model_dir}: cannot plan memory ({type(err).__name__}: {err})"), {}
+    lines = "\n    " + "\n    ".join(plan.lines())
+    if plan.enforced and plan.device_bytes is None:
+        detail = (
+            f"{plan.device_source}, so the plan cannot be checked: set parallel.device_memory_gib to the GPUs' "
+            f"memory (e.g. 80 for an H100) or run preflight on a GPU node{lines}"
+        )
+        return Check("memory_plan", False, detail), plan.as_dict()
+    if not plan.fits:
+        detail = (
+            f"the plan needs {memory_plan.gib(plan.peak)} per rank, more than the {memory_plan.gib(plan.available)} "
+            f"available; shard more (parallel.data_parallel, shard_group_size, nodes), roll out fewer rows at once "
+            f"(grpo.prompts_per_wave), lower video.* or reward.judge_gpu_memory, or correct "
+            f"parallel.device_memory_gib{lines}"
+        )
+        return Check("memory_plan", False, detail), plan.as_dict()
+    verdict = "fits" if plan.enforced else "not enforced on CPU"
+    return Check("memory_plan", True, f"{memory_plan.gib(plan.peak)} per rank, {verdict}{lines}"), plan.as_dict()
+
+
 def check_video_io() -> Check:
     import numpy as np
 

@@ -78,6 +78,7 @@ POSITIVE = {
     "parallel.shard_group_size",
     "parallel.tensor_parallel",
     "parallel.cpu_threads",
+    "parallel.device_memory_gib",
     "evaluate.sampling_steps",
     "matrix.expected_samples",
     "matrix.synthetic_per_task",

@@ -142,7 +142,10 @@ _FIELD_CLASSES = {
             "reduce_dtype",
         )
     },
-    **{f"parallel.{f}": EXECUTION for f in ("backend", "attention_backend", "compile", "master_port", "cpu_threads")},
+    **{
+        f"parallel.{f}": EXECUTION
+        for f in ("backend", "attention_backend", "compile", "master_port", "cpu_threads", "device_memory_gib")
+    },
     "logging.wandb_mode": EXECUTION,
     # Where the evaluation tree is and how many processes generate: its digest and the settings are the pin.
     **{f"matrix.{f}": EXECUTION for f in ("eval_set", "procs")},

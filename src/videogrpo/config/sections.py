@@ -292,6 +292,9 @@ class ParallelConfig:
     """Rendezvous port on the first node (under SLURM: plus the job id modulo 1000)."""
     cpu_threads: int = 4
     """torch CPU threads per training process; equal values make CPU runs bit-identical across topologies."""
+    device_memory_gib: float | None = None
+    """Memory of one device in GiB that preflight's memory plan is checked against (null: probe torch.cuda on
+    the node preflight runs on; a number plans for the cluster's GPUs from a login node)."""
 
 
 @dataclass

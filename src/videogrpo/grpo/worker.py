@@ -12,6 +12,7 @@ from pathlib import Path
 from videogrpo import config as config_mod
 from videogrpo import distributed
 from videogrpo.errors import VideoGRPOError, disk_full_message
+from videogrpo.rewards.judge_service import cap_training_memory
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,9 +27,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
     ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend, cfg.parallel.cpu_threads)
+    # Before any model is loaded: the co-hosted judge's share of this GPU is not training's to take.
+    cap = cap_training_memory(cfg, ctx.device)
     node = os.environ.get("SLURMD_NODENAME", "-")
     print(
-        f"[rank {ctx.rank}/{ctx.world_size}] host {socket.gethostname()} slurm node {node} device {ctx.device}",
+        f"[rank {ctx.rank}/{ctx.world_size}] host {socket.gethostname()} slurm node {node} device {ctx.device}"
+        + (f", capped at {cap:g} of its memory (the judge has the rest)" if cap is not None else ""),
         file=sys.stderr,
         flush=True,
     )

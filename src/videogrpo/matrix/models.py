@@ -1,17 +1,21 @@
 """Validation of a Diffusers pipeline directory before it is evaluated (REFERENCE section 10).
 
 A pipeline is accepted when model_index.json names components that are all present, every safetensors
-file has a readable header whose tensors match its index, a custom pipeline.py (the published
-checkpoints ship one) has exactly the pinned SHA-256, and every component loads.
+file has a readable header that agrees with the file's size and whose tensors match its index, every
+weighted component's tensors have the shapes its config implies, a custom pipeline.py (the published
+checkpoints ship one) has exactly the pinned SHA-256, and the tokenizer and scheduler load. Weights are
+read only with `load` (validate_pipeline).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_file
+from videogrpo.weights import FLOATING, TensorInfo, WeightsError, read_header
 
 
 class ModelRefused(VideoGRPOError):
@@ -40,20 +44,16 @@ def check_pipeline_source(root: Path, pinned: str) -> str | None:
     return actual
 
 
-def check_safetensors(root: Path) -> dict[str, int]:
-    """Tensors per safetensors file, every header read and every index's weight map matched."""
-    from safetensors import safe_open
-
-    counts: dict[str, int] = {}
+def check_safetensors(root: Path) -> dict[str, dict[str, TensorInfo]]:
+    """Every safetensors file's tensors, read from its header (weights.read_header: sizes and offsets checked
+    against the file), and every index's weight map matched: each listed shard present and holding exactly its
+    listed tensors."""
+    headers: dict[str, dict[str, TensorInfo]] = {}
     for path in sorted(root.rglob("*.safetensors")):
         try:
-            with safe_open(str(path), framework="pt") as f:
-                keys = set(f.keys())
-        except Exception as err:  # a truncated or corrupt header is the finding
-            raise ModelRefused(f"{path}: not a readable safetensors file ({err})") from None
-        if not keys:
-            raise ModelRefused(f"{path}: a safetensors file without tensors")
-        counts[str(path.relative_to(root))] = len(keys)
+            headers[str(path.relative_to(root))] = read_header(path)
+        except WeightsError as err:  # a truncated or corrupt file is the finding
+            raise ModelRefused(str(err)) from None
     for index in sorted(root.rglob("*.safetensors.index.json")):
         weight_map = json.loads(index.read_text()).get("weight_map") or {}
         if not weight_map:
@@ -64,17 +64,103 @@ def check_safetensors(root: Path) -> dict[str, int]:
                 raise ModelRefused(f"{index}: shard {shard} lies outside the model directory")
             if not shard_path.is_file():
                 raise ModelRefused(f"{index}: shard {shard} is missing")
-            with safe_open(str(shard_path), framework="pt") as f:
-                keys = set(f.keys())
+            keys = set(headers[str(shard_path.relative_to(root.resolve()))])
             listed = {k for k, v in weight_map.items() if v == shard}
             if keys != listed:
                 raise ModelRefused(
                     f"{index}: shard {shard} holds {len(keys)} tensors, the index lists {len(listed)} "
                     f"(missing {sorted(listed - keys)[:3]}, extra {sorted(keys - listed)[:3]})"
                 )
-    if not counts:
+    if not headers:
         raise ModelRefused(f"{root}: no safetensors weights")
-    return counts
+    return headers
+
+
+SHAPE_CHECKED = ("diffusers", "transformers")
+"""Libraries whose component classes are built from their config to learn the tensor shapes it implies (a
+component of other code is not imported: its headers are checked, its shapes are not)."""
+
+
+def expected_tensors(
+    component: Path, library: str, class_name: str
+) -> tuple[list[tuple[list[str], tuple[int, ...]]], list[str]]:
+    """The tensors the component's config.json implies, as (names, shape): its class built on the meta device (no
+    memory, no weights); a parameter tied under several names (UMT5's shared embedding) is one entry. Also the
+    patterns of saved tensors the class itself ignores when loading."""
+    import importlib
+
+    import torch
+
+    cls = getattr(importlib.import_module(library), class_name)
+    with torch.device("meta"):
+        if library == "diffusers":
+            model = cls.from_config(cls.load_config(component))
+        else:
+            from transformers import AutoConfig
+
+            model = cls(AutoConfig.from_pretrained(component))
+    groups: dict[int, tuple[list[str], tuple[int, ...]]] = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(tensor), ([], tuple(tensor.shape)))[0].append(name)
+    persistent = set(model.state_dict())
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        if name in persistent:
+            groups.setdefault(id(tensor), ([], tuple(tensor.shape)))[0].append(name)
+    return list(groups.values()), list(getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or [])
+
+
+def check_shapes(root: Path, headers: dict[str, dict[str, TensorInfo]]) -> dict[str, dict]:
+    """Each weighted component's headers against its config: every tensor the config implies present with the
+    shape it implies, none it does not, floating-point dtypes. Nothing is loaded."""
+    spec = json.loads((root / "model_index.json").read_text())
+    record: dict[str, dict] = {}
+    for name in check_components(root):
+        files = {rel: tensors for rel, tensors in headers.items() if Path(rel).parts[0] == name}
+        if not files:
+            continue  # a tokenizer, a scheduler: no weights
+        found = {tensor: (rel, info) for rel, tensors in files.items() for tensor, info in tensors.items()}
+        dtypes = sorted({info.dtype for _, info in found.values()})
+        if odd := [t for t, (_, info) in found.items() if info.dtype not in FLOATING]:
+            rel, info = found[odd[0]]
+            raise ModelRefused(f"{root / rel}: tensor {odd[0]} is {info.dtype}; weights must be one of {FLOATING}")
+        library, class_name = spec[name]
+        if library not in SHAPE_CHECKED:
+            record[name] = {"tensors": len(found), "dtypes": dtypes, "shapes": f"not checked ({library})"}
+            continue
+        if not (root / name / "config.json").is_file():
+            raise ModelRefused(f"{root / name}: weights without a config.json")
+        try:
+            expected, ignored = expected_tensors(root / name, library, class_name)
+        except Exception as err:  # a config its class refuses is the finding
+            raise ModelRefused(f"{root / name}/config.json: {class_name} cannot be built from it ({err})") from None
+        implied = {alias for names, _ in expected for alias in names}
+        extra = sorted(t for t in set(found) - implied if not any(re.search(p, t) for p in ignored))
+        if extra:
+            rel, _ = found[extra[0]]
+            raise ModelRefused(
+                f"{root / rel}: tensor {extra[0]} is not one that {name}/config.json implies "
+                f"({len(extra)} such tensors): the weights and the config are of different models"
+            )
+        missing = []
+        for names, shape in expected:
+            present = [alias for alias in names if alias in found]
+            if not present:
+                missing.append(names[0])
+                continue
+            for alias in present:
+                rel, info = found[alias]
+                if info.shape != shape:
+                    raise ModelRefused(
+                        f"{root / rel}: tensor {alias} has shape {list(info.shape)}, {name}/config.json implies "
+                        f"{list(shape)}"
+                    )
+        if missing:
+            raise ModelRefused(
+                f"{root / name}: {len(missing)} tensors that {name}/config.json implies are in no safetensors "
+                f"file, e.g. {missing[:3]}"
+            )
+        record[name] = {"tensors": len(found), "dtypes": dtypes, "shapes": "as its config implies"}
+    return record
 
 
 def check_components(root: Path) -> list[str]:
@@ -94,8 +180,24 @@ def check_components(root: Path) -> list[str]:
     return components
 
 
+def load_light_components(root: Path) -> None:
+    """Load in full what is cheap to: the tokenizer and the scheduler's config (neither has weights)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import AutoTokenizer
+
+    for name, load in (
+        ("tokenizer", AutoTokenizer.from_pretrained),
+        ("scheduler", FlowMatchEulerDiscreteScheduler.load_config),
+    ):
+        if (root / name).is_dir():
+            try:
+                load(root / name)
+            except Exception as err:  # which component failed is in the message
+                raise ModelRefused(f"{root / name}: does not load ({type(err).__name__}: {err})") from None
+
+
 def load_components(root: Path) -> None:
-    """Load tokenizer, text encoder, VAE and transformer as generation will (CPU, float32)."""
+    """Load tokenizer, text encoder, VAE and transformer as generation will (CPU, float32): every weight."""
     import torch
 
     from videogrpo.models.wan import WanTI2V
@@ -106,14 +208,23 @@ def load_components(root: Path) -> None:
         raise ModelRefused(f"{root}: a component does not load ({type(err).__name__}: {err})") from None
 
 
-def validate_pipeline(root: Path, pinned_pipeline_sha256: str, load: bool = True) -> dict:
-    """The validation record of a pipeline directory, or ModelRefused naming the file."""
+def validate_pipeline(root: Path, pinned_pipeline_sha256: str, load: bool = False) -> dict:
+    """The validation record of a pipeline directory, or ModelRefused naming the file (and the tensor).
+
+    Without `load` (what fetch_eval_model runs on the login node) no weight is read: headers, sizes, index
+    shards, dtypes and the shapes each component's config implies, plus a full load of the weightless
+    tokenizer and scheduler; a 5B pipeline validates in seconds. `load` also loads every component as
+    generation will (the tiny model's tests; a cluster job, for a pipeline whose weights must be proven to load).
+    """
     record = {
         "pipeline_sha256": check_pipeline_source(root, pinned_pipeline_sha256),
         "components": check_components(root),
-        "safetensors": check_safetensors(root),
     }
+    headers = check_safetensors(root)
+    record["safetensors"] = {rel: len(tensors) for rel, tensors in headers.items()}
+    record["shapes"] = check_shapes(root, headers)
+    load_light_components(root)
     if load:
         load_components(root)
-        record["loads"] = True
+    record["weights_loaded"] = load
     return record

@@ -6,6 +6,20 @@ reward.judge_served_name with the data- and tensor-parallel layout and GPU memor
 The job waits until the service lists the model, and fails naming the command and its last log
 lines if it exits or never answers. With reward.judge_endpoint set, an existing service is used and
 only probed.
+
+Sharing the GPUs (reward.judge_gpu_memory of each GPU is the judge's, the rest training's) is made
+safe by the order of start-up, which `train_this_node` (stages/train.py) follows on every node:
+1. the per-node checks, which must allocate no device memory in the launcher process (it lives as long
+   as the job: a check that needs a CUDA context runs it in a child process);
+2. the judge service, waited for until it lists the model: vLLM answers only once its weights are
+   loaded and its KV cache is allocated at its share (its start-up refuses to run when that share is
+   not free), so by then the judge holds all the memory it will take;
+3. torchrun, started only inside the block that yields the ready endpoint; every rank caps its own
+   caching allocator at 1 - reward.judge_gpu_memory of its GPU before it loads a model
+   (`training_memory_fraction`, applied by the worker), so training runs out of its own share with
+   an error of its own rather than taking the judge's.
+Nodes whose judge is ready sooner wait for the others at torchrun's rendezvous, whose join timeout is
+raised to the judge's ready timeout (`rendezvous_join_timeout`) so that they do not give up first.
 """
 
 from __future__ import annotations
@@ -20,6 +34,39 @@ from pathlib import Path
 
 from videogrpo.errors import VideoGRPOError
 from videogrpo.rewards.judge import endpoint_of, wait_ready
+
+
+def co_hosted(cfg) -> bool:
+    """The training job starts the judge on its own GPUs (vbvr_vlm without reward.judge_endpoint, on CUDA)."""
+    return cfg.reward.kind == "vbvr_vlm" and not cfg.reward.judge_endpoint and cfg.parallel.device == "cuda"
+
+
+def training_memory_fraction(cfg) -> float | None:
+    """The share of each GPU a training rank may allocate: what the co-hosted judge leaves (None: all of it)."""
+    if not co_hosted(cfg):
+        return None
+    return 1.0 - cfg.reward.judge_gpu_memory
+
+
+def cap_training_memory(cfg, device, cuda=None) -> float | None:
+    """Cap this rank's caching allocator at its share of its GPU, before any model is loaded; the cap set."""
+    fraction = training_memory_fraction(cfg)
+    if fraction is None or device.type != "cuda":
+        return None
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
+def rendezvous_join_timeout(cfg) -> float | None:
+    """Seconds torchrun's rendezvous waits for every node: the judge's ready timeout and torchrun's own 600 s
+    when each node starts a judge first (None: torchrun's default)."""
+    if cfg.reward.kind != "vbvr_vlm" or cfg.reward.judge_endpoint:
+        return None
+    return cfg.reward.judge_ready_timeout_s + 600.0
 
 
 def serve_argv(cfg, model: Path) -> list[str]:

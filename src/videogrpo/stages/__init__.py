@@ -70,6 +70,7 @@ CODE_PARTS = {
         "preflight.py",
         "node_preflight.py",
         "triton_check.py",
+        "memory_plan.py",
         "data/video.py",
         "grpo",
         "models",
@@ -85,6 +86,7 @@ CODE_PARTS = {
         "preflight.py",
         "node_preflight.py",
         "triton_check.py",
+        "memory_plan.py",
         "grpo",
         "models",
         "rewards",
@@ -113,7 +115,7 @@ CODE_PARTS = {
         "data/video.py",
     ),
     "eval_set": ("stages/eval_set.py", "matrix/evalset.py", "data/video.py"),
-    "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "models"),
+    "fetch_eval_model": ("stages/fetch_eval_model.py", "hub.py", "matrix/models.py", "weights.py", "models"),
     # The two GRPO modules generation runs (not the trainer: its edits never regenerate a matrix).
     "generate_cell": (
         "stages/generate_cell.py",

@@ -1,4 +1,10 @@
-"""fetch_eval_model: a pinned Hub pipeline to evaluate (matrix.hub_models), downloaded and validated."""
+"""fetch_eval_model: a pinned Hub pipeline to evaluate (matrix.hub_models), downloaded and validated.
+
+A local rule (the login node, where the downloads run): the validation reads safetensors headers, sizes, index
+shards and the shapes each component's config implies, and loads only the weightless tokenizer and scheduler
+(matrix/models.validate_pipeline), so a 5B pipeline is validated in seconds without its weights in memory; the
+first full load is generate_cell's, on a GPU node.
+"""
 
 from __future__ import annotations
 

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
             preflight.check_video_io(),
             preflight.check_disk_space(cfg, args.model, args.out.parent),
         ]
+        memory, plan = preflight.check_memory_plan(cfg, args.model)
+        checks.append(memory)
         if cfg.reward.kind == "vbvr_rule":
             checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         # This job holds one GPU (cluster_resources("preflight")); the launcher checks procs_per_node on every
         # training node.
         checks += preflight.node_checks(cfg, devices=1)
-        report = preflight.as_report(checks)
+        report = dict(preflight.as_report(checks), memory_plan=plan)
         for check in checks:
             print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr)
         if not report["ok"]:

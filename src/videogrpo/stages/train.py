@@ -31,7 +31,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
-from videogrpo.rewards.judge_service import judge_service
+from videogrpo.rewards.judge_service import judge_service, rendezvous_join_timeout
 from videogrpo.stages.common import add_config_argument, load_config
 
 # Needed to train; a preflight-only run needs only --config-json (argparse cannot say "required unless").
@@ -158,10 +158,10 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
     judge_log = args.run_dir / "logs" / f"judge-node{where.node_rank}.log"
+    # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
     with judge_service(cfg, args.judge_model, judge_log):
-        code = subprocess.run(
-            launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args), env=launch.worker_env(cfg), check=False
-        ).returncode
+        argv = launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args, rendezvous_join_timeout(cfg))
+        code = subprocess.run(argv, env=launch.worker_env(cfg), check=False).returncode
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
     if code != 0:

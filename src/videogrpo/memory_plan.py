@@ -1,0 +1,421 @@
+"""The per-rank device memory a training run needs, planned from configs and safetensors headers.
+
+Preflight prints this plan for the configured recipe and topology and refuses a run whose plan exceeds
+the device (on `parallel.device: cpu` it is printed, never enforced). Nothing is loaded: parameter
+counts come from the safetensors headers, shapes from the components' config.json.
+
+The terms, per rank (P: the transformer's parameters; shard = the sharding degree x tensor_parallel,
+where the sharding degree is the world size under `fsdp`, parallel.shard_group_size under `hsdp`, and
+1 under `replicate` or on one rank; c, r, t, z: bytes per element of the compute dtype
+(parallel.param_dtype), the reduce dtype, the trajectory dtype and the frozen models' dtype):
+- master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; gradients
+  exist only between the first backward and the optimizer step: replay phase only);
+- FSDP's unsharded working set: the root's own parameters (embedders, output head; FSDP2 keeps the
+  root unsharded from forward to backward) in c, two blocks' parameters in c (the block running and
+  the one prefetched) and one block's unsharded gradients in r; under `replicate` on more than one
+  rank instead the flat all-reduce buffer of every gradient (4 P / tp, distributed.average_gradients)
+  and, with a compute dtype other than float32, autocast's cached copies of the weights (c P / tp);
+- frozen models: (text encoder + VAE parameters) x z, on the device in both phases unless
+  train.offload_inference_models sends them to CPU before replay;
+- activations of replay with gradient checkpointing, for B rows per forward (the rows of this rank's
+  largest wave; x 2 under classifier-free guidance, whose unconditional graph is held too) at N video
+  tokens per row (latent frames x (h / ph) x (w / pw), grpo.flops.video_tokens), hidden size d, FFN
+  size f, L blocks:
+      B N [ L c d                        every checkpointed block keeps its input hidden state
+            + 2 x 4 d + 14 c d           outside the blocks: embeddings, the per-token timestep
+                                         projection (6 d) and its MLP, the output head
+            + 20 x 4 d + 6 c d + 2.5 c f ]  one block's recompute: what autograd saves inside a Wan
+                                         block (its float32 modulation table and norms, q/k/v and the
+                                         attention output, the FFN's hidden layer twice)
+      + N x 2 x 4 x head_dim             RoPE's cos and sin tables (float32, shared by the rows)
+  The coefficients are the counts of saved-for-backward tensors, measured on CPU with saved-tensor
+  hooks (tests/test_memory_plan.py checks the formula against that count on two configs). They assume
+  an attention kernel that keeps no N x N matrix (flash, memory-efficient, CPU SDPA); the math
+  backends (`_native_math`) also keep heads x N^2 scores and probabilities in c, which is added. The
+  gradients flowing through a block during its backward and the allocator's fragmentation are not
+  counted: the measured peak on a GPU (tests/gpu) says how much they add.
+- the rollout's working set (no gradients): one forward's outside-the-blocks tensors and one block's
+  activations, for the rows of one wave (rollout phase only);
+- trajectories held on the device: T + 1 latents per rollout in t, and the prompt embeddings of each
+  row in c, for every row of this rank's batch, twice under delayed replay (the batch replayed and the
+  batch rolled out before it is replayed); with trajectories offloaded only the replayed wave's;
+- on CUDA a reserve of 1 GiB for the CUDA context, cuBLAS and NCCL workspaces.
+The peak is the larger of the two phases' sums. Against it stands the device's memory (a number in
+parallel.device_memory_gib, or torch.cuda's total memory of device 0 probed on the node), less the
+co-hosted judge's share (reward.judge_gpu_memory of each GPU, rl_5b_vlm with reward.judge_endpoint
+empty: the training job starts the judge on the same GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from videogrpo.grpo.flops import video_tokens
+
+GIB = 1 << 30
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CUDA_RESERVE = 1 * GIB
+"""CUDA context, cuBLAS and NCCL workspaces: outside the caching allocator, taken from the device all the same."""
+
+# Saved-for-backward tensors per token and row, in units of d (or f) elements (see the module docstring).
+OUTER_FLOAT32_D = 2
+OUTER_COMPUTE_D = 14
+BLOCK_FLOAT32_D = 20
+BLOCK_COMPUTE_D = 6
+BLOCK_COMPUTE_FFN = 2.5
+MATH_BACKENDS = ("_native_math",)
+
+ROLLOUT, REPLAY = "rollout", "replay"
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of the transformer: all, one block's, and those outside the blocks (the FSDP root's)."""
+
+    total: int
+    per_block: int
+    outside_blocks: int
+
+    @classmethod
+    def from_numels(cls, numels: dict[str, int]) -> ParamCounts:
+        per_block = sum(n for name, n in numels.items() if name.startswith("blocks.0."))
+        outside = sum(n for name, n in numels.items() if not name.startswith("blocks."))
+        return cls(sum(numels.values()), per_block, outside)
+
+
+def safetensors_numels(directory: Path) -> dict[str, int]:
+    """Elements of every tensor of the safetensors files in `directory`, read from their headers only."""
+    numels: dict[str, int] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, tensor in header.items():
+            if name != "__metadata__":
+                numels[name] = math.prod(tensor["shape"])
+    return numels
+
+
+def config_numels(transformer_config: dict) -> dict[str, int]:
+    """The parameter elements of a WanTransformer3DModel built from its config on the meta device (no memory)."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    keys = {k: v for k, v in transformer_config.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = WanTransformer3DModel(**keys)
+    return {name: p.numel() for name, p in model.named_parameters()}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a pipeline: the transformer's config and parameters, the frozen models' sizes,
+    the VAE's compression."""
+
+    transformer: dict
+    params: ParamCounts
+    frozen_params: int
+    """Text encoder and VAE parameters."""
+    z_dim: int
+    spatial: int
+    temporal: int
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path) -> ModelShape:
+        transformer = json.loads((model_dir / "transformer" / "config.json").read_text())
+        vae = json.loads((model_dir / "vae" / "config.json").read_text())
+        frozen = sum(sum(safetensors_numels(model_dir / part).values()) for part in ("text_encoder", "vae"))
+        return cls(
+            transformer,
+            ParamCounts.from_numels(safetensors_numels(model_dir / "transformer")),
+            frozen,
+            vae["z_dim"],
+            vae.get("scale_factor_spatial", 16),
+            vae.get("scale_factor_temporal", 4),
+        )
+
+    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        return (self.z_dim, (frames - 1) // self.temporal + 1, height // self.spatial, width // self.spatial)
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    detail: str
+
+
+@dataclass
+class MemoryPlan:
+    terms: list[Term]
+    device_bytes: int | None
+    """The device's memory (None: unknown, on CPU or before probing)."""
+    device_source: str
+    judge_share: float = 0.0
+    """Fraction of each GPU the co-hosted judge takes (0: no judge on these GPUs)."""
+    enforced: bool = True
+    facts: dict = field(default_factory=dict)
+
+    def phase_total(self, phase: str) -> int:
+        return sum(t.bytes for t in self.terms if phase in t.phases)
+
+    @property
+    def peak(self) -> int:
+        return max(self.phase_total(ROLLOUT), self.phase_total(REPLAY))
+
+    @property
+    def available(self) -> int | None:
+        """Training's part of the device: all of it, less the co-hosted judge's share."""
+        if self.device_bytes is None:
+            return None
+        return int(self.device_bytes * (1.0 - self.judge_share))
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.peak <= self.available
+
+    def lines(self) -> list[str]:
+        out = [f"{t.name:<22} {gib(t.bytes):>10}  [{'+'.join(t.phases)}] {t.detail}" for t in self.terms]
+        out.append(f"{'rollout phase':<22} {gib(self.phase_total(ROLLOUT)):>10}")
+        out.append(f"{'replay phase':<22} {gib(self.phase_total(REPLAY)):>10}")
+        if self.device_bytes is None:
+            out.append(f"{'peak':<22} {gib(self.peak):>10}  device memory unknown ({self.device_source})")
+            return out
+        judge = ""
+        if self.judge_share:
+            judge = f" less the judge's {self.judge_share:g} ({gib(self.device_bytes * self.judge_share)})"
+        out.append(
+            f"{'peak':<22} {gib(self.peak):>10}  of {gib(self.available)} available: "
+            f"{gib(self.device_bytes)} ({self.device_source}){judge}"
+        )
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "terms": [asdict(t) for t in self.terms],
+            "rollout_bytes": self.phase_total(ROLLOUT),
+            "replay_bytes": self.phase_total(REPLAY),
+            "peak_bytes": self.peak,
+            "device_bytes": self.device_bytes,
+            "device_source": self.device_source,
+            "judge_share": self.judge_share,
+            "available_bytes": self.available,
+            "enforced": self.enforced,
+            "fits": self.fits,
+            **self.facts,
+        }
+
+
+def gib(value: float) -> str:
+    """Bytes as the plan prints them: GiB with two decimals from 0.1 GiB up, else the unit that shows them."""
+    from videogrpo.progress import human_bytes
+
+    return f"{value / GIB:.2f} GiB" if value >= GIB / 10 else human_bytes(value)
+
+
+def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> int:
+    """Ranks one parameter is split over by data parallelism (tensor parallelism divides further)."""
+    if world == 1 or data_parallel == "replicate":
+        return 1
+    return world if data_parallel == "fsdp" else shard_group_size
+
+
+def rows_per_rank(cfg, world: int) -> tuple[int, int]:
+    """(rows of this rank's largest wave, rows of its whole batch), the largest over all ranks."""
+    from videogrpo.grpo.trainer import waves
+
+    largest_wave, batch = 0, 0
+    for rank in range(world):
+        rank_waves = waves(cfg, rank, world)
+        largest_wave = max(largest_wave, max(len(w) for w in rank_waves))
+        batch = max(batch, sum(len(w) for w in rank_waves))
+    return largest_wave, batch
+
+
+def plan(
+    shape: ModelShape,
+    *,
+    frames: int,
+    height: int,
+    width: int,
+    text_tokens: int,
+    sampling_steps: int,
+    world: int,
+    data_parallel: str,
+    shard_group_size: int,
+    tensor_parallel: int,
+    rows_per_forward: int,
+    rows_per_batch: int,
+    compute_dtype: str,
+    reduce_dtype: str,
+    trajectory_dtype: str,
+    frozen_dtype: str = "float32",
+    guidance: bool = False,
+    delayed_replay: bool = False,
+    gradient_checkpointing: bool = True,
+    offload_frozen: bool = False,
+    offload_trajectories: bool = False,
+    attention_backend: str = "native",
+    cuda: bool = True,
+    device_bytes: int | None = None,
+    device_source: str = "",
+    judge_share: float = 0.0,
+) -> MemoryPlan:
+    """The plan of one rank (the module docstring has the formula and its assumptions)."""
+    config = shape.transformer
+    c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
+    heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+    d, f, layers = heads * head_dim, config["ffn_dim"], config["num_layers"]
+    latent = shape.latent_shape(frames, height, width)
+    tokens = video_tokens(latent, tuple(config["patch_size"]))
+    shard = sharding_degree(data_parallel, world, shard_group_size) * tensor_parallel
+    p = shape.params
+    both, replay_only = (ROLLOUT, REPLAY), (REPLAY,)
+    terms = [
+        Term("master weights", 4 * p.total // shard, both, f"{p.total:,} parameters x 4 B float32 / {shard}"),
+        Term("AdamW moments", 8 * p.total // shard, both, f"2 x 4 B float32 x {p.total:,} / {shard}"),
+        Term("gradients", 4 * p.total // shard, replay_only, f"4 B float32 x {p.total:,} / {shard}"),
+    ]
+    if shard // tensor_parallel > 1:
+        terms.append(
+            Term(
+                "FSDP unsharded",
+                p.outside_blocks * c + 2 * p.per_block * c,
+                both,
+                f"root {p.outside_blocks:,} + 2 blocks x {p.per_block:,} parameters x {c} B",
+            )
+        )
+        terms.append(Term("FSDP block gradients", p.per_block * r, replay_only, f"one block unsharded x {r} B"))
+    elif world > 1:
+        terms.append(
+            Term("all-reduce buffer", 4 * p.total // tensor_parallel, replay_only, "every gradient, one flat buffer")
+        )
+    if shard // tensor_parallel == 1 and c != 4:
+        terms.append(Term("autocast copies", c * p.total // tensor_parallel, both, f"weights cast to {c} B"))
+    frozen = shape.frozen_params * z
+    terms.append(
+        Term(
+            "frozen models",
+            frozen,
+            (ROLLOUT,) if offload_frozen else both,
+            f"text encoder + VAE {shape.frozen_params:,} parameters x {z} B"
+            + (" (on CPU during replay)" if offload_frozen else ""),
+        )
+    )
+    outer = OUTER_FLOAT32_D * 4 * d + OUTER_COMPUTE_D * c * d
+    block = BLOCK_FLOAT32_D * 4 * d + BLOCK_COMPUTE_D * c * d + BLOCK_COMPUTE_FFN * c * f
+    math_attention = 2 * heads * tokens * c if attention_backend in MATH_BACKENDS else 0  # per token of N
+    branches = 2 if guidance else 1
+    rows = rows_per_forward * branches
+    per_block = block + math_attention
+    # Checkpointed: each block's input, plus one block recomputed at a time; else every block's saved tensors.
+    kept = layers * c * d + per_block if gradient_checkpointing else layers * per_block
+    rope = tokens * 2 * 4 * head_dim  # RoPE's float32 cos and sin tables, shared by the rows
+    activations = int(rows * tokens * (kept + outer)) + rope
+    terms.append(
+        Term(
+            "activations",
+            activations,
+            replay_only,
+            f"{rows} rows x {tokens:,} tokens, {layers} blocks "
+            + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
+        )
+    )
+    rollout_rows = rows_per_forward * branches
+    terms.append(
+        Term(
+            "rollout working set",
+            int(rollout_rows * tokens * (outer + per_block)),
+            (ROLLOUT,),
+            f"{rollout_rows} rows x {tokens:,} tokens, one block at a time",
+        )
+    )
+    per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
+    held = rows_per_forward if offload_trajectories else rows_per_batch * (2 if delayed_replay else 1)
+    terms.append(
+        Term(
+            "trajectories",
+            held * per_row,
+            both,
+            f"{held} rollouts x ({sampling_steps} + 1) latents {list(latent)} x {t} B + prompt embeddings"
+            + (" (the others on CPU)" if offload_trajectories else ""),
+        )
+    )
+    if cuda:
+        terms.append(Term("CUDA reserve", CUDA_RESERVE, both, "context, cuBLAS and NCCL workspaces"))
+    return MemoryPlan(
+        terms,
+        device_bytes,
+        device_source,
+        judge_share,
+        enforced=cuda,
+        facts={"video_tokens": tokens, "latent_shape": list(latent), "sharding": shard, "rows_per_forward": rows},
+    )
+
+
+def judge_share(cfg) -> float:
+    """The share of each GPU the training job's own judge takes (0 when no judge runs on these GPUs)."""
+    r = cfg.reward
+    if r.kind != "vbvr_vlm" or r.judge_endpoint or cfg.parallel.device != "cuda":
+        return 0.0
+    return float(r.judge_gpu_memory)
+
+
+def device_memory(cfg, probe=None) -> tuple[int | None, str]:
+    """The device's memory in bytes and where the number comes from: parallel.device_memory_gib, else the
+    total memory of CUDA device 0 probed here (`probe`: a stand-in for torch.cuda in tests)."""
+    if cfg.parallel.device != "cuda":
+        return None, "parallel.device cpu: printed, not enforced"
+    if cfg.parallel.device_memory_gib is not None:
+        return int(cfg.parallel.device_memory_gib * GIB), "parallel.device_memory_gib"
+    if probe is None:
+        import torch
+
+        probe = torch.cuda
+    if not probe.is_available():
+        return None, "no CUDA device here to probe"
+    props = probe.get_device_properties(0)
+    return int(props.total_memory), f"probed: {props.name}"
+
+
+def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str = "float32", probe=None) -> MemoryPlan:
+    """The plan of a config's recipe and topology; `frozen_dtype`: the text encoder's and VAE's dtype."""
+    from videogrpo.models.wan import DTYPES, trajectory_dtype
+
+    world = cfg.world_size
+    wave, batch = rows_per_rank(cfg, world)
+    traj = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
+    traj_name = next(name for name, dtype in DTYPES.items() if dtype == traj)
+    memory, source = device_memory(cfg, probe)
+    return plan(
+        shape,
+        frames=cfg.video.num_frames,
+        height=cfg.video.height,
+        width=cfg.video.width,
+        text_tokens=cfg.model.max_text_tokens,
+        sampling_steps=cfg.grpo.sampling_steps,
+        world=world,
+        data_parallel=cfg.parallel.data_parallel,
+        shard_group_size=cfg.parallel.shard_group_size,
+        tensor_parallel=cfg.parallel.tensor_parallel,
+        rows_per_forward=wave,
+        rows_per_batch=batch,
+        compute_dtype=cfg.parallel.param_dtype,
+        reduce_dtype=cfg.parallel.reduce_dtype,
+        trajectory_dtype=traj_name,
+        frozen_dtype=frozen_dtype,
+        guidance=cfg.grpo.guidance_scale > 1.0,
+        delayed_replay=cfg.grpo.delayed_replay,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        # The offload schedule's switch (issue 17's memory part); absent, nothing is offloaded.
+        offload_frozen=bool(getattr(cfg.train, "offload_inference_models", False)),
+        offload_trajectories=bool(getattr(cfg.train, "offload_inference_models", False)),
+        attention_backend=cfg.parallel.attention_backend,
+        cuda=cfg.parallel.device == "cuda",
+        device_bytes=memory,
+        device_source=source,
+        judge_share=judge_share(cfg),
+    )
