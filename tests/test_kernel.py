@@ -306,3 +306,30 @@ def test_diffusers_loads_the_pinned_kernel_offline_through_the_kernels_package(t
     assert (kernel_fn, forward) == ("stand-in", "forward")
     snapshot = (tmp_path / "cache" / f"kernels--kernels-community--flash-attn3/snapshots/{COMMIT}").resolve()
     assert Path(module) == snapshot / cpu / "flash_attn_interface.py"
+
+
+@pytest.mark.e2e
+def test_snakemake_fetches_the_kernel_of_a_hub_backend_and_a_rerun_does_nothing(tmp_path):
+    """Real snakemake in a fresh copy of the checkout, the loopback Hub as HF_ENDPOINT, the tiny default with
+    the recipes' attention backend, targeting fetch_kernel's manifest."""
+    import yaml
+    from demo import copy_checkout, run
+
+    checkout = copy_checkout(tmp_path / "checkout")
+    (checkout / "fa3.yaml").write_text(yaml.safe_dump({"parallel": {"attention_backend": "_flash_3_hub"}}))
+    key = f"results/kernels/kernels-community--flash-attn3@{COMMIT[:12]}"
+    command = ["snakemake", f"{key}/fetch_kernel.manifest.json", "--cores", "1", "--configfile", "fa3.yaml"]
+    files = stand_in()
+    with HubServer({("kernel", REPO_ID): {COMMIT: files}}) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        first = run(command, checkout, **env)
+        again = run([*command, "-n"], checkout, **env)
+    assert "fetch_kernel" in first.stderr and "Nothing to be done" in again.stdout + again.stderr
+    manifest = json.loads((checkout / key / "fetch_kernel.manifest.json").read_text())
+    snapshot = f"kernels--kernels-community--flash-attn3/snapshots/{COMMIT}"
+    assert set(manifest["outputs"]["kernel"]["entries"]) == {
+        f"{snapshot}/{name}" for name in files if name.startswith("build/")
+    } | {"kernels--kernels-community--flash-attn3/refs/v1"}
+    assert check_attention_kernel(
+        kernel_cfg(), checkout / key / "cache", checkout / key / "fetch_kernel.manifest.json"
+    ).ok
