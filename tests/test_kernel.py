@@ -243,13 +243,14 @@ def test_an_unknown_revision_fails_the_fetch_naming_it_and_leaves_no_cache(tmp_p
     assert not (tmp_path / "cache").exists() and not (tmp_path / "m.json").exists()
 
 
-def test_the_recipes_fetch_the_kernel_and_hand_its_cache_to_preflight_and_training(repo, tmp_path):
-    """The DAG of a 5B recipe (dry run): fetch_kernel, its cache an input of preflight and train, whose
-    commands get it; the tiny default (native attention) has no fetch_kernel at all."""
+def test_the_recipes_fetch_the_kernel_and_every_stage_that_sets_the_backend_loads_it_offline(repo, tmp_path):
+    """The DAG (dry run): fetch_kernel's cache an input of preflight, train, evaluate and the matrix's
+    generate_cell, each pointed at it (training through --kernel-cache, the others through the shell's
+    environment); the tiny default (native attention) has no fetch_kernel at all."""
 
-    def dry(*config: str) -> str:
+    def dry(*args: str) -> str:
         out = subprocess.run(
-            ["snakemake", "-n", "-p", "--cores", "1", *config, "--config", f"results={tmp_path}"],
+            ["snakemake", "-n", "-p", "--cores", "1", *args, "--config", f"results={tmp_path}"],
             cwd=repo,
             capture_output=True,
             text=True,
@@ -258,17 +259,24 @@ def test_the_recipes_fetch_the_kernel_and_hand_its_cache_to_preflight_and_traini
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
 
+    def command(text: str, stage: str) -> str:
+        return next(line for line in text.splitlines() if f" videogrpo {stage} " in line)
+
     recipe = dry("--configfile", "config/recipes/rl_5b_cps.yaml")
-    cache = f"{tmp_path}/kernels/kernels-community--flash-attn3@{COMMIT[:12]}/cache"
+    key = f"{tmp_path}/kernels/kernels-community--flash-attn3@{COMMIT[:12]}"
     assert "rule fetch_kernel:" in recipe and "videogrpo fetch-kernel --config-json" in recipe
-    train = recipe[recipe.index("videogrpo train ") :].split("\n")[0]
-    preflight = recipe[recipe.index("videogrpo preflight ") :].split("\n")[0]
-    assert f"--kernel-cache {cache} " in train
-    assert (
-        f"--kernel-cache {cache} --kernel-manifest {cache.removesuffix('/cache')}/fetch_kernel.manifest.json"
-        in preflight
+    assert f"--kernel-cache {key}/cache " in command(recipe, "train")
+    assert f"--kernel-cache {key}/cache --kernel-manifest {key}/fetch_kernel.manifest.json" in command(
+        recipe, "preflight"
     )
-    assert "fetch_kernel" not in dry()
+    offline = f"Shell command: KERNELS_CACHE={key}/cache HF_HUB_OFFLINE=1 videogrpo "
+    assert command(recipe, "evaluate").startswith(offline)
+    (tmp_path / "fa3.yaml").write_text("parallel:\n  attention_backend: _flash_3_hub\n")
+    tiny_fa3 = dry("--configfile", str(tmp_path / "fa3.yaml"))
+    cells = [line for line in tiny_fa3.splitlines() if " videogrpo generate-cell " in line]
+    assert len(cells) == 6 and all(line.startswith(offline) for line in cells)
+    default = dry()
+    assert "fetch_kernel" not in default and "KERNELS_CACHE" not in default
 
 
 def test_diffusers_loads_the_pinned_kernel_offline_through_the_kernels_package(tmp_path):

@@ -13,6 +13,7 @@ from snakemake.utils import validate
 from videogrpo import config as vg
 from videogrpo import layout
 from videogrpo import atomic
+from videogrpo import attention_kernel
 from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_bytes, sha256_file
 from videogrpo.stages import CODE_PARTS, STAGES
 import videogrpo
@@ -195,6 +196,14 @@ def judge_service_inputs(**named):
 def hub_kernel_inputs(**named):
     """Inputs that exist only when the attention backend loads a Hub kernel (fetch_kernel's cache)."""
     return named if HUB_KERNEL else {}
+
+
+def kernel_env(wildcards, input):
+    """The shell prefix of a stage that sets the attention backend (diffusers loads the Hub kernel then): the
+    kernel from fetch_kernel's cache, offline; nothing for a backend without a Hub kernel."""
+    if not HUB_KERNEL:
+        return ""
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in attention_kernel.loader_env(input.kernel).items())
 
 
 def rule_reward_inputs(**named):
