@@ -341,3 +341,48 @@ def test_snakemake_fetches_the_kernel_of_a_hub_backend_and_a_rerun_does_nothing(
     assert check_attention_kernel(
         kernel_cfg(), checkout / key / "cache", checkout / key / "fetch_kernel.manifest.json"
     ).ok
+
+
+@pytest.mark.parametrize("with_kernel", [True, False])
+def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_kernel(
+    monkeypatch, tmp_path, with_kernel
+):
+    """train_this_node's torchrun environment: KERNELS_CACHE (absolute) and HF_HUB_OFFLINE=1 with --kernel-cache,
+    neither without (the environment of the driver is passed on as it is)."""
+    import argparse
+    import contextlib
+
+    from videogrpo.stages import train
+
+    started = {}
+    monkeypatch.delenv("KERNELS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(train.preflight, "node_checks", lambda cfg, port=None: [])
+    monkeypatch.setattr(train, "judge_service", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(
+        train.subprocess,
+        "run",
+        lambda argv, env, check: started.update(argv=argv, env=env) or subprocess.CompletedProcess(argv, 0),
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = Config(parallel=ParallelConfig(nodes=1, procs_per_node=1, device="cpu", backend="gloo"))
+    args = argparse.Namespace(
+        config_json="{}",
+        run_id="r",
+        model=tmp_path / "model",
+        dataset=tmp_path / "data",
+        final=tmp_path / "final",
+        metrics=tmp_path / "m.jsonl",
+        run_dir=tmp_path / "run",
+        evalkit=None,
+        judge_model=None,
+        kernel_cache=Path("kernels/x/cache") if with_kernel else None,
+    )
+    train.train_this_node(cfg, args, {})
+    assert "videogrpo.grpo.worker" in started["argv"]
+    env = started["env"]
+    if with_kernel:
+        assert env["KERNELS_CACHE"] == str((tmp_path / "kernels/x/cache").resolve()) and env["HF_HUB_OFFLINE"] == "1"
+    else:
+        assert "KERNELS_CACHE" not in env and "HF_HUB_OFFLINE" not in env
+    assert env["OMP_NUM_THREADS"] == str(cfg.parallel.cpu_threads)
