@@ -386,3 +386,12 @@ def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_
     else:
         assert "KERNELS_CACHE" not in env and "HF_HUB_OFFLINE" not in env
     assert env["OMP_NUM_THREADS"] == str(cfg.parallel.cpu_threads)
+
+
+def test_a_diffusers_that_asks_for_another_kernel_version_is_told_to_fetch_again(copy, monkeypatch):
+    """The cache's ref is the version the diffusers of the fetch asked for; another diffusers finds no ref."""
+    cache, manifest = copy
+    monkeypatch.setattr(ak, "registry_entry", lambda backend: (REPO_ID, None, 2))
+    check = check_attention_kernel(kernel_cfg(), cache, manifest)
+    assert not check.ok
+    assert "no ref of version 2" in check.detail and "snakemake --forcerun fetch_kernel" in check.detail

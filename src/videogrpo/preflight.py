@@ -272,7 +272,12 @@ def check_attention_kernel(cfg: Config, cache: Path | None, manifest: Path | Non
             cache, p.attention_kernel_repo, version, p.attention_kernel_revision if version is None else None
         )
     except Exception as err:  # huggingface_hub's LocalEntryNotFoundError, a missing ref
-        return Check("attention_kernel", False, f"{cache}: offline lookup failed ({err}); rerun fetch_kernel")
+        return Check(
+            "attention_kernel",
+            False,
+            f"{cache}: offline lookup failed ({err}); the installed diffusers asks for version {version}: rerun "
+            f"fetch_kernel (snakemake --forcerun fetch_kernel)",
+        )
     want = ak.snapshot_dir(cache, p.attention_kernel_repo, p.attention_kernel_revision)
     if found.resolve() != want.resolve():
         return Check(
