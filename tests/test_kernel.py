@@ -165,12 +165,12 @@ def test_preflight_passes_on_the_fetched_cache_and_says_what_it_checked(copy):
     assert check.ok, check.detail
     assert f"{REPO_ID}@{COMMIT}: every file as fetch_kernel recorded it, found offline through refs/v1" in check.detail
     assert "2 build variants" in check.detail
-    import importlib.util
-
-    if importlib.util.find_spec("kernels") is None:
+    if not ak.kernels_installed():
         assert "the kernels package is not installed here" in check.detail
-    else:  # only CUDA variants, as the real repository has: none for a CPU torch
-        assert "no build variant for this machine's torch" in check.detail
+    else:  # only CUDA variants, as the real repository has, and a CPU config here
+        assert (
+            "no CUDA here: which CUDA build variant loads, and that it runs, is checked on a GPU node" in check.detail
+        )
 
 
 def test_preflight_names_a_modified_kernel_file_with_both_digests(copy):
@@ -395,3 +395,32 @@ def test_a_diffusers_that_asks_for_another_kernel_version_is_told_to_fetch_again
     check = check_attention_kernel(kernel_cfg(), cache, manifest)
     assert not check.ok
     assert "no ref of version 2" in check.detail and "snakemake --forcerun fetch_kernel" in check.detail
+
+
+def test_only_a_cuda_machine_with_kernels_can_refuse_the_build_variants_and_it_does():
+    variants = list(VARIANTS)
+    assert ak.variant_verdict(variants, VARIANTS[1], True, True) == (
+        True,
+        f"kernels picks build variant {VARIANTS[1]} here",
+    )
+    ok, why = ak.variant_verdict(variants, None, True, True)
+    assert not ok and f"no build variant for this machine's torch and CUDA among {variants}" in why
+    assert "envs/gpu.txt" in why and "parallel.attention_kernel_repo" in why
+    assert ak.variant_verdict(variants, None, False, True)[0] and ak.variant_verdict(variants, None, True, False)[0]
+    assert "not installed here" in ak.variant_verdict(variants, None, False, True)[1]
+    assert "no CUDA here" in ak.variant_verdict(variants, None, True, False)[1]
+
+
+def test_preflight_on_a_gpu_node_refuses_a_kernel_without_a_variant_for_its_torch(copy, monkeypatch):
+    """What a GPU node with kernels installed sees when the pinned revision has no build for its torch/CUDA
+    (kernels' own variant choice, probed on that node, made to find none here)."""
+    import videogrpo.preflight as pf
+
+    cache, manifest = copy
+    monkeypatch.setattr(pf, "_cuda_visible", lambda: True)
+    monkeypatch.setattr(ak, "build_variants", lambda snapshot: (sorted(VARIANTS), None))
+    monkeypatch.setattr(ak, "kernels_installed", lambda: True)
+    cfg = kernel_cfg()
+    cfg.parallel.device = "cuda"
+    check = check_attention_kernel(cfg, cache, manifest)
+    assert not check.ok and "kernels finds no build variant for this machine's torch and CUDA" in check.detail

@@ -17,6 +17,7 @@ upstream `vN` branch may have moved since the pin was chosen, and the cache's re
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -149,6 +150,10 @@ def cache_problems(cache: Path, manifest: dict, repo_id: str, revision: str) -> 
     return problems
 
 
+def kernels_installed() -> bool:
+    return importlib.util.find_spec("kernels") is not None
+
+
 def build_variants(snapshot: Path) -> tuple[list[str], str | None]:
     """The build variants in a snapshot, and the one the `kernels` package picks for this machine (None when it
     is not installed here, or picks none: a CPU-only torch, another torch or CUDA version)."""
@@ -164,3 +169,21 @@ def build_variants(snapshot: Path) -> tuple[list[str], str | None]:
     except Exception:  # no backend kernels knows on this machine
         return names, None
     return names, variant.variant_str if variant is not None else None
+
+
+def variant_verdict(
+    variants: list[str], chosen: str | None, kernels_installed: bool, cuda_visible: bool
+) -> tuple[bool, str]:
+    """Whether this machine can load one of the snapshot's build variants, as far as it can tell, and what it
+    could not check. Only a CUDA machine with `kernels` installed (a GPU node in the GPU environment) knows:
+    there, no variant for its torch and CUDA is a failure, since the training processes would fail the same way."""
+    if chosen:
+        return True, f"kernels picks build variant {chosen} here"
+    if not kernels_installed:
+        return True, "the kernels package is not installed here: which build variant loads is checked where it is"
+    if not cuda_visible:
+        return True, "no CUDA here: which CUDA build variant loads, and that it runs, is checked on a GPU node"
+    return False, (
+        f"kernels finds no build variant for this machine's torch and CUDA among {variants}: install the torch of "
+        f"envs/gpu.txt (a build one of them matches), or pin a revision of parallel.attention_kernel_repo that has one"
+    )

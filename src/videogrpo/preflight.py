@@ -241,6 +241,12 @@ def check_attention_backend(name: str) -> Check:
     return Check("attention_backend", True, f"{name} available")
 
 
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_attention_kernel(cfg: Config, cache: Path | None, manifest: Path | None) -> Check:
     """The Hub kernel cache holds the pinned revision, every file as fetch_kernel recorded it, the ref the installed
     diffusers asks for names it, and huggingface_hub's offline lookup (the one `kernels` makes) finds it."""
@@ -286,14 +292,10 @@ def check_attention_kernel(cfg: Config, cache: Path | None, manifest: Path | Non
             f"{cache}: version {version} resolves offline to {found}, not {want}; rerun fetch_kernel",
         )
     variants, chosen = ak.build_variants(want)
-    if chosen:
-        loads = f"kernels picks build variant {chosen} here"
-    elif importlib.util.find_spec("kernels") is None:
-        loads = "the kernels package is not installed here: which variant loads is checked where it is"
-    else:
-        loads = (
-            "no build variant for this machine's torch (a CPU torch here): the CUDA library loads only on a GPU node"
-        )
+    cuda = cfg.parallel.device == "cuda" and _cuda_visible()
+    ok, loads = ak.variant_verdict(variants, chosen, ak.kernels_installed(), cuda)
+    if not ok:
+        return Check("attention_kernel", False, f"{want}: {loads}")
     return Check(
         "attention_kernel",
         True,
