@@ -269,7 +269,7 @@ def test_the_recipes_fetch_the_kernel_and_every_stage_that_sets_the_backend_load
     assert f"--kernel-cache {key}/cache --kernel-manifest {key}/fetch_kernel.manifest.json" in command(
         recipe, "preflight"
     )
-    offline = f"Shell command: KERNELS_CACHE={key}/cache HF_HUB_OFFLINE=1 videogrpo "
+    offline = f"Shell command: KERNELS_CACHE={key}/cache HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1 videogrpo "
     assert command(recipe, "evaluate").startswith(offline)
     (tmp_path / "fa3.yaml").write_text("parallel:\n  attention_backend: _flash_3_hub\n")
     tiny_fa3 = dry("--configfile", str(tmp_path / "fa3.yaml"))
@@ -307,13 +307,16 @@ def test_diffusers_loads_the_pinned_kernel_offline_through_the_kernels_package(t
         "import sys; module = sys.modules[entry.kernel_fn.__module__]\n"
         "print(entry.kernel_fn(), entry.wrapped_forward_fn(), module.__file__)\n"
     )
-    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", **ak.loader_env(tmp_path / "cache"))
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as a shell may not set it
+    env = dict(inherited, HF_ENDPOINT="http://127.0.0.1:9", **ak.loader_env(tmp_path / "cache"))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     kernel_fn, forward, module = result.stdout.split()
     assert (kernel_fn, forward) == ("stand-in", "forward")
     snapshot = (tmp_path / "cache" / f"kernels--kernels-community--flash-attn3/snapshots/{COMMIT}").resolve()
     assert Path(module) == snapshot / cpu / "flash_attn_interface.py"
+    # Loading it wrote nothing into the cache (no __pycache__): it is still what fetch_kernel recorded.
+    assert ak.cache_problems(tmp_path / "cache", json.loads((tmp_path / "m.json").read_text()), REPO_ID, COMMIT) == []
 
 
 @pytest.mark.e2e
@@ -357,6 +360,7 @@ def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_
     started = {}
     monkeypatch.delenv("KERNELS_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     monkeypatch.setattr(train.preflight, "node_checks", lambda cfg, port=None: [])
     monkeypatch.setattr(train, "judge_service", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(
@@ -383,6 +387,7 @@ def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_
     env = started["env"]
     if with_kernel:
         assert env["KERNELS_CACHE"] == str((tmp_path / "kernels/x/cache").resolve()) and env["HF_HUB_OFFLINE"] == "1"
+        assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # importing the kernel writes no __pycache__ into the cache
     else:
         assert "KERNELS_CACHE" not in env and "HF_HUB_OFFLINE" not in env
     assert env["OMP_NUM_THREADS"] == str(cfg.parallel.cpu_threads)

@@ -44,8 +44,13 @@ def ref_file(cache: Path, repo_id: str, version: int) -> Path:
 
 
 def loader_env(cache: Path) -> dict[str, str]:
-    """What the training processes need to load the kernel from `cache` and never from the network."""
-    return {"KERNELS_CACHE": str(Path(cache).resolve()), "HF_HUB_OFFLINE": "1"}
+    """What the processes that set the backend need to load the kernel from `cache` and never from the network.
+
+    Importing the kernel's package from the snapshot would write `__pycache__/` into it (on the shared cache),
+    and the next stage that checks the cache against fetch_kernel's manifest (a resumed training, evaluate)
+    would find files fetch_kernel never fetched: no bytecode is written.
+    """
+    return {"KERNELS_CACHE": str(Path(cache).resolve()), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def registry_entry(backend: str) -> tuple[str, str | None, int | None]:
