@@ -157,6 +157,10 @@ def test_offline_the_pinned_snapshot_is_what_huggingface_hubs_lookup_finds_and_n
     found, other = result.stdout.splitlines()
     assert Path(found) == (cache / f"kernels--kernels-community--flash-attn3/snapshots/{COMMIT}").resolve()
     assert other == "other commit: not in the cache"
+    _, manifest, _, _ = fetched
+    assert ak.cache_problems(cache, json.loads(manifest.read_text()), REPO_ID, COMMIT) == [], (
+        "the lookups wrote nothing"
+    )
 
 
 def test_preflight_passes_on_the_fetched_cache_and_says_what_it_checked(copy):
