@@ -70,7 +70,15 @@ def run(args: list[str], cwd: Path, check: bool = True, **extra_env: str) -> sub
 
 
 # The jobs that check nothing before they start: downloads and generators read no stage's output.
-UNCHECKED_JOBS = {"fetch_model", "fetch_judge", "fetch_dataset", "fetch_eval_model", "synthesize_eval_set", "all"}
+UNCHECKED_JOBS = {
+    "fetch_model",
+    "fetch_judge",
+    "fetch_kernel",
+    "fetch_dataset",
+    "fetch_eval_model",
+    "synthesize_eval_set",
+    "all",
+}
 
 
 def jobs_run(output: str) -> dict[str, int]:

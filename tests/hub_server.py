@@ -2,7 +2,8 @@
 
 The Hub is unreachable from the test machines; huggingface_hub's own client talks to this instead
 (HF_ENDPOINT), over real HTTP: the recursive tree listing (`/api/{type}s/{repo}/tree/{rev}`) and file
-resolution (`HEAD`/`GET` `/{repo}/resolve/{rev}/{path}`, `/datasets/...` for datasets) with the headers
+resolution (`HEAD`/`GET` `/{repo}/resolve/{rev}/{path}`, `/datasets/...` for datasets, `/kernels/...` for
+kernel repositories, the Hub's repository type of the `kernels` package) with the headers
 the client reads (X-Repo-Commit, ETag, Content-Length, X-Error-Code) and byte ranges for resumption.
 
 Large files are served as the Hub serves them: stored in LFS, listed with `lfs: {oid (SHA-256), size,
@@ -27,11 +28,11 @@ from urllib.parse import parse_qs, quote, unquote, urlparse
 # (repo type, repo id) -> {commit: {path: bytes}}
 Repos = dict[tuple[str, str], dict[str, dict[str, bytes]]]
 
-TREE = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$")
-RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+TREE = re.compile(r"^/api/(models|datasets|kernels)/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$")
+RESOLVE = re.compile(r"^/(datasets/|kernels/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
 
-LFS_SUFFIXES = (".safetensors", ".bin", ".gz", ".pt", ".pth", ".mp4", ".png")
+LFS_SUFFIXES = (".safetensors", ".bin", ".gz", ".pt", ".pth", ".mp4", ".png", ".so")
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub refuses larger plain git blobs
 
 
@@ -180,10 +181,11 @@ class HubHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
             return
         if match := RESOLVE.match(path):
-            dataset, repo_id, revision, name = match.groups()
-            if not self._allowed("dataset" if dataset else "model", repo_id):
+            prefix, repo_id, revision, name = match.groups()
+            repo_type = prefix[:-2] if prefix else "model"
+            if not self._allowed(repo_type, repo_id):
                 return
-            files = self._files("dataset" if dataset else "model", repo_id, revision)
+            files = self._files(repo_type, repo_id, revision)
             if files is None:
                 return
             if name not in files:

@@ -1,4 +1,4 @@
-"""Where outputs go: directory names of the shared downloads (models, datasets) under results/.
+"""Where outputs go: directory names of the shared downloads (models, datasets, kernels) under results/.
 
 A model or dataset directory is named after what it holds (the repository at its pinned revision, or
 the settings that generate it), so runs that share an input share its download.
@@ -33,6 +33,11 @@ def model_key(cfg: Config) -> str:
 def judge_key(cfg: Config) -> str:
     """Directory name of the VLM judge model: the repo at its revision."""
     return f"{_slug(cfg.reward.judge_model)}@{cfg.reward.judge_revision[:12]}"
+
+
+def kernel_key(cfg: Config) -> str:
+    """Directory name of the attention kernel's cache: the kernel repo at its revision."""
+    return f"{_slug(cfg.parallel.attention_kernel_repo)}@{cfg.parallel.attention_kernel_revision[:12]}"
 
 
 def data_key(cfg: Config, task_list_text: str) -> str:

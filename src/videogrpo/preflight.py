@@ -268,6 +268,69 @@ def check_attention_backend(name: str) -> Check:
     return Check("attention_backend", True, f"{name} available")
 
 
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_attention_kernel(cfg: Config, cache: Path | None, manifest: Path | None) -> Check:
+    """The Hub kernel cache holds the pinned revision, every file as fetch_kernel recorded it, the ref the installed
+    diffusers asks for names it, and huggingface_hub's offline lookup (the one `kernels` makes) finds it."""
+    from videogrpo import attention_kernel as ak
+    from videogrpo.errors import VideoGRPOError
+    from videogrpo.provenance.manifest import read_manifest
+
+    p = cfg.parallel
+    if cache is None or manifest is None:
+        return Check(
+            "attention_kernel",
+            False,
+            f"parallel.attention_backend = {p.attention_backend!r} loads a Hub kernel: give --kernel-cache and "
+            f"--kernel-manifest (fetch_kernel's; the workflow does)",
+        )
+    try:
+        if why := ak.registry_problem(p.attention_backend, p.attention_kernel_repo, p.attention_kernel_revision):
+            return Check("attention_kernel", False, why)
+        problems = ak.cache_problems(
+            cache, read_manifest(manifest), p.attention_kernel_repo, p.attention_kernel_revision
+        )
+    except VideoGRPOError as err:
+        return Check("attention_kernel", False, str(err))
+    if problems:
+        return Check("attention_kernel", False, f"{cache}: " + "; ".join(problems))
+    _, _, version = ak.registry_entry(p.attention_backend)
+    try:
+        found = ak.offline_snapshot(
+            cache, p.attention_kernel_repo, version, p.attention_kernel_revision if version is None else None
+        )
+    except Exception as err:  # huggingface_hub's LocalEntryNotFoundError, a missing ref
+        return Check(
+            "attention_kernel",
+            False,
+            f"{cache}: offline lookup failed ({err}); the installed diffusers asks for version {version}: rerun "
+            f"fetch_kernel (snakemake --forcerun fetch_kernel)",
+        )
+    want = ak.snapshot_dir(cache, p.attention_kernel_repo, p.attention_kernel_revision)
+    if found.resolve() != want.resolve():
+        return Check(
+            "attention_kernel",
+            False,
+            f"{cache}: version {version} resolves offline to {found}, not {want}; rerun fetch_kernel",
+        )
+    variants, chosen = ak.build_variants(want)
+    cuda = cfg.parallel.device == "cuda" and _cuda_visible()
+    ok, loads = ak.variant_verdict(variants, chosen, ak.kernels_installed(), cuda)
+    if not ok:
+        return Check("attention_kernel", False, f"{want}: {loads}")
+    return Check(
+        "attention_kernel",
+        True,
+        f"{p.attention_kernel_repo}@{p.attention_kernel_revision}: every file as fetch_kernel recorded it, found "
+        f"offline{'' if version is None else f' through refs/v{version}'}; {len(variants)} build variants; {loads}",
+    )
+
+
 def check_port_free(port: int, host: str = "") -> Check:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:

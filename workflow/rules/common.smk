@@ -13,6 +13,7 @@ from snakemake.utils import validate
 from videogrpo import config as vg
 from videogrpo import layout
 from videogrpo import atomic
+from videogrpo import attention_kernel
 from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_bytes, sha256_file
 from videogrpo.stages import CODE_PARTS, STAGES
 import videogrpo
@@ -53,6 +54,10 @@ RULE_REWARD = CFG.reward.kind == "vbvr_rule"
 # reward.judge_endpoint names a service that already runs.
 JUDGE_SERVICE = CFG.reward.kind == "vbvr_vlm" and not CFG.reward.judge_endpoint
 JUDGE = f"{RESULTS}/models/{layout.judge_key(CFG)}"
+# The Hub kernel of a `*_hub` attention backend: fetched into its own cache, which training loads offline.
+HUB_KERNEL = vg.uses_hub_kernel(CFG)
+KERNEL = f"{RESULTS}/kernels/{layout.kernel_key(CFG)}"
+KERNEL_CACHE = f"{KERNEL}/cache"
 # Features the trainer does not implement yet: a dry run says so, a real run is refused (onstart, in the
 # Snakefile) before any download or allocation; the DAG stays inspectable.
 UNSUPPORTED = vg.unsupported(CFG)
@@ -172,7 +177,7 @@ def evalkit_sources():
 def download_code(stage):
     """A download rule's code param: the generator's code for generated inputs, none for pinned Hub
     snapshots (their revision fixes their bytes), so editing the package never downloads again."""
-    if stage == "fetch_judge":
+    if stage in ("fetch_judge", "fetch_kernel"):
         return "pinned Hub snapshot"
     generated = CFG.model.source == "tiny" if stage == "fetch_model" else CFG.data.source == "synthetic"
     return code(stage) if generated else "pinned Hub snapshot"
@@ -188,6 +193,19 @@ def judge_service_inputs(**named):
     return named if JUDGE_SERVICE else {}
 
 
+def hub_kernel_inputs(**named):
+    """Inputs that exist only when the attention backend loads a Hub kernel (fetch_kernel's cache)."""
+    return named if HUB_KERNEL else {}
+
+
+def kernel_env(wildcards, input):
+    """The shell prefix of a stage that sets the attention backend (diffusers loads the Hub kernel then): the
+    kernel from fetch_kernel's cache, offline; nothing for a backend without a Hub kernel."""
+    if not HUB_KERNEL:
+        return ""
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in attention_kernel.loader_env(input.kernel).items())
+
+
 def rule_reward_inputs(**named):
     """Inputs that exist only when the reward is the EvalKit's rule reward."""
     return named if RULE_REWARD else {}
@@ -201,6 +219,7 @@ RULE_REWARD_STAGES = EVALKIT_STAGES if RULE_REWARD else ()
 STAGE_MANIFESTS = {
     "fetch_model": f"{MODEL}/fetch_model.manifest.json",
     **judge_service_inputs(fetch_judge=f"{JUDGE}/fetch_judge.manifest.json"),
+    **hub_kernel_inputs(fetch_kernel=f"{KERNEL}/fetch_kernel.manifest.json"),
     "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
     "materialize_dataset": f"{DATA}/materialize_dataset.manifest.json",
     "validate_dataset": f"{DATA}/validate_dataset.manifest.json",

@@ -3,7 +3,8 @@ rule evaluate:
         **checked(
             "evaluate",
             RUN,
-            **upstream("fetch_model", "materialize_dataset", "train", *EVALKIT_STAGES),
+            **upstream("fetch_model", "materialize_dataset", "train", "fetch_kernel", *EVALKIT_STAGES),
+            **hub_kernel_inputs(kernel=KERNEL_CACHE),
             final=f"{RUN}/train/final",
             model=MODEL_DIR,
             index=f"{DATASET}/dataset.json",
@@ -29,8 +30,9 @@ rule evaluate:
         evalkit=CFG.evalkit.path,
         upstream=upstream_args,
         records=f"{RUN}/evaluate-records",
+        kernel_env=kernel_env,
     shell:
-        "videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
+        "{params.kernel_env} videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
         " --table {output.table:q} --videos {output.videos:q} --records {params.records:q} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"

@@ -73,6 +73,8 @@ rule generate_cell:
             cell_model_inputs,
             samples=f"{EVALSET}/samples.json",
             eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
+            **upstream("fetch_kernel"),
+            **hub_kernel_inputs(kernel=KERNEL_CACHE),
         ),
     output:
         videos=directory(f"{CELL}/videos"),
@@ -88,8 +90,9 @@ rule generate_cell:
         transformer=trained_transformer_arg,
         work=f"{CELL}/.generate-work",
         upstream=upstream_args,
+        kernel_env=kernel_env,
     shell:
-        "videogrpo generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
+        "{params.kernel_env} videogrpo generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
         " --samples {input.samples:q} --sampler {wildcards.sampler:q} --videos {output.videos:q}"
         " --work {params.work:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 

@@ -3,7 +3,8 @@ rule preflight:
         **checked(
             "preflight",
             RUN,
-            **upstream("fetch_model", "validate_dataset", *RULE_REWARD_STAGES),
+            **upstream("fetch_model", "validate_dataset", "fetch_kernel", *RULE_REWARD_STAGES),
+            **hub_kernel_inputs(kernel=KERNEL_CACHE),
             **rule_reward_inputs(
                 evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
                 scorer_runtime=f"{EVALKIT}/scorer_runtime.json",
@@ -29,8 +30,11 @@ rule preflight:
             if RULE_REWARD
             else ""
         ),
+        kernel_args=lambda wildcards, input: (
+            f"--kernel-cache {input.kernel} --kernel-manifest {input.fetch_kernel_manifest}" if HUB_KERNEL else ""
+        ),
     shell:
         "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
         " --model-manifest {input.fetch_model_manifest:q} --dataset {params.dataset:q}"
-        " --validation {input.validation:q} {params.reward_args} --out {output.report:q}"
+        " --validation {input.validation:q} {params.reward_args} {params.kernel_args} --out {output.report:q}"
         " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -5,8 +5,9 @@ rule train:
         **checked(
             "train",
             RUN,
-            **upstream("fetch_model", "fetch_judge", "materialize_dataset", "preflight"),
+            **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
             **judge_service_inputs(judge=f"{JUDGE}/model"),
+            **hub_kernel_inputs(kernel=KERNEL_CACHE),
             preflight=f"{RUN}/preflight.json",
             model=MODEL_DIR,
             index=f"{DATASET}/dataset.json",
@@ -30,9 +31,10 @@ rule train:
         dataset=directory_of_input("index"),
         evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
+        kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
     shell:
         "videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
-        " {params.evalkit_args} {params.judge_args} --final {output.final:q} --metrics {output.metrics:q}"
+        " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

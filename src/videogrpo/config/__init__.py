@@ -19,6 +19,7 @@ from videogrpo.config.checks import (
     runtime_contract,
     topology_problems,
     unsupported,
+    uses_hub_kernel,
     validate,
 )
 from videogrpo.config.identity import (
@@ -107,6 +108,7 @@ __all__ = [
     "task_names",
     "to_dict",
     "topology_problems",
+    "uses_hub_kernel",
     "unsupported",
     "training_contract",
     "validate",

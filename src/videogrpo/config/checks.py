@@ -286,10 +286,26 @@ def _matrix_problems(cfg: Config) -> list[str]:
     return found
 
 
+def uses_hub_kernel(cfg: Config) -> bool:
+    """Whether the attention backend is one of diffusers' Hub-kernel backends (`*_hub`), which load
+    parallel.attention_kernel_repo through the `kernels` package, and fetch_kernel then runs."""
+    return cfg.parallel.attention_backend.endswith("_hub")
+
+
 def _parallel_problems(cfg: Config) -> list[str]:
-    if cfg.parallel.device == "cpu" and cfg.parallel.backend == "nccl":
-        return ["parallel.backend = 'nccl': NCCL needs parallel.device = 'cuda'; use 'gloo' on CPU"]
-    return []
+    p = cfg.parallel
+    found = []
+    if p.device == "cpu" and p.backend == "nccl":
+        found.append("parallel.backend = 'nccl': NCCL needs parallel.device = 'cuda'; use 'gloo' on CPU")
+    if uses_hub_kernel(cfg):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", p.attention_kernel_repo):
+            found.append(
+                f"parallel.attention_kernel_repo = {p.attention_kernel_repo!r}: must be a Hub repository id "
+                f"'<owner>/<name>' (parallel.attention_backend = {p.attention_backend!r} loads a Hub kernel)"
+            )
+        if why := revision_problem("parallel.attention_kernel_revision", p.attention_kernel_revision):
+            found.append(why)
+    return found
 
 
 # Each cross-field rule runs when every section it reads is present (stages receive only their sections).

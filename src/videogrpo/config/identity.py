@@ -142,9 +142,19 @@ _FIELD_CLASSES = {
             "reduce_dtype",
         )
     },
+    # The attention kernel is how attention runs, as the backend is: its own download, keyed by its revision.
     **{
         f"parallel.{f}": EXECUTION
-        for f in ("backend", "attention_backend", "compile", "master_port", "cpu_threads", "device_memory_gib")
+        for f in (
+            "backend",
+            "attention_backend",
+            "attention_kernel_repo",
+            "attention_kernel_revision",
+            "compile",
+            "master_port",
+            "cpu_threads",
+            "device_memory_gib",
+        )
     },
     "logging.wandb_mode": EXECUTION,
     # Where the evaluation tree is and how many processes generate: its digest and the settings are the pin.
@@ -232,6 +242,11 @@ STAGE_SECTIONS = {
     ),
     "matrix": ("matrix.models", "matrix.bootstrap", "matrix.seed"),
     "report": ("recipe",),
+    "fetch_kernel": (
+        "parallel.attention_backend",
+        "parallel.attention_kernel_repo",
+        "parallel.attention_kernel_revision",
+    ),
 }
 
 

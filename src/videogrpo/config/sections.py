@@ -282,6 +282,11 @@ class ParallelConfig:
     """torch.distributed backend: `nccl` or `gloo`."""
     attention_backend: str = "_flash_3_hub"
     """diffusers attention backend (`native` works everywhere)."""
+    attention_kernel_repo: str = "kernels-community/flash-attn3"
+    """Hub kernel repository a `*_hub` attention backend loads (fetch_kernel downloads it; the one diffusers names
+    for that backend)."""
+    attention_kernel_revision: str = "43f0bd269777115d94ff826e0d113ce9c1c9087b"
+    """40-hex commit of attention_kernel_repo that fetch_kernel pins and training loads offline."""
     compile: bool = True
     """torch.compile the transformer blocks."""
     param_dtype: str = "bfloat16"

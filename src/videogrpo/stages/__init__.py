@@ -6,6 +6,7 @@ Each module has `add_arguments(parser)` and `run(args) -> int`; the logic lives 
 STAGES = (
     "fetch_model",
     "fetch_judge",
+    "fetch_kernel",
     "fetch_dataset",
     "materialize_dataset",
     "validate_dataset",
@@ -46,6 +47,7 @@ SHARED_CODE = (
 CODE_PARTS = {
     "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
     "fetch_judge": ("stages/fetch_judge.py", "hub.py"),
+    "fetch_kernel": ("stages/fetch_kernel.py", "hub.py", "attention_kernel.py"),
     "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),
     "materialize_dataset": ("stages/materialize_dataset.py", "data/materialize.py", "data/archive.py"),
     "validate_dataset": (
@@ -71,6 +73,7 @@ CODE_PARTS = {
         "node_preflight.py",
         "triton_check.py",
         "memory_plan.py",
+        "attention_kernel.py",
         "data/video.py",
         "grpo",
         "models",
@@ -83,6 +86,7 @@ CODE_PARTS = {
     "train": (
         "stages/train.py",
         "launch.py",
+        "attention_kernel.py",
         "preflight.py",
         "node_preflight.py",
         "triton_check.py",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from videogrpo import atomic, preflight
+from videogrpo.config import uses_hub_kernel
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
@@ -20,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation", required=True, type=Path, help="validate_dataset's report")
     parser.add_argument("--evalkit-fingerprint", type=Path, help="fingerprint_evalkit's record (rule reward)")
     parser.add_argument("--scorer-runtime", type=Path, help="check_scorer_runtime's record (rule reward)")
+    parser.add_argument("--kernel-cache", type=Path, help="fetch_kernel's cache (a *_hub attention backend)")
+    parser.add_argument("--kernel-manifest", type=Path, help="fetch_kernel's manifest (a *_hub attention backend)")
     parser.add_argument("--out", required=True, type=Path, help="preflight report (JSON)")
 
 
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         "validation": args.validation,
         "evalkit_fingerprint": args.evalkit_fingerprint,
         "scorer_runtime": args.scorer_runtime,
+        # The kernel cache itself is checked file by file by check_attention_kernel, which names what differs.
+        "kernel_manifest": args.kernel_manifest,
     }
     with StageRun("preflight", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         checks = [
@@ -49,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
         else:
             checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
+        if uses_hub_kernel(cfg):
+            checks.append(preflight.check_attention_kernel(cfg, args.kernel_cache, args.kernel_manifest))
         # This job holds one GPU (cluster_resources("preflight")); the launcher checks procs_per_node on every
         # training node.
         checks += preflight.node_checks(cfg, devices=1)

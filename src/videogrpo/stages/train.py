@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo import checkpoint, launch, node_preflight, preflight
+from videogrpo import attention_kernel, checkpoint, launch, node_preflight, preflight
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preflight", type=Path, help="preflight report")
     parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
     parser.add_argument("--judge-model", type=Path, help="judge model directory the per-node service serves (VLM)")
+    parser.add_argument(
+        "--kernel-cache", type=Path, help="fetch_kernel's cache, loaded offline (a *_hub attention backend)"
+    )
     parser.add_argument("--final", type=Path, help="final checkpoint directory to create")
     parser.add_argument("--metrics", type=Path, help="metrics file to create (JSON lines)")
     parser.add_argument(
@@ -70,6 +73,7 @@ def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
         "splits": args.dataset / "splits.json",
         "evalkit": args.evalkit,
         "judge_model": args.judge_model,
+        "kernel": args.kernel_cache,
     }
 
 
@@ -157,11 +161,14 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     ]
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
+    env = launch.worker_env(cfg)
+    if args.kernel_cache:  # diffusers loads the Hub kernel when the backend is set: from this cache only
+        env.update(attention_kernel.loader_env(args.kernel_cache))
     judge_log = args.run_dir / "logs" / f"judge-node{where.node_rank}.log"
     # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
     with judge_service(cfg, args.judge_model, judge_log):
         argv = launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args, rendezvous_join_timeout(cfg))
-        code = subprocess.run(argv, env=launch.worker_env(cfg), check=False).returncode
+        code = subprocess.run(argv, env=env, check=False).returncode
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
     if code != 0:
