@@ -5,7 +5,7 @@ at KL weight 0.
 On CPU the compute device and the host are both `cpu`, so where a module is cannot be read off its tensors:
 the schedule's books (`offload.Placement.where`) can, and forward pre-hooks record them, with the module's
 own parameter device and dtype and every `module.to` call, at the moment each module runs. The records are
-checked against the reference's plan as written here, independently of `offload.placement`; mutated
+checked against the reference's plan as written here, independently of `offload.plan`; mutated
 schedules show that a forgotten move fails.
 """
 
@@ -48,7 +48,7 @@ def run(cfg: dict, out, tiny_model, dataset):
 def plain(tiny_model, dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("plain")
     trainer = run(options(), out, tiny_model, dataset)
-    assert trainer.offload.moves == []  # without offload nothing ever moves
+    assert trainer.placement.moves == []  # without offload nothing ever moves
     return out
 
 
@@ -65,7 +65,7 @@ def test_offload_and_chunk_sizes_change_no_number(
         grpo={"sample_batch_size": sample_batch_size, "decode_batch_size": decode_batch_size},
     )
     trainer = run(cfg, tmp_path, tiny_model, dataset)
-    assert any(what == "trajectory" for _, what, _ in trainer.offload.moves)  # it did offload
+    assert any(what == "trajectory" for _, what, _ in trainer.placement.moves)  # it did offload
     assert weights(tmp_path) == weights(plain)
     assert without_times(metrics(tmp_path)) == without_times(metrics(plain))
 
@@ -80,7 +80,7 @@ def test_a_forward_of_one_row_differs_by_float_rounding_only(tiny_model, dataset
     single["grpo"].update(sample_batch_size=1, decode_batch_size=1)
     single["train"]["offload_inference_models"] = True
     run(single, tmp_path / "single", tiny_model, dataset)
-    assert whole.offload.moves == []
+    assert whole.placement.moves == []
     for a, b in zip(metrics(tmp_path / "single"), metrics(tmp_path / "whole"), strict=True):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-3)
         assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-4)
@@ -97,7 +97,7 @@ def test_a_forward_of_one_row_differs_by_float_rounding_only(tiny_model, dataset
 
 # ---- where every module is when it runs ---------------------------------------------------------------------
 
-# The reference's plan (REFERENCE section 12), written out here and not read from offload.placement: per phase,
+# The reference's plan (REFERENCE section 12), written out here and not read from offload.plan: per phase,
 # where the text encoder and the VAE must be when something runs in it ("*": either).
 REFERENCE_PLAN = {
     "encode": {"text_encoder": "compute", "vae": "compute"},
@@ -113,7 +113,7 @@ def instrument(trainer) -> list[dict]:
     spy on every `.to` of the frozen models: what ran, in which phase, on which device and dtype its parameters
     really were, where the schedule's books had every frozen model, and how many moves the books held."""
     records: list[dict] = []
-    books = trainer.offload
+    books = trainer.placement
 
     def recorder(name: str, module):
         def hook(mod, args, kwargs=None):
@@ -199,15 +199,15 @@ def test_every_module_runs_where_the_schedule_says(tiny_model, dataset, tmp_path
     trainer = trainer_in_process(offloaded(), tmp_path, tiny_model, dataset)
     records = instrument(trainer)
     trainer.run()
-    seen = check_against_the_reference_plan(records, trainer.offload)
+    seen = check_against_the_reference_plan(records, trainer.placement)
     steps, trained = trainer.cfg.grpo.sampling_steps, len([m for m in metrics(tmp_path)])
     assert seen["transformer:rollout"] == 2 * 2 * steps  # 2 batches, 2 chunks of 2 members x 2 prompts
     assert seen["vae.decoder:decode"] >= 2 * 2  # 8 videos per batch, 4 per decode (the VAE's decoder runs per frame)
     assert seen["text_encoder:encode"] == 2  # once per batch: both of its prompts at once
     assert seen["parked"] == 2 * 2 and seen["cache emptied"] == trained == 2
-    phases = [m[0] for m in trainer.offload.moves if m[1] == "text_encoder"]
+    phases = [m[0] for m in trainer.placement.moves if m[1] == "text_encoder"]
     assert phases == ["encode", "rollout"] * 2  # to the device for the batch, off right after encoding
-    assert [m[:2] for m in trainer.offload.moves if m[1] == "vae"] == [("encode", "vae"), ("replay", "vae")] * 2
+    assert [m[:2] for m in trainer.placement.moves if m[1] == "vae"] == [("encode", "vae"), ("replay", "vae")] * 2
     float32 = {r["dtype"] for r in records if "dtype" in r}
     assert float32 == {torch.float32}  # model.frozen_dtype: float32 (the tiny default)
 
@@ -216,13 +216,13 @@ def test_a_schedule_that_forgets_the_vae_before_decoding_fails(tiny_model, datas
     """Mutated: the VAE leaves the device after encoding (as on a rank that does not decode) and is not brought
     back for decoding. The schedule's own hook stops the run at the decoder; without that hook, the recorded
     forwards fail the check against the reference's plan."""
-    real = offload.placement
+    real = offload.plan
 
     def forgetful(phase, on, decodes=True):
         plan = real(phase, on, decodes)
         return dict(plan, vae="host") if phase in ("rollout", "decode") else plan
 
-    monkeypatch.setattr(offload, "placement", forgetful)
+    monkeypatch.setattr(offload, "plan", forgetful)
     cfg = offloaded()
     cfg["train"]["max_steps"] = 1
     trainer = trainer_in_process(cfg, tmp_path / "hooked", tiny_model, dataset)
@@ -233,7 +233,7 @@ def test_a_schedule_that_forgets_the_vae_before_decoding_fails(tiny_model, datas
     records = instrument(trainer)
     trainer.run()
     with pytest.raises(AssertionError, match="vae"):
-        check_against_the_reference_plan(records, trainer.offload)
+        check_against_the_reference_plan(records, trainer.placement)
 
 
 def test_a_schedule_that_keeps_the_text_encoder_through_replay_fails_the_check(
@@ -241,10 +241,10 @@ def test_a_schedule_that_keeps_the_text_encoder_through_replay_fails_the_check(
 ):
     """Mutated: the text encoder stays on the device for replay. Nothing frozen runs in replay, so only the
     records of the transformer's replay forwards show it, and the check against the reference's plan fails."""
-    real = offload.placement
+    real = offload.plan
     monkeypatch.setattr(
         offload,
-        "placement",
+        "plan",
         lambda phase, on, decodes=True: (
             dict(real(phase, on, decodes), text_encoder="compute") if phase == "replay" else real(phase, on, decodes)
         ),
@@ -255,7 +255,7 @@ def test_a_schedule_that_keeps_the_text_encoder_through_replay_fails_the_check(
     records = instrument(trainer)
     trainer.run()
     with pytest.raises(AssertionError, match="text_encoder"):
-        check_against_the_reference_plan(records, trainer.offload)
+        check_against_the_reference_plan(records, trainer.placement)
 
 
 def test_bf16_frozen_dtype_loads_and_runs_the_text_encoder_and_vae_in_bf16(tiny_model, dataset, tmp_path):
@@ -269,7 +269,7 @@ def test_bf16_frozen_dtype_loads_and_runs_the_text_encoder_and_vae_in_bf16(tiny_
     assert {p.dtype for p in trainer.transformer.parameters()} == {torch.float32}  # master weights untouched
     records = instrument(trainer)
     trainer.run()
-    check_against_the_reference_plan(records, trainer.offload)
+    check_against_the_reference_plan(records, trainer.placement)
     ran = {(r["module"], r["dtype"]) for r in records if "dtype" in r}
     assert ran == {
         ("text_encoder", torch.bfloat16),

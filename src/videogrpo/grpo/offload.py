@@ -9,7 +9,7 @@ once rewards and advantages are in, both go to CPU and the allocator cache is em
 the optimizer step. Each rollout chunk's trajectory goes to CPU as soon as it is recorded, and each
 replayed transition comes back alone (two latent states, not the whole trajectory).
 
-`placement` is the one table of that schedule, per phase; `Placement` carries it out and keeps the
+`plan` is the one table of that schedule, per phase; `Placement` carries it out and keeps the
 books: it records where it put each module, moves modules only with `module.to(device)`, and a forward
 pre-hook on each frozen part fails when that part runs while the books say it is not on the compute
 device. On CPU both devices are `cpu`, so the books, not the tensors, are what the tests check; on CUDA a
@@ -34,7 +34,7 @@ PHASES = ("load", "encode", "rollout", "decode", "replay")
 FROZEN = ("text_encoder", "vae")
 
 
-def placement(phase: str, offload: bool, decodes: bool = True) -> dict[str, str]:
+def plan(phase: str, offload: bool, decodes: bool = True) -> dict[str, str]:
     """Where each frozen model is during `phase`: `compute` or `host`.
 
     `decodes`: this rank decodes its rollouts for scoring, so its VAE stays on the compute device from
@@ -77,7 +77,7 @@ class Placement:
         self.compute, self.offload, self.decodes = compute, offload, decodes
         self.modules = modules
         self.phase = "load"
-        self.where = placement("load", offload, decodes)
+        self.where = plan("load", offload, decodes)
         """Per frozen model, `compute` or `host`: the books, which stay apart where both devices are one (CPU)."""
         self.moves: list[tuple[str, str, str]] = []
         """(phase, what, `compute` or `host`) of every move: a frozen model, a parked trajectory, a fetched transition,
@@ -94,16 +94,16 @@ class Placement:
             if self.where[name] != "compute":
                 raise OffloadError(
                     f"the {name} runs in phase {self.phase!r} while the offload schedule has it on the host, not on "
-                    f"the compute device {self.compute} (grpo/offload.py: placement)"
+                    f"the compute device {self.compute} (grpo/offload.py: plan)"
                 )
 
         return hook
 
     def enter(self, phase: str) -> None:
-        """Move every frozen model to where `placement` says it is during `phase`; entering replay also empties
+        """Move every frozen model to where `plan` says it is during `phase`; entering replay also empties
         the allocator cache."""
         self.phase = phase
-        for name, kind in placement(phase, self.offload, self.decodes).items():
+        for name, kind in plan(phase, self.offload, self.decodes).items():
             if self.where[name] != kind:
                 self.modules[name].to(self.device(kind))
                 self.where[name] = kind
@@ -132,6 +132,12 @@ class Placement:
             trajectory.log_probs[:, index : index + 1].to(self.compute),
             trajectory.etas.to(self.compute),
         )
+
+
+def decode_in_batches(decode, latents: torch.Tensor, batch_size: int | None) -> list:
+    """`decode(latents[i : i + batch_size])` over the rows, one video per row (None or 0: one call for all)."""
+    step = batch_size or len(latents)
+    return [video for i in range(0, len(latents), step) for video in decode(latents[i : i + step])]
 
 
 def rollout_chunks(rows: list[tuple[int, int]], members_per_chunk: int | None) -> list[list[int]]:

@@ -150,6 +150,10 @@ def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
 
 
 class Trainer:
+    placement = offload.Placement(torch.device("cpu"), False, {}, {})
+    """The offload schedule (`grpo/offload.py`), set by __init__; this default, which keeps everything where it is,
+    serves a trainer assembled without __init__ (the manual ref_diff harness)."""
+
     def __init__(self, cfg: Config, paths: TrainPaths, ctx: distributed.Context, run_id: str):
         if missing := unsupported(cfg):
             raise ConfigError("not implemented by this trainer: " + "; ".join(missing))
@@ -157,7 +161,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + ctx.rank)
         offloading = cfg.train.offload_inference_models
         self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, offload.HOST if offloading else None)
-        self.offload = offload.Placement(
+        self.placement = offload.Placement(
             ctx.device,
             offloading,
             {"text_encoder": self.model.text_encoder, "vae": self.model.vae},
@@ -202,21 +206,23 @@ class Trainer:
     def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
         cfg = self.cfg
         samples = [prompts[j] for j, _ in rows]
-        self.offload.enter("encode")
+        self.placement.enter("encode")
         embeds, condition = self.model.encode_conditions(
             [s.prompt for s in samples], [s.first_frame for s in samples], cfg.video.height, cfg.video.width
         )
-        self.offload.enter("rollout")
+        self.placement.enter("rollout")
         positions = offload.rollout_chunks(rows, cfg.grpo.sample_batch_size)
         parts = []
         for at in positions:  # each chunk's record goes to CPU before the next chunk rolls out (when offloading)
             parts.append(
-                self.offload.park(self._rollout_chunk(batch_index, [rows[i] for i in at], embeds[at], condition[at]))
+                self.placement.park(self._rollout_chunk(batch_index, [rows[i] for i in at], embeds[at], condition[at]))
             )
         trajectory = offload.assemble(parts, positions)
-        chunk = Chunk([j for j, _ in rows], [g for _, g in rows], samples, trajectory, self.offload.park_tensor(embeds))
-        self.offload.enter("decode")
-        videos = self.model.decode(trajectory.latents[:, -1], cfg.grpo.decode_batch_size)
+        chunk = Chunk(
+            [j for j, _ in rows], [g for _, g in rows], samples, trajectory, self.placement.park_tensor(embeds)
+        )
+        self.placement.enter("decode")
+        videos = offload.decode_in_batches(self.model.decode, trajectory.latents[:, -1], cfg.grpo.decode_batch_size)
         chunk.futures = [
             self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
             for v, s in zip(videos, samples)
@@ -297,7 +303,7 @@ class Trainer:
         cfg, g = self.cfg, self.cfg.grpo
         t0 = time.monotonic()
         gathered = self._advantages(prepared)
-        self.offload.enter("replay")
+        self.placement.enter("replay")
         t1 = time.monotonic()
         timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
@@ -311,7 +317,7 @@ class Trainer:
             sigmas = self.sigmas[index : index + 2]
             for chunk in prepared.chunks:
                 rows = len(chunk.prompts)
-                step = self.offload.transition(chunk.trajectory, index)  # transition `index` as its index 0
+                step = self.placement.transition(chunk.trajectory, index)  # transition `index` as its index 0
                 embeds = chunk.embeds.to(self.ctx.device)
                 new = replay_log_prob(
                     self.model, self.transformer, step, 0, sigmas, g.sampler, embeds, g.guidance_scale

@@ -217,12 +217,8 @@ class WanTI2V:
         return self.encode_prompts(prompts), self.encode_first_frames(load_first_frames(first_frames, height, width))
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, batch_size: int | None = None) -> np.ndarray:
-        """Decode normalised latents [B, C, F, h, w] (on any device) to uint8 video [B, F, H, W, 3], `batch_size`
-        rows at a time (None or 0: all at once)."""
-        step = batch_size or len(latents)
-        if step < len(latents):
-            return np.concatenate([self.decode(latents[i : i + step]) for i in range(0, len(latents), step)])
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Decode normalised latents [B, C, F, h, w] (on any device) to uint8 video [B, F, H, W, 3]."""
         latents = latents.to(self.device).float() * self.latents_std + self.latents_mean
         video = self.vae.decode(latents.to(self.frozen_dtype)).sample.float()
         video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
