@@ -14,9 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from videogrpo.data.dataset import batch_for_step
 from videogrpo.grpo import offload
 from videogrpo.grpo.rollout import Trajectory
 from videogrpo.models.prompt_cache import PromptCache
+from videogrpo.models.wan import clean_prompt
 
 from harness import metrics, solo_config, tensors, trainer_in_process, weights
 
@@ -58,7 +60,7 @@ def plain(tiny_model, dataset, tmp_path_factory):
 def test_offload_and_chunk_sizes_change_no_number(
     plain, tiny_model, dataset, tmp_path, sample_batch_size, decode_batch_size
 ):
-    """Offloaded, in rollout chunks of 2 or 3 members (3 leaves a chunk of one: uneven chunks) and decoding 2 or 4
+    """Offloaded, in rollout chunks of 2 or 3 members (3 leaves a last chunk of one member per prompt: uneven chunks) and decoding 2 or 4
     at a time: the same metrics and the same final weights, byte for byte, as the plain run."""
     cfg = options(
         train={"offload_inference_models": True},
@@ -68,6 +70,20 @@ def test_offload_and_chunk_sizes_change_no_number(
     assert any(what == "trajectory" for _, what, _ in trainer.placement.moves)  # it did offload
     assert weights(tmp_path) == weights(plain)
     assert without_times(metrics(tmp_path)) == without_times(metrics(plain))
+
+
+def test_offloaded_delayed_replay_over_waves_changes_no_number(tiny_model, dataset, tmp_path):
+    """Two waves per batch under delayed replay (the next batch rolls out before the previous one replays),
+    offloaded, in chunks of 2 members, decoded 2 at a time: byte-identical to the same run without any of it."""
+    delayed = dict(shared_prompts=True, prompts_per_wave=1, delayed_replay=True)
+    run(options(grpo=delayed), tmp_path / "plain", tiny_model, dataset)
+    cfg = options(
+        grpo=dict(delayed, sample_batch_size=2, decode_batch_size=2), train={"offload_inference_models": True}
+    )
+    run(cfg, tmp_path / "offloaded", tiny_model, dataset)
+    assert weights(tmp_path / "offloaded") == weights(tmp_path / "plain")
+    assert without_times(metrics(tmp_path / "offloaded")) == without_times(metrics(tmp_path / "plain"))
+    assert {m["delayed_replay_staleness"] for m in metrics(tmp_path / "plain")} == {1.0, 0.0}
 
 
 def test_a_forward_of_one_row_differs_by_float_rounding_only(tiny_model, dataset, tmp_path):
@@ -195,21 +211,44 @@ def offloaded(**grpo) -> dict:
     )
 
 
-def test_every_module_runs_where_the_schedule_says(tiny_model, dataset, tmp_path):
-    trainer = trainer_in_process(offloaded(), tmp_path, tiny_model, dataset)
+# Two prompts of one wave in two rollout chunks each, two synchronous updates; or two waves of one prompt per
+# batch under delayed replay (a batch rolls out before the previous one replays; the flush replays the last).
+SCHEDULES = {
+    "chunks": (lambda: offloaded(), {"waves": 2, "chunks": 4, "vae": [("encode", "vae"), ("replay", "vae")] * 2}),
+    "delayed-waves": (
+        lambda: offloaded(
+            shared_prompts=True, prompts_per_wave=1, delayed_replay=True, decode_batch_size=3
+        ),  # 4 videos per wave: decoded 3 + 1
+        {"waves": 4, "chunks": 8, "vae": [("encode", "vae"), ("replay", "vae")]},
+    ),
+}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_module_runs_where_the_schedule_says(tiny_model, dataset, tmp_path, schedule):
+    make, expected = SCHEDULES[schedule]
+    trainer = trainer_in_process(make(), tmp_path, tiny_model, dataset)
     records = instrument(trainer)
     trainer.run()
     seen = check_against_the_reference_plan(records, trainer.placement)
-    steps, trained = trainer.cfg.grpo.sampling_steps, len([m for m in metrics(tmp_path)])
-    assert seen["transformer:rollout"] == 2 * 2 * steps  # 2 batches, 2 chunks of 2 members x 2 prompts
-    assert seen["vae.decoder:decode"] >= 2 * 2  # 8 videos per batch, 4 per decode (the VAE's decoder runs per frame)
-    assert seen["text_encoder:encode"] == 2  # once per batch: both of its prompts at once
-    assert seen["parked"] == 2 * 2 and seen["cache emptied"] == trained == 2
+    steps, updates = trainer.cfg.grpo.sampling_steps, len(metrics(tmp_path))
+    assert updates == 2
+    assert seen["transformer:rollout"] == expected["chunks"] * steps  # each chunk of 2 members alone
+    # Once per wave that brings a prompt the cache does not hold (the synthetic tasks repeat prompts).
+    known, encoding_waves = set(), 0
+    for batch in [b for m in metrics(tmp_path) for b in m["rolled_out_batches"]]:
+        _, prompts = batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, batch)
+        for rows in trainer.waves:
+            new = {clean_prompt(prompts[j].prompt) for j, _ in rows} - known
+            encoding_waves += bool(new)
+            known |= new
+    assert seen["text_encoder:encode"] == encoding_waves >= 1
+    assert seen["vae.encoder:encode"] >= expected["waves"] and seen["vae.decoder:decode"] >= expected["waves"]
+    assert seen["parked"] == expected["chunks"] and seen["cache emptied"] == updates
     phases = [m[0] for m in trainer.placement.moves if m[1] == "text_encoder"]
-    assert phases == ["encode", "rollout"] * 2  # to the device for the batch, off right after encoding
-    assert [m[:2] for m in trainer.placement.moves if m[1] == "vae"] == [("encode", "vae"), ("replay", "vae")] * 2
-    float32 = {r["dtype"] for r in records if "dtype" in r}
-    assert float32 == {torch.float32}  # model.frozen_dtype: float32 (the tiny default)
+    assert phases == ["encode", "rollout"] * expected["waves"]  # to the device per wave, off right after encoding
+    assert [m[:2] for m in trainer.placement.moves if m[1] == "vae"] == expected["vae"]
+    assert {r["dtype"] for r in records if "dtype" in r} == {torch.float32}  # model.frozen_dtype: float32 (tiny)
 
 
 def test_a_schedule_that_forgets_the_vae_before_decoding_fails(tiny_model, dataset, tmp_path, monkeypatch):
