@@ -60,8 +60,8 @@ def plain(tiny_model, dataset, tmp_path_factory):
 def test_offload_and_chunk_sizes_change_no_number(
     plain, tiny_model, dataset, tmp_path, sample_batch_size, decode_batch_size
 ):
-    """Offloaded, in rollout chunks of 2 or 3 members (3 leaves a last chunk of one member per prompt: uneven chunks) and decoding 2 or 4
-    at a time: the same metrics and the same final weights, byte for byte, as the plain run."""
+    """Offloaded, in rollout chunks of 2 or 3 members (3 leaves a last chunk of one member per prompt: uneven
+    chunks) and decoding 2 or 4 at a time: the same metrics and final weights, byte for byte, as the plain run."""
     cfg = options(
         train={"offload_inference_models": True},
         grpo={"sample_batch_size": sample_batch_size, "decode_batch_size": decode_batch_size},
