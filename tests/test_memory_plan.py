@@ -189,12 +189,20 @@ def test_the_5b_recipe_is_planned_from_its_real_shape():
     assert plan.facts == {"video_tokens": 21 * 16 * 16, "latent_shape": [48, 21, 32, 32], "sharding": 8,
                           "rows_per_forward": 8}  # fmt: skip
     assert terms["master weights"] == 4 * P // 8 and terms["AdamW moments"] == 8 * P // 8
-    assert terms["trajectories"] == 2 * 8 * (31 * 48 * 21 * 32 * 32 * 2 + 512 * 4096 * 2)  # delayed replay: 2 batches
-    assert terms["frozen models"] == 4 * shape.frozen_params  # float32 until the recipes run them in bf16
+    # train.offload_inference_models: only the rolled-out chunk's trajectories stay on the device.
+    assert terms["trajectories"] == 8 * (31 * 48 * 21 * 32 * 32 * 2 + 512 * 4096 * 2)
+    assert terms["frozen models"] == 2 * shape.frozen_params  # model.frozen_dtype: bfloat16 in the recipes
     assert 20 * GIB < terms["activations"] < 40 * GIB
     assert plan.fits and plan.available == 80 * GIB
-    bf16 = memory_plan.plan_for_config(cfg, shape, frozen_dtype="bfloat16")
-    assert {t.name: t.bytes for t in bf16.terms}["frozen models"] == 2 * shape.frozen_params
+    kept = recipe("rl_5b_cps", parallel={"device_memory_gib": 80}, train={"offload_inference_models": False})
+    kept_terms = {t.name: t.bytes for t in memory_plan.plan_for_config(kept, shape, frozen_dtype="float32").terms}
+    assert kept_terms["frozen models"] == 4 * shape.frozen_params
+    assert kept_terms["trajectories"] == 2 * 8 * (31 * 48 * 21 * 32 * 32 * 2 + 512 * 4096 * 2)  # delayed: 2 batches
+    chunked = recipe("rl_5b_cps", parallel={"device_memory_gib": 80}, grpo={"sample_batch_size": 2})
+    chunked_terms = {t.name: t for t in memory_plan.plan_for_config(chunked, shape).terms}
+    assert (
+        chunked_terms["rollout working set"].bytes * 4 == {t.name: t for t in plan.terms}["rollout working set"].bytes
+    )
     print("\n".join(plan.lines()))
 
 
@@ -204,7 +212,10 @@ def test_the_co_hosted_judge_takes_its_share_of_every_gpu_and_the_plan_refuses_p
     plan = memory_plan.plan_for_config(vlm, shape)
     assert plan.judge_share == 0.5 and plan.available == 40 * GIB
     assert "less the judge's 0.5 (40.00 GiB)" in plan.lines()[-1]
-    assert not plan.fits  # float32 frozen models and 4-row waves do not fit half an 80 GiB GPU
+    assert plan.fits  # bf16 frozen models, offloaded for replay: the released recipe fits half an 80 GiB GPU
+    unplanned = recipe("rl_5b_vlm", parallel={"device_memory_gib": 80}, train={"offload_inference_models": False})
+    plan = memory_plan.plan_for_config(unplanned, shape, frozen_dtype="float32")
+    assert not plan.fits  # float32 frozen models kept on the device do not
     assert 40 * GIB < plan.peak < 80 * GIB  # the judge's half is what it does not fit
     remote = recipe("rl_5b_vlm", parallel={"device_memory_gib": 80}, reward={"judge_endpoint": "http://judge:18080"})
     assert memory_plan.plan_for_config(remote, shape).judge_share == 0.0  # that judge has GPUs of its own

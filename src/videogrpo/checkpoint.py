@@ -41,6 +41,7 @@ TRAINER_MATH = (
     "grpo/assignment.py",
     "grpo/loss.py",
     "grpo/lr_schedule.py",
+    "grpo/offload.py",
     "grpo/replay.py",
     "grpo/rollout.py",
     "grpo/samplers.py",

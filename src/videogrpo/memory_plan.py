@@ -223,16 +223,20 @@ def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> in
     return world if data_parallel == "fsdp" else shard_group_size
 
 
-def rows_per_rank(cfg, world: int) -> tuple[int, int]:
-    """(rows of this rank's largest wave, rows of its whole batch), the largest over all ranks."""
+def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
+    """(rows of this rank's largest wave, rows of its whole batch, rows of its largest rollout chunk: the
+    wave's prompts x grpo.sample_batch_size members), the largest over all ranks."""
+    from videogrpo.grpo.offload import rollout_chunks
     from videogrpo.grpo.trainer import waves
 
-    largest_wave, batch = 0, 0
+    largest_wave, batch, chunk = 0, 0, 0
     for rank in range(world):
         rank_waves = waves(cfg, rank, world)
         largest_wave = max(largest_wave, max(len(w) for w in rank_waves))
         batch = max(batch, sum(len(w) for w in rank_waves))
-    return largest_wave, batch
+        for wave in rank_waves:
+            chunk = max(chunk, max(len(c) for c in rollout_chunks(wave, cfg.grpo.sample_batch_size)))
+    return largest_wave, batch, chunk
 
 
 def plan(
@@ -249,6 +253,7 @@ def plan(
     tensor_parallel: int,
     rows_per_forward: int,
     rows_per_batch: int,
+    rollout_rows_per_forward: int | None = None,
     compute_dtype: str,
     reduce_dtype: str,
     trajectory_dtype: str,
@@ -324,7 +329,8 @@ def plan(
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
         )
     )
-    rollout_rows = rows_per_forward * branches
+    # Rollout forwards take one chunk of grpo.sample_batch_size members per prompt; replay takes the whole wave.
+    rollout_rows = (rollout_rows_per_forward or rows_per_forward) * branches
     terms.append(
         Term(
             "rollout working set",
@@ -334,7 +340,11 @@ def plan(
         )
     )
     per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
-    held = rows_per_forward if offload_trajectories else rows_per_batch * (2 if delayed_replay else 1)
+    held = (
+        (rollout_rows_per_forward or rows_per_forward)
+        if offload_trajectories
+        else rows_per_batch * (2 if delayed_replay else 1)
+    )
     terms.append(
         Term(
             "trajectories",
@@ -381,12 +391,13 @@ def device_memory(cfg, probe=None) -> tuple[int | None, str]:
     return int(props.total_memory), f"probed: {props.name}"
 
 
-def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str = "float32", probe=None) -> MemoryPlan:
-    """The plan of a config's recipe and topology; `frozen_dtype`: the text encoder's and VAE's dtype."""
+def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, probe=None) -> MemoryPlan:
+    """The plan of a config's recipe and topology; `frozen_dtype` overrides model.frozen_dtype (the text
+    encoder's and VAE's dtype)."""
     from videogrpo.models.wan import DTYPES, trajectory_dtype
 
     world = cfg.world_size
-    wave, batch = rows_per_rank(cfg, world)
+    wave, batch, chunk = rows_per_rank(cfg, world)
     traj = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
     traj_name = next(name for name, dtype in DTYPES.items() if dtype == traj)
     memory, source = device_memory(cfg, probe)
@@ -403,16 +414,16 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str = "float32", probe
         tensor_parallel=cfg.parallel.tensor_parallel,
         rows_per_forward=wave,
         rows_per_batch=batch,
+        rollout_rows_per_forward=chunk,
         compute_dtype=cfg.parallel.param_dtype,
         reduce_dtype=cfg.parallel.reduce_dtype,
         trajectory_dtype=traj_name,
-        frozen_dtype=frozen_dtype,
+        frozen_dtype=frozen_dtype or cfg.model.frozen_dtype,
         guidance=cfg.grpo.guidance_scale > 1.0,
         delayed_replay=cfg.grpo.delayed_replay,
         gradient_checkpointing=cfg.train.gradient_checkpointing,
-        # The offload schedule's switch (issue 17's memory part); absent, nothing is offloaded.
-        offload_frozen=bool(getattr(cfg.train, "offload_inference_models", False)),
-        offload_trajectories=bool(getattr(cfg.train, "offload_inference_models", False)),
+        offload_frozen=cfg.train.offload_inference_models,
+        offload_trajectories=cfg.train.offload_inference_models,
         attention_backend=cfg.parallel.attention_backend,
         cuda=cfg.parallel.device == "cuda",
         device_bytes=memory,

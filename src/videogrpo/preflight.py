@@ -199,11 +199,11 @@ def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
     return Check("disk_space", True, detail)
 
 
-def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str = "float32", probe=None) -> tuple[Check, dict]:
+def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = None, probe=None) -> tuple[Check, dict]:
     """The per-rank memory plan (memory_plan.py) against the device, and the plan itself for the report.
 
     On CUDA the run is refused when the plan's peak exceeds the device's memory less the co-hosted judge's share;
-    on CPU it is printed only. `frozen_dtype`: the text encoder's and VAE's dtype; `probe`: torch.cuda's stand-in.
+    on CPU it is printed only. `frozen_dtype` overrides model.frozen_dtype; `probe`: torch.cuda's stand-in.
     """
     from videogrpo import memory_plan
 

@@ -127,8 +127,12 @@ _FIELD_CLASSES = {
             "reset_dataloader",
             "resume_across_code_changes",
             "gradient_checkpointing",
+            "offload_inference_models",
         )
     },
+    # Where frozen models live, what is cached and how many rows a rollout or decode takes at once: the same
+    # numbers (tests/test_offload.py), as with attention backends up to the rounding of other batch shapes.
+    **{f: EXECUTION for f in ("model.prompt_cache_bytes", "grpo.sample_batch_size", "grpo.decode_batch_size")},
     **{
         f"parallel.{f}": CONTRACT
         for f in (
@@ -194,6 +198,7 @@ def fields_of_class(kind: str) -> list[str]:
 GENERATION_FIELDS = (
     "model.kind",
     "model.max_text_tokens",
+    "model.frozen_dtype",
     "parallel.param_dtype",
     "grpo.trajectory_dtype",
     "matrix.steps",

@@ -23,6 +23,11 @@ class ModelConfig:
     """Seed of the random weights of the tiny model (source `tiny` only)."""
     max_text_tokens: int = 512
     """Prompt length the text encoder pads or truncates to."""
+    frozen_dtype: str = "bfloat16"
+    """Dtype of the text encoder's and the VAE's weights (bf16 in the recipes, as the reference; float32 where
+    bf16 is slow, as on CPU)."""
+    prompt_cache_bytes: int = 1 << 30
+    """Bytes of prompt embeddings kept on CPU for reuse, least recently used evicted first (0: no cache)."""
 
 
 @dataclass
@@ -209,6 +214,11 @@ class GRPOConfig:
     """Shared-prompt mode: the ranks of a wave split each prompt's group between them."""
     prompts_per_wave: int | None = None
     """Prompts rolled out at once in shared-prompt mode (grpo_shared_prompt_microbatch_size); null: all."""
+    sample_batch_size: int | None = None
+    """Group members of each of this rank's prompts per rollout forward (grpo_sample_batch_size); null: the whole
+    wave at once. Replay still runs one backward per wave and timestep, so updates do not depend on it."""
+    decode_batch_size: int | None = 8
+    """Rollouts the VAE decodes at once for scoring (8 rule, 4 judge recipes); null or 0: the whole wave."""
     timestep_fraction: float = 0.6
     """Fraction of the first T - 1 timesteps trained per update."""
     clip_range: float = 1e-4
@@ -262,6 +272,9 @@ class TrainConfig:
     naming the changed files)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass."""
+    offload_inference_models: bool = True
+    """Keep the text encoder and VAE on CPU except while they encode or decode, park trajectories on CPU
+    between rollout and replay, and empty the allocator cache before replay (REFERENCE section 12)."""
 
 
 @dataclass

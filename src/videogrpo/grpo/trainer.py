@@ -10,7 +10,8 @@ the recorded timesteps, gradients reduced by FSDP or one all-reduce, the learnin
 flushing updates, so they never hold prepared work. Master weights and AdamW state are float32;
 `parallel.param_dtype` is only the compute dtype. Logged metrics are reduced over all ranks: sums
 all-reduced, maxima (the PPO ratio's, peak memory) max-reduced. The sigma schedule's flow shift is the
-model's unless `grpo.shift` overrides it (`models.wan.flow_shift`).
+model's unless `grpo.shift` overrides it (`models.wan.flow_shift`). Where the frozen models and the
+trajectories live between phases, and how a wave is cut into rollout chunks, is `offload`'s schedule.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from videogrpo import atomic, checkpoint, distributed, parallelize
 from videogrpo.config import Config, to_dict, unsupported
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, flops, replay
+from videogrpo.grpo import assignment, flops, offload, replay
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
@@ -149,17 +150,29 @@ def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
 
 
 class Trainer:
+    placement = offload.Placement(torch.device("cpu"), False, {}, {})
+    """The offload schedule (`grpo/offload.py`), set by __init__; this default, which keeps everything where it is,
+    serves a trainer assembled without __init__ (the manual ref_diff harness)."""
+
     def __init__(self, cfg: Config, paths: TrainPaths, ctx: distributed.Context, run_id: str):
         if missing := unsupported(cfg):
             raise ConfigError("not implemented by this trainer: " + "; ".join(missing))
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
         torch.manual_seed(cfg.train.seed + ctx.rank)
-        self.model = WanTI2V.from_config(paths.model, ctx.device, cfg)
+        offloading = cfg.train.offload_inference_models
+        self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, offload.HOST if offloading else None)
+        self.placement = offload.Placement(
+            ctx.device,
+            offloading,
+            {"text_encoder": self.model.text_encoder, "vae": self.model.vae},
+            {"text_encoder": [self.model.text_encoder], "vae": [self.model.vae.encoder, self.model.vae.decoder]},
+        )
         transformer = self.model.transformer
         if cfg.train.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         self.reference = None
-        if cfg.grpo.kl_coeff > 0:  # frozen: its weights may live in the compute dtype
+        # No reference model at KL weight 0 (all released recipes); frozen, its weights may be in the compute dtype.
+        if cfg.grpo.kl_coeff > 0:
             self.reference = copy.deepcopy(transformer).to(DTYPES[cfg.parallel.param_dtype]).eval()
             self.reference.requires_grad_(False)
         if cfg.parallel.compile:
@@ -191,12 +204,34 @@ class Trainer:
     # ---- preparing a batch: rollouts and reward submission -----------------------------------------
 
     def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
-        cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
+        cfg = self.cfg
         samples = [prompts[j] for j, _ in rows]
+        self.placement.enter("encode")
         embeds, condition = self.model.encode_conditions(
             [s.prompt for s in samples], [s.first_frame for s in samples], cfg.video.height, cfg.video.width
         )
-        # Noise is keyed by (seed, batch, prompt, member, step): independent of ranks, waves and resumes.
+        self.placement.enter("rollout")
+        positions = offload.rollout_chunks(rows, cfg.grpo.sample_batch_size)
+        parts = []
+        for at in positions:  # each chunk's record goes to CPU before the next chunk rolls out (when offloading)
+            parts.append(
+                self.placement.park(self._rollout_chunk(batch_index, [rows[i] for i in at], embeds[at], condition[at]))
+            )
+        trajectory = offload.assemble(parts, positions)
+        chunk = Chunk(
+            [j for j, _ in rows], [g for _, g in rows], samples, trajectory, self.placement.park_tensor(embeds)
+        )
+        self.placement.enter("decode")
+        videos = offload.decode_in_batches(self.model.decode, trajectory.latents[:, -1], cfg.grpo.decode_batch_size)
+        chunk.futures = [
+            self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
+            for v, s in zip(videos, samples)
+        ]
+        return chunk
+
+    def _rollout_chunk(self, batch_index: int, rows: list[tuple[int, int]], embeds, condition) -> Trajectory:
+        cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
+        # Noise is keyed by (seed, batch, prompt, member, step): independent of ranks, waves, chunks and resumes.
         init = torch.stack(
             [
                 seeded_normal(self.shape, dev, seed, batch_index, j, 0 if cfg.grpo.share_group_noise else g + 1, 0x1A17)
@@ -213,7 +248,7 @@ class Trainer:
             return torch.stack([seeded_normal(self.shape, dev, seed, batch_index, j, g, i) for j, g in rows])
 
         with torch.no_grad():
-            trajectory = rollout(
+            return rollout(
                 self.model,
                 self.transformer,
                 embeds,
@@ -225,13 +260,6 @@ class Trainer:
                 step_noise,
                 cfg.grpo.guidance_scale,
             )
-        chunk = Chunk([j for j, _ in rows], [g for _, g in rows], samples, trajectory, embeds)
-        videos = self.model.decode(trajectory.latents[:, -1])
-        chunk.futures = [
-            self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
-            for v, s in zip(videos, samples)
-        ]
-        return chunk
 
     def prepare(self, batch_index: int) -> Prepared:
         t0 = time.monotonic()
@@ -275,6 +303,7 @@ class Trainer:
         cfg, g = self.cfg, self.cfg.grpo
         t0 = time.monotonic()
         gathered = self._advantages(prepared)
+        self.placement.enter("replay")
         t1 = time.monotonic()
         timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
@@ -285,31 +314,20 @@ class Trainer:
         sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl"), 0.0)
         ratio_abs_max = 0.0
         for index in timesteps:
+            sigmas = self.sigmas[index : index + 2]
             for chunk in prepared.chunks:
                 rows = len(chunk.prompts)
+                step = self.placement.transition(chunk.trajectory, index)  # transition `index` as its index 0
+                embeds = chunk.embeds.to(self.ctx.device)
                 new = replay_log_prob(
-                    self.model,
-                    self.transformer,
-                    chunk.trajectory,
-                    index,
-                    self.sigmas,
-                    g.sampler,
-                    chunk.embeds,
-                    g.guidance_scale,
+                    self.model, self.transformer, step, 0, sigmas, g.sampler, embeds, g.guidance_scale
                 )
-                loss, stats = ppo_loss(new.log_prob, chunk.trajectory.log_probs[:, index], chunk.advantages, clip)
+                loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages, clip)
                 kl = torch.zeros((), device=loss.device)
                 if self.reference is not None:
                     with torch.no_grad():
                         ref = replay_log_prob(
-                            self.model,
-                            self.reference,
-                            chunk.trajectory,
-                            index,
-                            self.sigmas,
-                            g.sampler,
-                            chunk.embeds,
-                            g.guidance_scale,
+                            self.model, self.reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale
                         )
                     kl = kl_divergence(
                         g.sampler, new.mean, ref.mean, new.std, frame_mask(new.mean.shape[2], new.mean.device)

@@ -9,7 +9,10 @@ Precision (REFERENCE section 4): the transformer is loaded in float32, since its
 master weights AdamW updates; the compute dtype (`parallel.param_dtype`) is applied by FSDP2's
 mixed-precision policy for sharded models and by autocast otherwise. The rollout trajectory and the
 timestep handed to the transformer are kept in the trajectory dtype (`grpo.trajectory_dtype`): the
-reference keeps both in bf16, so 937.5 reaches the transformer as 936.
+reference keeps both in bf16, so 937.5 reaches the transformer as 936. The frozen text encoder and VAE
+load in `model.frozen_dtype` (bf16 in the recipes); they compute in it and hand float32 results on.
+Prompt embeddings are cached on CPU, bounded in bytes (`prompt_cache.PromptCache`). Where the frozen
+models live between uses is the trainer's offload schedule (`grpo.offload`), not this module's.
 
 The flow shift of the sigma schedule is the model's (`flow_shift`): training, `evaluate` and the
 matrix read it with one function; `grpo.shift` overrides it for training and `evaluate` only when set.
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 
 from videogrpo.errors import ConfigError
+from videogrpo.models.prompt_cache import PromptCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NUM_TRAIN_TIMESTEPS = 1000
@@ -107,7 +111,11 @@ class WanTI2V:
         max_text_tokens: int = 512,
         kind: str = "ti2v",
         trajectory: str = "compute",
+        frozen_dtype: str = "float32",
+        prompt_cache_bytes: int = 1 << 30,
+        frozen_device: torch.device | None = None,
     ):
+        """`frozen_device`: where the text encoder and VAE are loaded (default `device`; CPU when offloaded)."""
         if kind != "ti2v":
             raise ConfigError(f"model.kind = {kind!r}: only 'ti2v' (Wan2.2 TI2V-5B layout) is implemented so far")
         from diffusers import AutoencoderKLWan
@@ -120,8 +128,16 @@ class WanTI2V:
         self.trajectory_dtype = trajectory_dtype(trajectory, compute_dtype)
         self.max_text_tokens = max_text_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
-        self.text_encoder = UMT5EncoderModel.from_pretrained(model_dir / "text_encoder").to(device).eval()
-        self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae").to(device).eval()
+        self.frozen_dtype = DTYPES[frozen_dtype]
+        frozen_device = device if frozen_device is None else frozen_device
+        self.text_encoder = (
+            UMT5EncoderModel.from_pretrained(model_dir / "text_encoder", dtype=self.frozen_dtype)
+            .to(frozen_device)
+            .eval()
+        )
+        self.vae = (
+            AutoencoderKLWan.from_pretrained(model_dir / "vae", torch_dtype=self.frozen_dtype).to(frozen_device).eval()
+        )
         self.transformer = load_transformer(model_dir / "transformer", device, attention_backend)
         for frozen in (self.text_encoder, self.vae):
             frozen.requires_grad_(False)
@@ -131,11 +147,13 @@ class WanTI2V:
         self.latents_std = torch.tensor(vae_cfg.latents_std, dtype=torch.float32, device=device).view(shape)
         self.spatial = vae_cfg.scale_factor_spatial
         self.temporal = vae_cfg.scale_factor_temporal
-        self._prompt_cache: dict[str, torch.Tensor] = {}
+        self._prompt_cache = PromptCache(prompt_cache_bytes)
 
     @classmethod
-    def from_config(cls, model_dir: str | Path, device: torch.device, cfg) -> WanTI2V:
-        """The model as a run's config sets it up (compute and trajectory dtypes, attention, prompt length)."""
+    def from_config(
+        cls, model_dir: str | Path, device: torch.device, cfg, frozen_device: torch.device | None = None
+    ) -> WanTI2V:
+        """The model as a run's config sets it up (dtypes, attention, prompt length, prompt cache)."""
         return cls(
             model_dir,
             device,
@@ -144,6 +162,9 @@ class WanTI2V:
             cfg.model.max_text_tokens,
             cfg.model.kind,
             cfg.grpo.trajectory_dtype,
+            cfg.model.frozen_dtype,
+            cfg.model.prompt_cache_bytes,
+            frozen_device,
         )
 
     def geometry(self, num_frames: int, height: int, width: int) -> LatentGeometry:
@@ -158,9 +179,12 @@ class WanTI2V:
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
         """UMT5 embeddings [B, L, D] of the cleaned prompts, zero beyond each prompt's tokens (as diffusers' Wan
-        pipelines do), in the compute dtype."""
+        pipelines do), in the compute dtype, on the compute device."""
         prompts = [clean_prompt(p) for p in prompts]
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        found = {
+            p: hit.to(self.device) for p in dict.fromkeys(prompts) if (hit := self._prompt_cache.get(p)) is not None
+        }
+        missing = [p for p in dict.fromkeys(prompts) if p not in found]
         if missing:
             tokens = self.tokenizer(
                 missing,
@@ -174,15 +198,16 @@ class WanTI2V:
             hidden = self.text_encoder(ids, mask).last_hidden_state.float()
             hidden = hidden * mask.unsqueeze(-1)
             for prompt, embeds in zip(missing, hidden):
-                self._prompt_cache[prompt] = embeds
-        return torch.stack([self._prompt_cache[p] for p in prompts]).to(self.compute_dtype)
+                found[prompt] = embeds
+                self._prompt_cache.put(prompt, embeds)
+        return torch.stack([found[p] for p in prompts]).to(self.compute_dtype)
 
     @torch.no_grad()
     def encode_first_frames(self, images: np.ndarray) -> torch.Tensor:
         """Normalised latent of each first frame, [B, C, 1, h, w] float32 (uint8 images [B, H, W, 3] in)."""
         pixels = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, torch.float32)
         pixels = pixels.permute(0, 3, 1, 2).unsqueeze(2) / 127.5 - 1.0
-        latents = self.vae.encode(pixels).latent_dist.mode()
+        latents = self.vae.encode(pixels.to(self.frozen_dtype)).latent_dist.mode()
         return (latents.float() - self.latents_mean) / self.latents_std
 
     def encode_conditions(
@@ -193,9 +218,9 @@ class WanTI2V:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """Decode normalised latents [B, C, F, h, w] to uint8 video [B, F, H, W, 3]."""
-        latents = latents.float() * self.latents_std + self.latents_mean
-        video = self.vae.decode(latents).sample
+        """Decode normalised latents [B, C, F, h, w] (on any device) to uint8 video [B, F, H, W, 3]."""
+        latents = latents.to(self.device).float() * self.latents_std + self.latents_mean
+        video = self.vae.decode(latents.to(self.frozen_dtype)).sample.float()
         video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         return video.permute(0, 2, 3, 4, 1).cpu().numpy()
 

@@ -1,0 +1,28 @@
+"""The memory plan and the offload schedule against a real GPU: what CPU tests cannot measure."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.gpu_smoke import MID, build_data, build_model, run_config, train
+from videogrpo import memory_plan
+from videogrpo.config import from_dict
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_plan_bounds_the_measured_peak(tmp_path, offload):
+    """The plan is what preflight refuses by: it must not be below what a run allocates, nor far above it."""
+    dataset, kit = build_data(tmp_path)
+    model = build_model(tmp_path / "mid", MID, 1024)
+    cfg = run_config(kit, 17, 256, 256, 4, 4, 2, cuda=True)
+    cfg["train"]["offload_inference_models"] = offload
+    metrics = train(tmp_path, f"plan-{offload}", cfg, model, dataset)
+    assert metrics, "the run failed (log printed above)"
+    measured = max(m["peak_memory_bytes"] for m in metrics)
+    plan = memory_plan.plan_for_config(
+        from_dict(cfg), memory_plan.ModelShape.from_model_dir(model), cfg["model"]["frozen_dtype"]
+    )
+    print(f"offload {offload}: measured peak {memory_plan.gib(measured)}, planned {memory_plan.gib(plan.peak)}")
+    print("\n".join(plan.lines()))
+    assert measured <= plan.peak, "the plan is below the measured peak: preflight would pass runs that run out"
+    assert measured >= 0.4 * plan.peak, "the plan is over 2.5 x the measured peak: preflight would refuse runs that fit"
