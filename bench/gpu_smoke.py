@@ -13,7 +13,8 @@ Every part prints one table; nothing is asserted about speed. Parts:
    bf16 compute and float32 master weights, one-step-delayed replay, the rule reward through the
    reference EvalKit's scorer processes): a mid-size transformer, then the TI2V-5B transformer's real
    shape with random weights at 81 x 512 x 512 (skipped with --no-5b). Per run: seconds per update,
-   tokens/s and MFU of the trainer's own metrics, and the peak memory the trainer recorded.
+   tokens/s and MFU of the trainer's own metrics, the peak memory the trainer recorded, and the peak
+   preflight's memory plan gives the same run.
 The frozen models are small stand-ins (a 2-layer UMT5 of the 5B's width, the tiny VAE with the real
 latent layout): part 4 measures the transformer's training, not text encoding or video decoding.
 """
@@ -219,9 +220,20 @@ def run_config(kit: Path, frames: int, height: int, width: int, group: int, step
     cfg["grpo"].update(group_size=group, prompts_per_step=1, sampling_steps=steps, delayed_replay=True, clip_range=1e-4)
     cfg["train"].update(max_steps=updates, epochs=50, save_steps=10_000, gradient_checkpointing=True)
     cfg["parallel"].update(procs_per_node=1, data_parallel="fsdp", shard_group_size=1)
-    if cuda:
+    if cuda:  # as the GPU recipes: bf16 compute and frozen models, the offload schedule
         cfg["parallel"].update(device="cuda", backend="nccl", compile=True, param_dtype="bfloat16")
+        cfg["model"]["frozen_dtype"] = "bfloat16"
+        cfg["train"]["offload_inference_models"] = True
+        cfg["grpo"]["decode_batch_size"] = 8
     return cfg
+
+
+def planned_peak(cfg: dict, model: Path) -> int:
+    """The peak preflight's memory plan gives this run (compared with the trainer's measured one)."""
+    from videogrpo import memory_plan
+    from videogrpo.config import from_dict
+
+    return memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model)).peak
 
 
 def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path) -> list[dict]:
@@ -253,12 +265,13 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
         model = build_model(root / name, transformer_cfg, text_width)
         print(f"{name}: model built in {time.monotonic() - start:.0f} s", flush=True)
         cfg = run_config(kit, frames, height, width, group, steps, updates, cuda)
+        planned = f"{planned_peak(cfg, model) / 2**30:.2f}"
         metrics = train(root, name, cfg, model, dataset)
         shutil.rmtree(root / name / "model", ignore_errors=True)
         blocks, heads = transformer_cfg["num_layers"], transformer_cfg["num_attention_heads"]
         shape = f"{blocks} blocks x {heads} heads, {frames}x{height}x{width}, G={group}, T={steps}"
         if not metrics:
-            rows.append([name, shape, "failed (log above)", "-", "-", "-", "-", "-"])
+            rows.append([name, shape, "failed (log above)", "-", "-", "-", "-", "-", planned])
             continue
         for m in metrics:
             mfu = f"{m['time_mfu']:.3f}" if m.get("time_mfu") is not None else "-"
@@ -272,11 +285,12 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
                     f"{m['time_tokens_per_s']:.0f}" if m.get("time_tokens_per_s") else "-",
                     mfu,
                     f"{m['peak_memory_bytes'] / 2**30:.2f}",
+                    planned,
                 ]
             )
     print_table(
         "GRPO updates through the trainer (1 process, FSDP2, delayed replay; the first update includes compilation)",
-        ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU", "peak GiB"],
+        ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU", "peak GiB", "planned GiB"],
         rows,
     )
 

@@ -19,9 +19,7 @@ def test_the_plan_bounds_the_measured_peak(tmp_path, offload):
     metrics = train(tmp_path, f"plan-{offload}", cfg, model, dataset)
     assert metrics, "the run failed (log printed above)"
     measured = max(m["peak_memory_bytes"] for m in metrics)
-    plan = memory_plan.plan_for_config(
-        from_dict(cfg), memory_plan.ModelShape.from_model_dir(model), cfg["model"]["frozen_dtype"]
-    )
+    plan = memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model))
     print(f"offload {offload}: measured peak {memory_plan.gib(measured)}, planned {memory_plan.gib(plan.peak)}")
     print("\n".join(plan.lines()))
     assert measured <= plan.peak, "the plan is below the measured peak: preflight would pass runs that run out"
