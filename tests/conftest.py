@@ -103,3 +103,16 @@ def demo(workdir):
     # -o: never (re)install into the running environment from this temporary copy.
     made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir, **SECRETS)
     return dry, made
+
+
+def pytest_collection_modifyitems(config, items):
+    """The GPU tier (tests/gpu/): every test there needs CUDA and is skipped without it (CI has none). On a GPU
+    node, from the GPU environment: `pytest tests/gpu -q`, or `bash bench/gpu_smoke.sh`."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (the GPU tier: bash bench/gpu_smoke.sh on a GPU node)")
+    for item in items:
+        if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(skip)
