@@ -254,12 +254,14 @@ def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path) -> list[
     if code:
         print(log.read_text()[-4000:], flush=True)
         return []
+    layout = json.loads((out / "final/training_state.json").read_text())["layout"]
+    print(f"{name}: parameter layout {json.dumps(layout)}", flush=True)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def training_runs(root: Path, runs: dict, cuda: bool) -> None:
+    """Each run's table printed as soon as it ends: a run cut off by a time limit keeps the ones before it."""
     dataset, kit = build_data(root)
-    rows = []
     for name, (transformer_cfg, text_width, frames, height, width, group, steps, updates) in runs.items():
         start = time.monotonic()
         model = build_model(root / name, transformer_cfg, text_width)
@@ -270,9 +272,7 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
         shutil.rmtree(root / name / "model", ignore_errors=True)
         blocks, heads = transformer_cfg["num_layers"], transformer_cfg["num_attention_heads"]
         shape = f"{blocks} blocks x {heads} heads, {frames}x{height}x{width}, G={group}, T={steps}"
-        if not metrics:
-            rows.append([name, shape, "failed (log above)", "-", "-", "-", "-", "-", planned])
-            continue
+        rows = [[name, shape, "failed (log above)", "-", "-", "-", "-", "-", planned]] if not metrics else []
         for m in metrics:
             mfu = f"{m['time_mfu']:.3f}" if m.get("time_mfu") is not None else "-"
             rows.append(
@@ -288,11 +288,12 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
                     planned,
                 ]
             )
-    print_table(
-        "GRPO updates through the trainer (1 process, FSDP2, delayed replay; the first update includes compilation)",
-        ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU", "peak GiB", "planned GiB"],
-        rows,
-    )
+        print_table(
+            f"GRPO updates through the trainer: {name} (1 process, FSDP2, delayed replay; update 1 includes "
+            "compilation)",
+            ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU", "peak GiB", "planned GiB"],
+            rows,
+        )
 
 
 def main() -> None:

@@ -72,9 +72,12 @@ def test_workers_get_a_node_local_triton_cache_and_expandable_segments_unless_se
 
 
 def test_the_preflight_only_fan_out_covers_the_allocation_and_lets_every_node_report():
-    assert launch.allocation_nodes({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3"}) == 3
-    assert launch.allocation_nodes({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "1"}) == 0
-    assert launch.allocation_nodes({}) == 0
+    four = cfg(nodes=4)
+    assert launch.allocation_nodes(four, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3"}) == 3
+    assert launch.allocation_nodes(four, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "1"}) == 0
+    assert launch.allocation_nodes(four, {}) == 0
+    # A Snakemake job's shell: the jobstep plugin leaves SLURM_JOB_ID but strips the node counts.
+    assert launch.allocation_nodes(four, {"SLURM_JOB_ID": "7"}) == 4
     argv = launch.srun_argv(cfg(nodes=16), ["x"], nodes=3, kill_on_bad_exit=False)
     assert argv[:4] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1"]
     assert "--kill-on-bad-exit=1" not in argv and "--kill-on-bad-exit=1" in launch.srun_argv(cfg(nodes=2), ["x"])

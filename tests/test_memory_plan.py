@@ -81,8 +81,13 @@ def test_the_tiny_models_plan_is_the_hand_computed_one(tiny_model):
         "activations": int(4 * 20 * (2 * block + outer)) + 20 * 2 * 4 * 24,
         "rollout working set": int(4 * 20 * (outer + block)),
         "trajectories": 4 * ((8 + 1) * 48 * 5 * 4 * 4 * 4 + 64 * 32 * 4),
+        "decoded videos": 4 * 3 * 17 * 64 * 64 * (4 + 4 + 4 + 1),  # the wave's 4 videos at once (no decode batch)
     }
-    assert plan.peak == sum(terms.values()) - terms["rollout working set"]  # the replay phase is larger
+    replay_only = ("gradients", "all-reduce buffer", "activations")
+    rollout = sum(v for k, v in terms.items() if k not in replay_only)
+    replay = sum(v for k, v in terms.items() if k not in ("rollout working set", "decoded videos"))
+    assert plan.phase_total("rollout") == rollout and plan.phase_total("replay") == replay
+    assert plan.peak == max(rollout, replay) == rollout  # at 64x64 the decoded videos outweigh replay's terms
     assert plan.device_bytes is None and not plan.enforced and plan.fits
 
 
@@ -275,3 +280,14 @@ def test_a_sharded_plan_counts_fsdps_unsharded_blocks_and_checkpointing(tiny_mod
     block = 20 * 4 * d + 6 * 2 * d + 2.5 * 2 * f
     rope = 20 * 2 * 4 * 24
     assert terms["activations"].bytes == int(4 * 20 * (2 * 2 * d + block + 2 * 4 * d + 14 * 2 * d)) + rope
+
+
+def test_a_component_without_weights_is_named_not_planned_as_zero(tiny_model, tmp_path):
+    import shutil
+
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    for weights in (broken / "vae").glob("*.safetensors"):
+        weights.unlink()
+    check, _ = preflight.check_memory_plan(config.from_dict(trainer_config()), broken)
+    assert not check.ok and f"{broken / 'vae'}: no *.safetensors weights" in check.detail, check.detail

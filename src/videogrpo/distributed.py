@@ -27,8 +27,17 @@ class Context:
         return self.rank == 0
 
 
-def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> Context:
-    """Join the process group torchrun prepared (or a world of one without torchrun)."""
+def init(
+    device_kind: str,
+    backend: str,
+    cpu_threads: int,
+    timeout_s: int = PROCESS_GROUP_TIMEOUT_S,
+    group_of_one: bool = False,
+) -> Context:
+    """Join the process group torchrun prepared (or a world of one without torchrun).
+
+    group_of_one: make the group for a world of one too, when torchrun started it (FSDP2 needs a mesh).
+    """
     torch.set_num_threads(cpu_threads)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -38,7 +47,8 @@ def init(device_kind: str, backend: str, cpu_threads: int, timeout_s: int = PROC
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
+    one = group_of_one and world == 1 and "MASTER_ADDR" in os.environ
+    if (world > 1 or one) and not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),

@@ -136,12 +136,17 @@ def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_NODEID") and cfg.parallel.nodes > 1
 
 
-def allocation_nodes(env: dict[str, str] | None = None) -> int:
-    """Nodes of the SLURM allocation this shell runs in (0 outside one, or inside an srun task)."""
+def allocation_nodes(cfg: Config, env: dict[str, str] | None = None) -> int:
+    """Nodes of the SLURM allocation this shell runs in (0 outside one, or inside an srun task).
+
+    A Snakemake job's shell under the SLURM executor keeps SLURM_JOB_ID but not the node counts (the jobstep
+    plugin strips them), so there the job's node count is parallel.nodes, as needs_srun assumes: never a
+    silent "1", which would check the first node only.
+    """
     env = dict(os.environ if env is None else env)
     if not env.get("SLURM_JOB_ID") or env.get("SLURM_NODEID"):
         return 0
-    return int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    return int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or cfg.parallel.nodes)
 
 
 def srun_argv(cfg: Config, command: list[str], nodes: int | None = None, kill_on_bad_exit: bool = True) -> list[str]:

@@ -39,6 +39,10 @@ where the sharding degree is the world size under `fsdp`, parallel.shard_group_s
 - trajectories held on the device: T + 1 latents per rollout in t, and the prompt embeddings of each
   row in c, for every row of this rank's batch, twice under delayed replay (the batch replayed and the
   batch rolled out before it is replayed); with trajectories offloaded only the replayed wave's;
+- decoded videos (rollout phase): the VAE decodes grpo.decode_batch_size rows at a time (null: the wave),
+  each 3 x frames x height x width elements held in z (the decoder's output), float32 (its copy), float32
+  (the clamp's result) and uint8; the decoder's own activations are not counted (the GPU tier measures
+  them);
 - on CUDA a reserve of 1 GiB for the CUDA context, cuBLAS and NCCL workspaces.
 The peak is the larger of the two phases' sums. Against it stands the device's memory (a number in
 parallel.device_memory_gib, or torch.cuda's total memory of device 0 probed on the node), less the
@@ -89,7 +93,10 @@ class ParamCounts:
 def safetensors_numels(directory: Path) -> dict[str, int]:
     """Elements of every tensor of the safetensors files in `directory`, read from their headers only."""
     numels: dict[str, int] = {}
-    for path in sorted(directory.glob("*.safetensors")):
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:  # a plan of zero bytes would pass whatever the model holds
+        raise ValueError(f"{directory}: no *.safetensors weights to plan from; rerun the model's download")
+    for path in files:
         with open(path, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
         for name, tensor in header.items():
@@ -254,6 +261,7 @@ def plan(
     rows_per_forward: int,
     rows_per_batch: int,
     rollout_rows_per_forward: int | None = None,
+    decode_rows: int | None = None,
     compute_dtype: str,
     reduce_dtype: str,
     trajectory_dtype: str,
@@ -354,6 +362,17 @@ def plan(
             + (" (the others on CPU)" if offload_trajectories else ""),
         )
     )
+    videos = decode_rows or rows_per_forward
+    pixels = 3 * frames * height * width
+    terms.append(
+        Term(
+            "decoded videos",
+            videos * pixels * (z + 4 + 4 + 1),
+            (ROLLOUT,),
+            f"{videos} videos x 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B: the VAE's output, its float32 "
+            "copy, the clamp's, the uint8 frames",
+        )
+    )
     if cuda:
         terms.append(Term("CUDA reserve", CUDA_RESERVE, both, "context, cuBLAS and NCCL workspaces"))
     return MemoryPlan(
@@ -415,6 +434,7 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         rows_per_forward=wave,
         rows_per_batch=batch,
         rollout_rows_per_forward=chunk,
+        decode_rows=min(cfg.grpo.decode_batch_size or wave, wave),
         compute_dtype=cfg.parallel.param_dtype,
         reduce_dtype=cfg.parallel.reduce_dtype,
         trajectory_dtype=traj_name,

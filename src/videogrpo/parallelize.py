@@ -18,22 +18,51 @@ from videogrpo.errors import ConfigError
 from videogrpo.models.wan import DTYPES
 
 
+def group_options(backend: str):
+    """Options of a mesh's process groups: the default group's timeout (distributed.PROCESS_GROUP_TIMEOUT_S).
+
+    init_device_mesh makes its groups with torch's default timeout (10 min for NCCL, 30 for gloo) unless
+    options carry one, and FSDP's all-gathers and reduce-scatters run on those groups, not the default one.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=distributed.PROCESS_GROUP_TIMEOUT_S)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return torch._C._distributed_c10d.Backend.Options(backend, timeout)
+
+
 def device_mesh(cfg: Config, world: int, device_type: str):
     from torch.distributed.device_mesh import init_device_mesh
 
     mode = cfg.parallel.data_parallel
+    options = group_options(cfg.parallel.backend)
     if mode == "fsdp":
-        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+        return init_device_mesh(
+            device_type, (world,), mesh_dim_names=("shard",), backend_override={"shard": (None, options)}
+        )
     group = cfg.parallel.shard_group_size
     if world % group:
         raise ConfigError(f"parallel.shard_group_size = {group}: must divide the world size {world}")
-    return init_device_mesh(device_type, (world // group, group), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(
+        device_type,
+        (world // group, group),
+        mesh_dim_names=("replicate", "shard"),
+        backend_override={"replicate": (None, options), "shard": (None, options)},
+    )
 
 
 def apply_data_parallel(model: torch.nn.Module, cfg: Config, world: int, device: torch.device) -> torch.nn.Module:
-    """Shard `model` in place for fsdp/hsdp (a no-op for replicate or a world of one)."""
+    """Shard `model` in place for fsdp/hsdp (a no-op for replicate, and for a world of one without a process
+    group; under torchrun one process of a sharded layout has one: FSDP2 on one GPU, as the GPU tier runs)."""
+    import torch.distributed as dist
+
     mode = cfg.parallel.data_parallel
-    if mode == "replicate" or world == 1:
+    if mode == "replicate" or (world == 1 and not dist.is_initialized()):
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

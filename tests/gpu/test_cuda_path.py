@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def test_fsdp2_bf16_delayed_replay_on_one_gpu(inputs):
         assert math.isfinite(m["policy_loss"]) and math.isfinite(m["grad_norm"]), m
         assert m["peak_memory_bytes"] > 0, "the trainer read no CUDA peak memory"
         assert m["time_mfu"] is not None and 0 < m["time_mfu"] < 1, m["time_mfu"]
+    layout = json.loads((root / "fsdp2-bf16/final/training_state.json").read_text())["layout"]
+    assert layout["sharded"] == layout["parameters"] and layout["dtypes"] == ["float32"], layout  # FSDP2 ran
     final = root / "fsdp2-bf16/final/transformer"
     from safetensors import safe_open
 

@@ -26,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
     cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
-    ctx = distributed.init(cfg.parallel.device, cfg.parallel.backend, cfg.parallel.cpu_threads)
+    ctx = distributed.init(
+        cfg.parallel.device,
+        cfg.parallel.backend,
+        cfg.parallel.cpu_threads,
+        group_of_one=cfg.parallel.data_parallel != "replicate",
+    )
     # Before any model is loaded: the co-hosted judge's share of this GPU is not training's to take.
     cap = cap_training_memory(cfg, ctx.device)
     node = os.environ.get("SLURMD_NODENAME", "-")

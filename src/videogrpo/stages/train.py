@@ -112,7 +112,7 @@ def check_this_node(cfg: Config, where: launch.Launch) -> tuple[list[preflight.C
 
 def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
     """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
-    nodes = launch.allocation_nodes() if not args.node_only else 0
+    nodes = launch.allocation_nodes(cfg) if not args.node_only else 0
     if nodes > 1:
         command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
         code = launch.run_srun(cfg, command + ["--config-json", args.config_json], nodes=nodes, kill_on_bad_exit=False)
