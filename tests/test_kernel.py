@@ -321,6 +321,10 @@ def test_diffusers_loads_the_pinned_kernel_offline_through_the_kernels_package(t
     assert Path(module) == snapshot / cpu / "flash_attn_interface.py"
     # Loading it wrote nothing into the cache (no __pycache__): it is still what fetch_kernel recorded.
     assert ak.cache_problems(tmp_path / "cache", json.loads((tmp_path / "m.json").read_text()), REPO_ID, COMMIT) == []
+    # The per-node launcher's load check takes the same path and names the file it loaded.
+    hub_cfg = Config(parallel=ParallelConfig(attention_backend="_flash_3_hub"))
+    ok, detail = ak.load_check(hub_cfg, tmp_path / "cache", "n")
+    assert ok and detail.endswith(str(snapshot / cpu / "flash_attn_interface.py")), detail
 
 
 @pytest.mark.e2e
@@ -433,3 +437,19 @@ def test_preflight_on_a_gpu_node_refuses_a_kernel_without_a_variant_for_its_torc
     cfg.parallel.device = "cuda"
     check = check_attention_kernel(cfg, cache, manifest)
     assert not check.ok and "kernels finds no build variant for this machine's torch and CUDA" in check.detail
+
+
+def test_the_per_node_load_check_runs_diffusers_loader_offline_and_names_the_failure(tmp_path):
+    """What each node's launcher runs on CUDA with a Hub backend: diffusers' loader in a child process with the
+    loader environment. Here (no kernels package, no CUDA variant) it must fail naming the node, the cache and why;
+    with no cache at all it names the missing argument."""
+    cfg = Config(parallel=ParallelConfig(attention_backend="_flash_3_hub", device="cuda"))
+    ok, detail = ak.load_check(cfg, None, "gpu-07")
+    assert not ok and detail.startswith("gpu-07:") and "--kernel-cache" in detail
+    files = stand_in()
+    with HubServer({("kernel", REPO_ID): {COMMIT: files}}) as hub:
+        assert fetch(hub.endpoint, tmp_path / "cache", tmp_path / "m.json").returncode == 0
+    ok, detail = ak.load_check(cfg, tmp_path / "cache", "gpu-07")
+    assert not ok, detail
+    assert detail.startswith(f"gpu-07: the _flash_3_hub kernel does not load offline from {tmp_path / 'cache'}: ")
+    assert "rerun fetch_kernel" in detail

@@ -192,3 +192,40 @@ def variant_verdict(
         f"kernels finds no build variant for this machine's torch and CUDA among {variants}: install the torch of "
         f"envs/gpu.txt (a build one of them matches), or pin a revision of parallel.attention_kernel_repo that has one"
     )
+
+
+# What a process that sets the backend runs first (diffusers' own loader: kernels.get_kernel(repo, version=N)).
+LOAD_PROBE = (
+    "import sys\n"
+    "from diffusers.models import attention_dispatch as ad\n"
+    "backend = ad.AttentionBackendName(sys.argv[1])\n"
+    "ad._maybe_download_kernel_for_backend(backend)\n"
+    "entry = ad._HUB_KERNELS_REGISTRY[backend]\n"
+    "print(sys.modules[entry.kernel_fn.__module__].__file__)\n"
+)
+
+
+def load_check(cfg, cache: Path | None, hostname: str, timeout_s: float = 600.0) -> tuple[bool, str]:
+    """Whether this node loads the backend's Hub kernel from `cache` offline, as the training processes will: in
+    a child process (the CUDA library it loads stays out of the launcher), with loader_env. (ok, detail)."""
+    import subprocess
+    import sys
+
+    backend = cfg.parallel.attention_backend
+    if cache is None:
+        return False, f"{hostname}: parallel.attention_backend = {backend!r} loads a Hub kernel: give --kernel-cache"
+    env = dict(os.environ, **loader_env(cache))
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", LOAD_PROBE, backend], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"{hostname}: loading the {backend} kernel from {cache} took over {timeout_s:.0f} s"
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return False, (
+            f"{hostname}: the {backend} kernel does not load offline from {cache}: {last}; check the GPU "
+            f"environment (kernels installed, a build variant for this torch and CUDA: preflight's attention_kernel "
+            f"check lists them) or rerun fetch_kernel"
+        )
+    return True, f"{hostname}: {backend} loads offline from {run.stdout.strip()}"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from videogrpo import attention_kernel, checkpoint, launch, node_preflight, preflight
 from videogrpo.config import Config, canonical_json
+from videogrpo.config.checks import uses_hub_kernel
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
@@ -94,11 +95,17 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
     }
 
 
-def check_this_node(cfg: Config, where: launch.Launch) -> tuple[list[preflight.Check], str]:
-    """The per-node preflight, each check on a log line, and the node's one-line report."""
+def check_this_node(
+    cfg: Config, where: launch.Launch, kernel_cache: Path | None = None
+) -> tuple[list[preflight.Check], str]:
+    """The per-node preflight, each check on a log line, and the node's one-line report. On CUDA with a Hub
+    attention kernel, the kernel is loaded offline from fetch_kernel's cache as the ranks will load it."""
     facts = node_preflight.probe(cfg.parallel.device, launch.worker_env(cfg))
     port = where.master_port if where.node_rank == 0 and not where.is_local else None
     checks = preflight.node_checks(cfg, port=port, facts=facts)
+    if uses_hub_kernel(cfg) and cfg.parallel.device == "cuda" and facts.device_count:
+        ok, detail = attention_kernel.load_check(cfg, kernel_cache, facts.hostname)
+        checks.append(preflight.Check("attention_kernel_load", ok, detail))
     for check in checks:
         print(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr, flush=True)
     failed = [c.name for c in checks if not c.ok]
@@ -115,7 +122,10 @@ def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
     nodes = launch.allocation_nodes(cfg) if not args.node_only else 0
     if nodes > 1:
         command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
-        code = launch.run_srun(cfg, command + ["--config-json", args.config_json], nodes=nodes, kill_on_bad_exit=False)
+        command += ["--config-json", args.config_json]
+        if args.kernel_cache:
+            command += ["--kernel-cache", str(args.kernel_cache)]
+        code = launch.run_srun(cfg, command, nodes=nodes, kill_on_bad_exit=False)
         print(
             f"[preflight] {'all' if code == 0 else 'NOT all'} of the allocation's {nodes} nodes passed"
             + ("" if code == 0 else f" (srun exited {code}): the FAIL lines above name the nodes and the fixes"),
@@ -124,7 +134,7 @@ def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
         return 0 if code == 0 else 1
     where = launch.from_environment(cfg, check_nodes=False)
     print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
-    checks, line = check_this_node(cfg, where)
+    checks, line = check_this_node(cfg, where, args.kernel_cache)
     print(line, flush=True)
     return 0 if all(c.ok for c in checks) else 1
 
@@ -133,7 +143,7 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     """Per-node preflight, then torchrun for this machine's processes."""
     where = launch.from_environment(cfg)
     print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
-    checks, line = check_this_node(cfg, where)
+    checks, line = check_this_node(cfg, where, args.kernel_cache)
     print(line, file=sys.stderr, flush=True)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
     if failed:
