@@ -47,6 +47,7 @@ def node_args(tmp_path: Path, cfg: config.Config) -> argparse.Namespace:
         metrics=tmp_path / "metrics.jsonl",
         evalkit=None,
         judge_model=tmp_path / "judge",
+        kernel_cache=None,
     )
 
 
