@@ -251,3 +251,22 @@ def test_geometry_and_decode(model):
         model.geometry(10, HEIGHT, WIDTH)
     with pytest.raises(ConfigError, match="multiples of 16"):
         model.geometry(FRAMES, 40, WIDTH)
+
+
+def test_bf16_compute_hands_one_bf16_timestep_per_sample_and_36_channels(tiny_i2v):
+    """Under bf16 compute the reference casts the scalar timestep to bf16: t = 937.5 reaches the expert as 936."""
+    bf16 = WanI2VA14B(tiny_i2v, CPU, compute_dtype="bfloat16", max_text_tokens=32)
+    seen = []
+    handle = bf16.transformer.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append((kwargs["hidden_states"], kwargs["timestep"])), with_kwargs=True
+    )
+    try:
+        condition = bf16.encode_first_frames(images(2), FRAMES)
+        x = torch.cat([noise(bf16, 4), noise(bf16, 5)]).to(bf16.trajectory_dtype)
+        v = bf16.velocity(bf16.experts, x, 0.9375, bf16.encode_prompts(["a", "b"]), condition=condition)
+    finally:
+        handle.remove()
+    ((hidden, timestep),) = seen
+    assert hidden.shape == (2, 36, 3, 4, 6) and hidden.dtype == torch.bfloat16
+    assert timestep.dtype == torch.bfloat16 and timestep.tolist() == [936.0, 936.0]
+    assert v.dtype == torch.float32 and v.shape == x.shape
