@@ -79,6 +79,12 @@ def test_outputs_and_every_gradient_match_the_unsharded_model(reports):
         assert r["grad_norm"] <= 1e-6 * r["ref_grad_norm"], r
 
 
+def test_clipping_scales_every_shard_to_the_global_norm(reports):
+    for r in reports:
+        assert abs(r["clip_returned"] - 1) <= 1e-6, r  # the pre-clip norm, as the unsharded one
+        assert abs(r["clip_after"] - 1) <= 1e-5, r
+
+
 def test_one_adamw_step_matches_the_unsharded_step(reports):
     for r in reports:
         assert r["step_moved"] > 5e-4  # the step moved the weights (lr 1e-3)
@@ -108,13 +114,30 @@ def test_the_sharded_norm_stays_out_of_compiled_graphs(monkeypatch):
     import torch.distributed.nn.functional as dist_functional
 
     monkeypatch.setattr(dist_functional, "all_reduce", lambda x, group=None: x)  # a world of one
+    norm = tensor_parallel.HeadShardedRMSNorm.__new__(tensor_parallel.HeadShardedRMSNorm)
+    torch.nn.Module.__init__(norm)  # without a mesh: a plain weight, no group
+    norm.full_dim, norm.eps, norm.group, norm.weight = 8, 1e-6, None, torch.nn.Parameter(torch.ones(8))
 
-    def forward(x, w):
-        return tensor_parallel.sharded_rms_norm(x * 2, w, 8, 1e-6, None) + 1
+    def forward(x):
+        return norm(x * 2) + 1
 
-    explained = torch._dynamo.explain(forward)(torch.randn(2, 8), torch.ones(8))
+    explained = torch._dynamo.explain(forward)(torch.randn(2, 8))
     assert explained.graph_break_count == 1
     assert "torch.compiler.disable" in str(explained.break_reasons[0].reason)
+
+
+def test_checkpointed_and_compiled_tp_blocks_match_the_unsharded_model(tp2):
+    for r in tp2:
+        for variant in ("checkpointing", "compiled"):
+            assert r[f"{variant}_out"] <= TOL, r
+            assert r[f"{variant}_grad"] <= TOL, r
+
+
+def test_tp_x_fsdp_runs_in_bfloat16_near_the_float32_output(tp2_fsdp2):
+    for r in tp2_fsdp2:
+        assert r["bf16_dtype"] == "torch.bfloat16"
+        assert r["bf16_relative_out"] <= 0.05, r
+        assert r["bf16_grads_finite"] is True
 
 
 def tiny_model(**config):

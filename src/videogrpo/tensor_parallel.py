@@ -158,7 +158,10 @@ class HeadShardedRMSNorm(torch.nn.Module):
         self.group = tp_mesh.get_group()
         self.weight = torch.nn.Parameter(distribute_tensor(norm.weight.detach(), tp_mesh, [Shard(0)]))
 
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Disabled as a whole, not only sharded_rms_norm: dynamo traced `to_local` and then handed the disabled
+        # function the DTensor itself (torch 2.13, blocks compiled: "mixed torch.Tensor and DTensor").
         weight = self.weight.to_local() if hasattr(self.weight, "to_local") else self.weight
         return sharded_rms_norm(x, weight, self.full_dim, self.eps, self.group)
 
