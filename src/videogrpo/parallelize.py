@@ -64,10 +64,17 @@ def apply_data_parallel(model: torch.nn.Module, cfg: Config, world: int, device:
     mode = cfg.parallel.data_parallel
     if mode == "replicate" or (world == 1 and not dist.is_initialized()):
         return model
+    mesh = device_mesh(cfg, world, device.type)
+    return fully_shard_model(model, mesh, DTYPES[cfg.parallel.param_dtype], DTYPES[cfg.parallel.reduce_dtype])
+
+
+def fully_shard_model(
+    model: torch.nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype
+) -> torch.nn.Module:
+    """FSDP2 over `mesh`: every block, then the root (also TP x FSDP's second step, over its "dp" sub-mesh)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = device_mesh(cfg, world, device.type)
-    dtypes = dict(param_dtype=DTYPES[cfg.parallel.param_dtype], reduce_dtype=DTYPES[cfg.parallel.reduce_dtype])
+    dtypes = dict(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(**dtypes))
     # The root takes its inputs as the caller made them: the caller (WanTI2V.velocity) already hands over
