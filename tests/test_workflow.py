@@ -153,6 +153,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     jobs = jobs_run(text)
     assert jobs == {
         "fetch_eval_model": 2,
+        "fetch_kernel": 1,  # generate_cell loads the recipe's FlashAttention-3 kernel offline
         "eval_set": 1,
         "fingerprint_evalkit": 1,
         "check_scorer_runtime": 1,
@@ -470,6 +471,7 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     jobs = jobs_run(out.stdout + out.stderr)
     # The recipes' matrix is off until a layer names its models and evaluation set (config/matrix/).
     expected = set(RULES) - {"synthesize_eval_set", "eval_set", "generate_cell", "score_cell", "matrix"} | {"all"}
+    expected |= {"fetch_kernel"}  # every recipe sets a Hub attention backend (_flash_3_hub) today
     if recipe == "rl_5b_vlm":  # the judge model trains; the EvalKit scores the evaluation (REFERENCE section 10)
         expected = expected | {"fetch_judge"}
         training = run(["snakemake", "-n", "train", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
