@@ -1,6 +1,5 @@
 # videogrpo: a video diffusion model from pinned downloads through GRPO to an evaluated checkpoint,
 # with a manifest of digests for every artifact. Stages live in workflow/rules/, logic in src/videogrpo.
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -20,11 +19,6 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/checks.smk"
-
-
-onstart:
-    if UNSUPPORTED:
-        raise WorkflowError("not implemented by this trainer: " + "; ".join(UNSUPPORTED))
 
 
 # Every stage's manifest, not only the report: Snakemake takes a missing intermediate file of a complete

@@ -23,7 +23,7 @@ def test_round_trip_restores_weights_optimizer_rng_and_state(tmp_path):
     expected_draw = torch.rand(3)
     other, other_opt = model_and_optimizer(1)
     state = checkpoint.load(path, other, other_opt, rank=0)
-    assert state == {"step": 3}
+    assert state == {"step": 3, "parts": ["transformer"]}
     for a, b in zip(model.parameters(), other.parameters()):
         assert torch.equal(a, b)
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], other_opt.state_dict()["state"][0]["exp_avg"])
@@ -103,3 +103,30 @@ def test_topologies_compare_every_key_either_side_records():
     assert checkpoint.topology_problems(None, topology) == [
         "the checkpoint records no topology (written by an older trainer)"
     ]
+
+
+def test_two_experts_are_one_checkpoint_and_refused_by_another_model(tmp_path):
+    """Both experts and both optimizers in one DCP save (one marker: complete only with both); loading it into
+    one transformer, or one transformer's into two experts, names both sides."""
+    high, high_opt = model_and_optimizer(0)
+    low, low_opt = model_and_optimizer(1)
+    path = checkpoint.save(tmp_path, 2, {"high": (high, high_opt), "low": (low, low_opt)}, None, {"step": 2}, 0, 2)
+    parts = {name: model_and_optimizer(seed) for name, seed in (("high", 2), ("low", 3))}
+    state = checkpoint.load(path, parts, None, rank=0)
+    assert state["parts"] == ["high", "low"]
+    for name, (model, optimizer) in (("high", (high, high_opt)), ("low", (low, low_opt))):
+        restored, restored_opt = parts[name]
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), restored.parameters()))
+        assert torch.equal(
+            optimizer.state_dict()["state"][0]["exp_avg"], restored_opt.state_dict()["state"][0]["exp_avg"]
+        )
+    one, one_opt = model_and_optimizer(4)
+    with pytest.raises(
+        VideoGRPOError, match=r"holds the trainable parts \['high', 'low'\], this run trains \['transformer'\]"
+    ):
+        checkpoint.load(path, one, one_opt, rank=0)
+    single = checkpoint.save(tmp_path / "one", 1, one, one_opt, {"step": 1}, 0, 1)
+    with pytest.raises(
+        VideoGRPOError, match=r"holds the trainable parts \['transformer'\], this run trains \['high', 'low'\]"
+    ):
+        checkpoint.load(single, parts, None, rank=0)

@@ -233,9 +233,15 @@ def test_inconsistent_topologies_are_rejected(world, prompts, group, message):
         assignment.shared_prompt_work(0, world, prompts, group)
 
 
-def test_replica_assignment_gives_whole_groups():
-    work = assignment.replica_work(rank=5, tensor_parallel=2, batch_size=4, group_size=16)
-    assert work.prompt_slots == (8, 9, 10, 11) and work.group_indices == tuple(range(16))
+def test_replica_assignment_gives_whole_groups_strided_over_replicas():
+    """The A14B recipe: 8 ranks, TP 2, 4 replicas of 4 prompts, 16 per step: rank 5 is replica 2 (TP pair {4, 5})
+    and takes positions 2, 6, 10, 14 with every group member; each position goes to exactly one replica."""
+    work = assignment.replica_work(rank=5, world=8, tensor_parallel=2, batch_size=4, group_size=16)
+    assert work.prompt_slots == (2, 6, 10, 14) and work.group_indices == tuple(range(16))
+    peer = assignment.replica_work(rank=4, world=8, tensor_parallel=2, batch_size=4, group_size=16)
+    assert peer == work
+    slots = [s for r in range(0, 8, 2) for s in assignment.replica_work(r, 8, 2, 4, 16).prompt_slots]
+    assert sorted(slots) == list(range(16))
 
 
 # ---- the flow shift of the schedule: the model's (REFERENCE section 11), one function for every user ----

@@ -152,7 +152,7 @@ def instrument(trainer) -> list[dict]:
     parts = {"text_encoder": model.text_encoder, "vae.encoder": model.vae.encoder, "vae.decoder": model.vae.decoder}
     for name, part in parts.items():
         part.register_forward_pre_hook(recorder(name, part))
-    trainer.transformer.register_forward_pre_hook(recorder("transformer", trainer.transformer))
+    trainer.experts.policy.register_forward_pre_hook(recorder("transformer", trainer.experts.policy))
     for name, module in (("text_encoder", model.text_encoder), ("vae", model.vae)):
         real = module.to
 
@@ -305,7 +305,7 @@ def test_bf16_frozen_dtype_loads_and_runs_the_text_encoder_and_vae_in_bf16(tiny_
     model = trainer.model
     assert {p.dtype for p in model.text_encoder.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in model.vae.parameters()} == {torch.bfloat16}
-    assert {p.dtype for p in trainer.transformer.parameters()} == {torch.float32}  # master weights untouched
+    assert {p.dtype for p in trainer.experts.policy.parameters()} == {torch.float32}  # master weights untouched
     records = instrument(trainer)
     trainer.run()
     check_against_the_reference_plan(records, trainer.placement)
@@ -378,6 +378,6 @@ def test_no_reference_model_is_built_at_kl_weight_zero(tiny_model, dataset, tmp_
     for kl in (0.0, 0.5):
         trainer = trainer_in_process(options(grpo={"kl_coeff": kl}), tmp_path / str(kl), tiny_model, dataset)
         trainer.scorer.close()
-        built[kl] = trainer.reference
+        built[kl] = trainer.experts.reference
     assert built[0.0] is None
     assert isinstance(built[0.5], torch.nn.Module) and not any(p.requires_grad for p in built[0.5].parameters())

@@ -43,9 +43,9 @@ def strip_times(rows: list[dict]) -> list[dict]:
 
 def test_gradient_checkpointing_recomputes_exactly(baseline, tiny_model, dataset, tmp_path):
     trainer = trainer_in_process(options(train={"gradient_checkpointing": True}), tmp_path, tiny_model, dataset)
-    checkpointed = trainer.transformer._gradient_checkpointing_func
+    checkpointed = trainer.experts.policy._gradient_checkpointing_func
     calls = []
-    trainer.transformer._gradient_checkpointing_func = lambda *a, **k: calls.append(1) or checkpointed(*a, **k)
+    trainer.experts.policy._gradient_checkpointing_func = lambda *a, **k: calls.append(1) or checkpointed(*a, **k)
     trainer.run()
     assert calls  # the blocks really ran under activation checkpointing
     out = tmp_path
@@ -137,12 +137,12 @@ def test_resume_from_weights_only_restarts_optimizer_schedule_and_data(baseline,
         trainer.scorer.close()
         starts[reset], trainers[reset] = trainer._resume(), trainer
     assert starts == {True: 0, False: 1}  # weights only: from the first batch again
-    assert not trainers[True].optimizer.state and trainers[False].optimizer.state
-    fresh, loaded = trainers[True].transformer.state_dict(), trainers[False].transformer.state_dict()
+    assert not trainers[True].experts.experts[0].optimizer.state and trainers[False].experts.experts[0].optimizer.state
+    fresh, loaded = trainers[True].experts.policy.state_dict(), trainers[False].experts.policy.state_dict()
     assert all(torch.equal(fresh[k], loaded[k]) for k in fresh)  # the same weights either way
     initial = trainer_in_process(options(), tmp_path / "initial", tiny_model, dataset)
     initial.scorer.close()
-    assert not all(torch.equal(fresh[k], v) for k, v in initial.transformer.state_dict().items())
+    assert not all(torch.equal(fresh[k], v) for k, v in initial.experts.policy.state_dict().items())
 
 
 INPUTS = {"model": "a" * 64, "dataset": "d" * 64, "training_ids": "e" * 64}

@@ -1,6 +1,7 @@
 """Training checkpoints with torch.distributed.checkpoint: complete only when the marker exists.
 
-Layout: <root>/step-00000012/{dcp/, rng/rank-00000.pt, state.json, COMPLETE}. The marker is written
+Layout: <root>/step-00000012/{dcp/, rng/rank-00000.pt, state.json, COMPLETE}; the DCP holds each trainable
+part's weights and optimizer state (TI2V's one transformer, or both A14B experts in one save). The marker is written
 last and atomically by rank 0 after every rank has finished, so a crash at any point leaves either a
 complete checkpoint or one that resume ignores. Checkpoints live outside Snakemake's declared
 outputs, which Snakemake deletes before a rerun.
@@ -177,25 +178,61 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _all_finite(model: torch.nn.Module) -> bool:
-    finite = all(torch.isfinite(p.detach()).all().item() for p in model.parameters())
+Parts = dict[str, tuple[torch.nn.Module, "torch.optim.Optimizer | None"]]
+"""What a checkpoint holds: per trainable transformer (one for TI2V, `high` / `low` for I2V-A14B), the module and
+its optimizer (None: weights only)."""
+
+
+def _parts(model, optimizer) -> Parts:
+    return model if isinstance(model, dict) else {"transformer": (model, optimizer)}
+
+
+def _all_finite(parts: Parts) -> bool:
+    finite = all(torch.isfinite(p.detach()).all().item() for m, _ in parts.values() for p in m.parameters())
     return all(distributed.all_gather_objects(finite))
+
+
+def _dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
+    """The DCP state dict: {"model", "optim"} for one transformer (this layout predates experts), one such pair per
+    expert name otherwise, so a two-expert checkpoint is one DCP save, complete only when both experts are."""
+    from torch.distributed.checkpoint import state_dict as sd
+
+    state = {}
+    for name, (model, optimizer) in parts.items():
+        if with_optim and optimizer is not None:
+            model_sd, optim_sd = sd.get_state_dict(model, optimizer)
+            state[name] = {"model": model_sd, "optim": optim_sd}
+        else:
+            state[name] = {"model": sd.get_model_state_dict(model)}
+    return state["transformer"] if list(state) == ["transformer"] else state
+
+
+def _set_state(parts: Parts, loaded: dict[str, Any], with_optim: bool) -> None:
+    from torch.distributed.checkpoint import state_dict as sd
+
+    for name, (model, optimizer) in parts.items():
+        part = loaded if list(parts) == ["transformer"] else loaded[name]
+        if with_optim and optimizer is not None:
+            sd.set_state_dict(model, optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"])
+        else:
+            sd.set_model_state_dict(model, part["model"])
 
 
 def save(
     root: Path,
     step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | Parts,
+    optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     rank: int,
     keep: int,
 ) -> Path:
-    """Save model, optimizer, per-rank RNG and the JSON `state`; refuse if any weight is not finite."""
+    """Save the model(s), optimizer(s), per-rank RNG and the JSON `state`; refuse if any weight is not finite.
+    `model`: one module (with `optimizer`), or Parts (then `optimizer` is None)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    if not _all_finite(model):
+    parts = _parts(model, optimizer)
+    if not _all_finite(parts):
         raise VideoGRPOError(
             f"step {step}: the model has non-finite weights; refusing to write a checkpoint "
             f"under {root} (lower train.lr or check the rewards)"
@@ -206,13 +243,12 @@ def save(
             shutil.rmtree(target)
         (target / "rng").mkdir(parents=True)
     distributed.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(target / "dcp"))
+    dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
     with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
         torch.save(rng_state(), tmp)
     distributed.barrier()
     if rank == 0:
-        atomic.write_json(target / "state.json", state)
+        atomic.write_json(target / "state.json", dict(state, parts=sorted(parts)))
         atomic.write_text(target / MARKER, f"step {step}\n")
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -221,23 +257,30 @@ def save(
 
 
 def load(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, rank: int, restore_rng: bool = True
+    path: Path,
+    model: torch.nn.Module | Parts,
+    optimizer: torch.optim.Optimizer | None,
+    rank: int,
+    restore_rng: bool = True,
 ) -> dict[str, Any]:
-    """Restore a complete checkpoint into model (and optimizer); returns its JSON state."""
+    """Restore a complete checkpoint into the model(s) (and optimizers); returns its JSON state. A checkpoint
+    of other parts (one transformer vs two experts, or other experts) is refused, naming both."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import state_dict as sd
 
     if not (path / MARKER).is_file():
         raise VideoGRPOError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
-    if optimizer is None:  # weights only (a checkpoint also holding optimizer state loads partially)
-        loaded = {"model": sd.get_model_state_dict(model)}
-        dcp.load(loaded, checkpoint_id=str(path / "dcp"))
-        sd.set_model_state_dict(model, loaded["model"])
-    else:
-        model_state, optim_state = sd.get_state_dict(model, optimizer)
-        loaded = {"model": model_state, "optim": optim_state}
-        dcp.load(loaded, checkpoint_id=str(path / "dcp"))
-        sd.set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    parts = _parts(model, optimizer)
+    saved = read_state(path).get("parts", ["transformer"])
+    if sorted(parts) != saved:
+        raise VideoGRPOError(
+            f"{path}: holds the trainable parts {saved}, this run trains {sorted(parts)} (model.kind or "
+            "train.experts differ); resume a checkpoint of this run's model, or start from its weights"
+        )
+    with_optim = any(opt is not None for _, opt in parts.values())
+    # Weights only: a checkpoint also holding optimizer state loads partially.
+    loaded = _dcp_state(parts, with_optim)
+    dcp.load(loaded, checkpoint_id=str(path / "dcp"))
+    _set_state(parts, loaded, with_optim)
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from videogrpo import node_preflight
-from videogrpo.config import Config, problems, unsupported
+from videogrpo.config import Config, problems
 from videogrpo.node_preflight import Check
 from videogrpo.provenance import digest
 
@@ -37,17 +37,6 @@ BACKEND_PACKAGES = {
 def check_config(cfg: Config) -> Check:
     found = problems(cfg)
     return Check("config", not found, "all fields and cross-field rules hold" if not found else "; ".join(found))
-
-
-def check_trainer_support(cfg: Config) -> Check:
-    missing = unsupported(cfg)
-    return Check(
-        "trainer_support",
-        not missing,
-        "the trainer implements every selected feature"
-        if not missing
-        else "not implemented yet: " + "; ".join(missing),
-    )
 
 
 def check_model_dir(model_dir: Path, manifest: Path) -> Check:

@@ -203,11 +203,13 @@ def parallelize_model(
     data_parallel: str,
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
+    mesh=None,
 ):
-    """TP over "tp", then (data_parallel fsdp) FSDP2 over "dp": the one fixed order. Returns (model, mesh)."""
+    """TP over "tp", then (data_parallel fsdp) FSDP2 over "dp": the one fixed order. Returns (model, mesh).
+    `mesh`: one made before (both experts of a run share one), else a new one."""
     from videogrpo.parallelize import fully_shard_model
 
-    mesh = device_mesh(dims, device_type, backend)
+    mesh = mesh if mesh is not None else device_mesh(dims, device_type, backend)
     apply_tensor_parallel(model, mesh["tp"])
     if data_parallel == "fsdp":
         fully_shard_model(model, mesh["dp"], param_dtype, reduce_dtype)

@@ -58,15 +58,6 @@ JUDGE = f"{RESULTS}/models/{layout.judge_key(CFG)}"
 HUB_KERNEL = vg.uses_hub_kernel(CFG)
 KERNEL = f"{RESULTS}/kernels/{layout.kernel_key(CFG)}"
 KERNEL_CACHE = f"{KERNEL}/cache"
-# Features the trainer does not implement yet: a dry run says so, a real run is refused (onstart, in the
-# Snakefile) before any download or allocation; the DAG stays inspectable.
-UNSUPPORTED = vg.unsupported(CFG)
-if UNSUPPORTED:
-    print(
-        "warning: this configuration cannot be trained by this version (" + "; ".join(UNSUPPORTED) + "): "
-        "a run is refused before it starts; dry runs and DAG inspection still work",
-        file=sys.stderr,
-    )
 
 # The evaluation matrix: cells keyed by model and sampler under a directory of the evaluation set and the
 # generation settings, so base and hub-model cells are shared by runs and other settings never overwrite.

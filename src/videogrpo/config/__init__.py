@@ -18,7 +18,6 @@ from videogrpo.config.checks import (
     revision_problem,
     runtime_contract,
     topology_problems,
-    unsupported,
     uses_hub_kernel,
     validate,
 )
@@ -109,7 +108,6 @@ __all__ = [
     "to_dict",
     "topology_problems",
     "uses_hub_kernel",
-    "unsupported",
     "training_contract",
     "validate",
 ]

@@ -339,16 +339,6 @@ def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
     return found
 
 
-def unsupported(cfg: Config) -> list[str]:
-    """Selected features the trainer does not implement yet: a run is refused before anything runs."""
-    found = []
-    if cfg.parallel.tensor_parallel != 1:
-        found.append(f"parallel.tensor_parallel = {cfg.parallel.tensor_parallel} (implemented: 1)")
-    if cfg.model.kind != "ti2v":
-        found.append(f"model.kind = {cfg.model.kind!r} (implemented: 'ti2v')")
-    return found
-
-
 def topology_problems(cfg: Config) -> list[str]:
     """World size vs prompts vs group size (REFERENCE section 4, shared-prompt mode)."""
     p, g = cfg.grpo, cfg.parallel
@@ -382,9 +372,18 @@ def topology_problems(cfg: Config) -> list[str]:
     else:
         replicas = world // g.tensor_parallel
         if p.prompts_per_step != cfg.train.batch_size * replicas:
+            # Prompts are dealt per data replica: more nodes grow the global batch unless batch_size shrinks.
+            fix = (
+                f"; to keep {p.prompts_per_step} prompts per step set train.batch_size: "
+                f"{p.prompts_per_step // replicas}"
+                if p.prompts_per_step % replicas == 0
+                else f"; or set grpo.prompts_per_step: {cfg.train.batch_size * replicas}"
+            )
             found.append(
                 f"grpo.prompts_per_step = {p.prompts_per_step}: must equal train.batch_size {cfg.train.batch_size} "
-                f"x {replicas} data replicas (world size {world} / tensor_parallel {g.tensor_parallel})"
+                f"x {replicas} data replicas (world size {world} = nodes {g.nodes} x procs_per_node "
+                f"{g.procs_per_node}, / tensor_parallel {g.tensor_parallel}) = {cfg.train.batch_size * replicas}"
+                + fix
             )
     return found
 

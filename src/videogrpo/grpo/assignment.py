@@ -27,8 +27,11 @@ def shared_prompt_work(rank: int, world: int, prompts_per_wave: int, group_size:
     return RankWork((rank % prompts_per_wave,), tuple(range(member, group_size, ranks_per_prompt)))
 
 
-def replica_work(rank: int, tensor_parallel: int, batch_size: int, group_size: int) -> RankWork:
-    """Outside shared-prompt mode a data replica rolls out whole groups of its own batch_size prompts."""
+def replica_work(rank: int, world: int, tensor_parallel: int, batch_size: int, group_size: int) -> RankWork:
+    """Outside shared-prompt mode a data replica rolls out whole groups of its batch_size prompts, strided as
+    the reference's distributed sampler deals them (REFERENCE section 11): replica r of R takes the batch's
+    positions r, r + R, r + 2R, ...; both ranks of a TP pair (rank // tensor_parallel) take the same ones."""
+    replicas = world // tensor_parallel
     replica = rank // tensor_parallel
-    slots = tuple(range(replica * batch_size, (replica + 1) * batch_size))
+    slots = tuple(range(replica, replicas * batch_size, replicas))
     return RankWork(slots, tuple(range(group_size)))

@@ -212,7 +212,7 @@ def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
     Wall-clock fields carry the `time_` prefix, which every comparison of metrics leaves out.
     """
     cfg, model = trainer.cfg, trainer.model
-    config = model.transformer.config
+    config = next(iter(model.trainable.values())).config  # A14B's experts have one architecture
     tokens = video_tokens(trainer.shape, tuple(config.patch_size))
     step = step_flops(
         forward_flops(config, tokens, model.max_text_tokens),
@@ -222,7 +222,7 @@ def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
         len(trainer.sigmas) - 1,
         rolled_out,
         cfg.grpo.guidance_scale > 1.0,
-        trainer.reference is not None,
+        trainer.experts.reference is not None,
         cfg.train.gradient_checkpointing,
     )
     seconds = metrics["time_step_s"]

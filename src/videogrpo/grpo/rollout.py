@@ -29,11 +29,21 @@ def seeded_uniform(lo: float, hi: float, *key: int) -> float:
     return float(np.random.default_rng(counter_seed(*key)).uniform(lo, hi))
 
 
-def frame_mask(latent_frames: int, device: torch.device) -> torch.Tensor:
-    """1 for generated latent frames, 0 for frame 0 (the clean image condition of TI2V)."""
+def frame_mask(latent_frames: int, device: torch.device, pinned: bool = True) -> torch.Tensor:
+    """1 for generated latent frames, 0 for frame 0 where it is pinned to the clean image condition (TI2V);
+    all ones where nothing is pinned (I2V-A14B: frame 0 is denoised and counts in log-prob and KL)."""
     mask = torch.ones(latent_frames, device=device)
-    mask[0] = 0
+    if pinned:
+        mask[0] = 0
     return mask
+
+
+def velocity(model, transformer, x, sigma: float, embeds, guidance_scale: float, condition):
+    """The model's velocity: TI2V is conditioned through its pinned frame 0, I2V through its 36-channel input
+    (`condition`, and `transformer` the experts by name)."""
+    if model.pins_first_frame:
+        return model.velocity(transformer, x, sigma, embeds, guidance_scale)
+    return model.velocity(transformer, x, sigma, embeds, guidance_scale, condition=condition)
 
 
 @dataclass
@@ -59,22 +69,26 @@ def rollout(
     step_noise,
     guidance_scale: float = 1.0,
 ) -> Trajectory:
-    """Denoise init_noise [N, C, F, h, w] conditioned on latent frame 0 = condition [N, C, 1, h, w].
+    """Denoise init_noise [N, C, F, h, w]: TI2V's conditioned on latent frame 0 = condition [N, C, 1, h, w]
+    (pinned), I2V's on its condition [N, 4 + C, F, h, w] (mask and first-frame latent; nothing pinned).
 
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
     model's trajectory dtype, as replay will see them.
     """
-    mask = frame_mask(init_noise.shape[2], init_noise.device)
+    pinned = model.pins_first_frame
+    mask = frame_mask(init_noise.shape[2], init_noise.device, pinned)
     dtype = model.trajectory_dtype
-    condition = condition.to(dtype)
     x = init_noise.to(dtype).clone()
-    x[:, :, :1] = condition
+    if pinned:
+        condition = condition.to(dtype)
+        x[:, :, :1] = condition
     states, log_probs = [x], []
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-        v = model.velocity(transformer, x, sigma, embeds, guidance_scale)
+        v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
         x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
-        x[:, :, :1] = condition
+        if pinned:
+            x[:, :, :1] = condition
         states.append(x)
         log_probs.append(logp)
     return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas)
@@ -101,13 +115,15 @@ def replay_log_prob(
     sampler: str,
     embeds: torch.Tensor,
     guidance_scale: float = 1.0,
+    condition: torch.Tensor | None = None,
 ) -> Replayed:
-    """Recompute log p of the recorded transition `index` under `transformer`."""
+    """Recompute log p of the recorded transition `index` under `transformer` (I2V: with its `condition`, routed
+    by the same stored sigma as in the rollout)."""
     x = trajectory.latents[:, index]
     x_next = trajectory.latents[:, index + 1]
     sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
-    mask = frame_mask(x.shape[2], x.device)
-    v = model.velocity(transformer, x, sigma, embeds, guidance_scale)
+    mask = frame_mask(x.shape[2], x.device, model.pins_first_frame)
+    v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
     mean, std = samplers.transition(sampler, x, v, sigma, sigma_next, trajectory.etas)
     return Replayed(samplers.log_prob(sampler, x_next, mean, std, mask), mean, std)
 

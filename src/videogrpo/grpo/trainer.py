@@ -16,7 +16,6 @@ trajectories live between phases, and how a wave is cut into rollout chunks, is 
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -25,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from videogrpo import atomic, checkpoint, distributed, parallelize
-from videogrpo.config import Config, to_dict, unsupported
+from videogrpo import atomic, checkpoint, distributed
+from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, flops, offload, replay
 from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.rollout import (
@@ -46,7 +46,8 @@ from videogrpo.grpo.rollout import (
 from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
-from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift
+from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
+from videogrpo.models.wan import WanTI2V, flow_shift
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
@@ -74,6 +75,9 @@ class Chunk:
     samples: list[SampleRef]
     trajectory: Trajectory
     embeds: torch.Tensor
+    condition: torch.Tensor | None = None
+    """The I2V condition (mask and first-frame latent) replay feeds again; None for TI2V (its frame 0 is pinned in
+    the recorded latents)."""
     futures: list = field(default_factory=list)
     advantages: torch.Tensor | None = None
 
@@ -96,7 +100,7 @@ def waves(cfg: Config, rank: int, world: int) -> list[list[tuple[int, int]]]:
             [(w * size + slot, g) for slot in work.prompt_slots for g in work.group_indices]
             for w in range(p.prompts_per_step // size)
         ]
-    work = assignment.replica_work(rank, cfg.parallel.tensor_parallel, cfg.train.batch_size, p.group_size)
+    work = assignment.replica_work(rank, world, cfg.parallel.tensor_parallel, cfg.train.batch_size, p.group_size)
     return [[(slot, g) for slot in work.prompt_slots for g in work.group_indices]]
 
 
@@ -155,33 +159,28 @@ class Trainer:
     serves a trainer assembled without __init__ (the manual ref_diff harness)."""
 
     def __init__(self, cfg: Config, paths: TrainPaths, ctx: distributed.Context, run_id: str):
-        if missing := unsupported(cfg):
-            raise ConfigError("not implemented by this trainer: " + "; ".join(missing))
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
-        torch.manual_seed(cfg.train.seed + ctx.rank)
+        # Seeded per data replica: TP peers must draw alike (every draw of the run is counter-keyed; this one's
+        # stream is for anything that is not).
+        torch.manual_seed(cfg.train.seed + ctx.rank // cfg.parallel.tensor_parallel)
         offloading = cfg.train.offload_inference_models
-        self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, offload.HOST if offloading else None)
+        frozen_device = offload.HOST if offloading else None
+        if cfg.model.kind == "i2v_a14b":
+            self.model = WanI2VA14B.from_config(paths.model, ctx.device, cfg, frozen_device, cfg.train.experts)
+        else:
+            self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, frozen_device)
+        routed = not self.model.pins_first_frame
+        self.experts = Experts.build(self.model.trainable, routed, cfg, ctx.world_size, ctx.device)
+        self.layout = self.experts.layout()
+        self.scores = self.experts.tp_rank(ctx.rank) == 0
+        """Whether this rank decodes and scores its rollouts: under TP only tp_rank 0 of each pair does."""
         self.placement = offload.Placement(
             ctx.device,
             offloading,
             {"text_encoder": self.model.text_encoder, "vae": self.model.vae},
             {"text_encoder": [self.model.text_encoder], "vae": [self.model.vae.encoder, self.model.vae.decoder]},
+            decodes=self.scores,
         )
-        transformer = self.model.transformer
-        if cfg.train.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self.reference = None
-        # No reference model at KL weight 0 (all released recipes); frozen, its weights may be in the compute dtype.
-        if cfg.grpo.kl_coeff > 0:
-            self.reference = copy.deepcopy(transformer).to(DTYPES[cfg.parallel.param_dtype]).eval()
-            self.reference.requires_grad_(False)
-        if cfg.parallel.compile:
-            parallelize.compile_blocks(transformer)
-        self.transformer = parallelize.apply_data_parallel(transformer, cfg, ctx.world_size, ctx.device)
-        self.transformer.train()
-        self.layout = parallelize.describe_layout(self.transformer)
-        self.params = [p for p in self.transformer.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.order = training_order(load_split(paths.dataset, "rl"), cfg.data.shuffle_seed)
         self.actions = run_plan(cfg, len(self.order))
         self.total = replay.total_updates(self.actions)
@@ -208,7 +207,11 @@ class Trainer:
         samples = [prompts[j] for j, _ in rows]
         self.placement.enter("encode")
         embeds, condition = self.model.encode_conditions(
-            [s.prompt for s in samples], [s.first_frame for s in samples], cfg.video.height, cfg.video.width
+            [s.prompt for s in samples],
+            [s.first_frame for s in samples],
+            cfg.video.height,
+            cfg.video.width,
+            cfg.video.num_frames,
         )
         self.placement.enter("rollout")
         positions = offload.rollout_chunks(rows, cfg.grpo.sample_batch_size)
@@ -219,8 +222,15 @@ class Trainer:
             )
         trajectory = offload.assemble(parts, positions)
         chunk = Chunk(
-            [j for j, _ in rows], [g for _, g in rows], samples, trajectory, self.placement.park_tensor(embeds)
+            [j for j, _ in rows],
+            [g for _, g in rows],
+            samples,
+            trajectory,
+            self.placement.park_tensor(embeds),
+            None if self.model.pins_first_frame else self.placement.park_tensor(condition),
         )
+        if not self.scores:  # a TP peer: its tp_rank 0 decodes and scores the same rollouts
+            return chunk
         self.placement.enter("decode")
         videos = offload.decode_in_batches(self.model.decode, trajectory.latents[:, -1], cfg.grpo.decode_batch_size)
         chunk.futures = [
@@ -250,7 +260,7 @@ class Trainer:
         with torch.no_grad():
             return rollout(
                 self.model,
-                self.transformer,
+                self.experts.policy,
                 embeds,
                 condition,
                 init,
@@ -308,9 +318,11 @@ class Trainer:
         timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
         # Each rollout's loss counts once per trained timestep in a global mean over |T| x G x P terms;
-        # FSDP and the all-reduce average gradients over ranks, hence the world size.
+        # FSDP and the all-reduce average gradients over the data replicas (the ranks, or under TP the TP pairs,
+        # whose peers compute one replica's loss together), hence the replica count.
         normalizer = len(timesteps) * g.group_size * g.prompts_per_step
-        grad_scale = self.ctx.world_size / normalizer
+        grad_scale = self.experts.replicas(self.ctx.world_size) / normalizer
+        policy, reference = self.experts.policy, self.experts.reference
         sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl"), 0.0)
         ratio_abs_max = 0.0
         for index in timesteps:
@@ -319,19 +331,19 @@ class Trainer:
                 rows = len(chunk.prompts)
                 step = self.placement.transition(chunk.trajectory, index)  # transition `index` as its index 0
                 embeds = chunk.embeds.to(self.ctx.device)
+                condition = None if chunk.condition is None else chunk.condition.to(self.ctx.device)
                 new = replay_log_prob(
-                    self.model, self.transformer, step, 0, sigmas, g.sampler, embeds, g.guidance_scale
+                    self.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                 )
                 loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages, clip)
                 kl = torch.zeros((), device=loss.device)
-                if self.reference is not None:
+                if reference is not None:
                     with torch.no_grad():
                         ref = replay_log_prob(
-                            self.model, self.reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale
+                            self.model, reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                         )
-                    kl = kl_divergence(
-                        g.sampler, new.mean, ref.mean, new.std, frame_mask(new.mean.shape[2], new.mean.device)
-                    )
+                    mask = frame_mask(new.mean.shape[2], new.mean.device, self.model.pins_first_frame)
+                    kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, mask)
                 ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
                 for key, value in (
                     ("policy_loss", loss.item()),
@@ -342,15 +354,11 @@ class Trainer:
                 ):
                     sums[key] += value * rows
                 ratio_abs_max = max(ratio_abs_max, stats.ratio_abs_max)
-        parallelize.reduce_gradients(self.transformer, self.params)
-        grad_norm = parallelize.clip_grad_norm(self.params, cfg.train.max_grad_norm)
         lr = learning_rate(action.update - 1, cfg.train.warmup_steps, self.total, cfg.train.lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.experts.step(lr, cfg.train.max_grad_norm)
         t2 = time.monotonic()
-        reduced = distributed.reduce_floats(list(sums.values()), self.ctx.device)
+        # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
+        reduced = distributed.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
         means = {key: total / normalizer for key, total in zip(sums, reduced)}
         [ratio_abs_max] = distributed.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
         [peak] = distributed.reduce_floats([float(self.memory.peak())], self.ctx.device, op="max")
@@ -392,7 +400,7 @@ class Trainer:
                     f"the run over instead, remove {self.paths.checkpoints}."
                 )
             self._check_plan_position(latest, checkpoint.read_state(latest))
-            state = checkpoint.load(latest, self.transformer, self.optimizer, self.ctx.rank)
+            state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
@@ -401,11 +409,7 @@ class Trainer:
             if not weights_only:
                 self._check_stateful_source(source)
             state = checkpoint.load(
-                source,
-                self.transformer,
-                None if weights_only else self.optimizer,
-                self.ctx.rank,
-                restore_rng=not weights_only,
+                source, self.experts.parts(optimizers=not weights_only), None, self.ctx.rank, not weights_only
             )
             self._log(f"initialised from {source} ({'weights only' if weights_only else 'full state'})")
             if not weights_only:
@@ -446,8 +450,8 @@ class Trainer:
         checkpoint.save(
             self.paths.checkpoints,
             update,
-            self.transformer,
-            self.optimizer,
+            self.experts.parts(),
+            None,
             {
                 "update": update,
                 "next_action": action_index + 1,
@@ -525,15 +529,17 @@ class Trainer:
             self.tracker.close()
 
     def _export(self) -> None:
-        """Write the declared outputs: the final transformer (Diffusers format) and the metrics."""
-        state = parallelize.full_state_dict(self.transformer)
+        """Write the declared outputs: the final transformer(s) (Diffusers format: `transformer`, and for I2V-A14B
+        `transformer_2` for the low-noise expert, each one trained) and the metrics."""
+        states = self.experts.full_state_dicts()
         if self.ctx.is_main:
             from diffusers import WanTransformer3DModel
 
-            plain = WanTransformer3DModel.from_config(self.model.transformer.config)
-            plain.load_state_dict(state)
             with atomic.atomic_directory(self.paths.final) as tmp:
-                plain.save_pretrained(str(tmp / "transformer"))
+                for name, state in states.items():
+                    plain = WanTransformer3DModel.from_config(self.model.trainable[name].config)
+                    plain.load_state_dict(state)
+                    plain.save_pretrained(str(tmp / EXPERT_FOLDERS.get(name, name)))
                 (tmp / "training_state.json").write_text(
                     json.dumps({"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n"
                 )

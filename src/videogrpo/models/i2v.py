@@ -102,6 +102,8 @@ def transformer_2_named(model_dir: Path) -> bool:
 class WanI2VA14B:
     """Frozen tokenizer, text encoder and VAE, and the trainable expert(s) of a Wan2.2 I2V-A14B pipeline."""
 
+    pins_first_frame = False
+    """Nothing is pinned: latent frame 0 is denoised like the others and counts in log-prob and KL."""
     encode_prompts = WanTI2V.encode_prompts
     decode = WanTI2V.decode
     autocast = WanTI2V.autocast
@@ -193,6 +195,11 @@ class WanI2VA14B:
             frozen_device,
             experts,
         )
+
+    @property
+    def trainable(self) -> dict[str, torch.nn.Module]:
+        """The loaded expert(s) by name (`high`, `low`), as training wraps and checkpoints them."""
+        return dict(self.experts)
 
     def expert_for(self, t: float) -> str:
         """The name of the expert serving timestep t (sigma x 1000, see `timestep_of`)."""

@@ -102,6 +102,9 @@ class LatentGeometry:
 class WanTI2V:
     """The frozen parts (tokenizer, text encoder, VAE) and the trainable transformer of a TI2V pipeline."""
 
+    pins_first_frame = True
+    """Latent frame 0 is the clean image latent, re-pinned after every step and out of log-prob and KL."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -167,6 +170,11 @@ class WanTI2V:
             frozen_device,
         )
 
+    @property
+    def trainable(self) -> dict[str, torch.nn.Module]:
+        """The trainable transformer(s) by name, as training wraps and checkpoints them."""
+        return {"transformer": self.transformer}
+
     def geometry(self, num_frames: int, height: int, width: int) -> LatentGeometry:
         return LatentGeometry(
             self.vae.config.z_dim,
@@ -211,9 +219,10 @@ class WanTI2V:
         return (latents.float() - self.latents_mean) / self.latents_std
 
     def encode_conditions(
-        self, prompts: list[str], first_frames: list[Path], height: int, width: int
+        self, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt embeddings, first-frame latents) of a batch: what every rollout is conditioned on."""
+        """(prompt embeddings, first-frame latents) of a batch: what every rollout is conditioned on. (`num_frames`
+        is the I2V model's: TI2V's condition is latent frame 0 whatever the length.)"""
         return self.encode_prompts(prompts), self.encode_first_frames(load_first_frames(first_frames, height, width))
 
     @torch.no_grad()

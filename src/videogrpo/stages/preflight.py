@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     with StageRun("preflight", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         checks = [
             preflight.check_config(cfg),
-            preflight.check_trainer_support(cfg),
             preflight.check_model_dir(args.model, args.model_manifest),
             preflight.check_flow_shift(cfg, args.model),
             preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
