@@ -130,7 +130,7 @@ def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset,
         per = flops.forward_flops(config, tokens, embeds.shape[1], x.shape[0], timestep.ndim == 2)
         calls.append(per.training(True) if torch.is_grad_enabled() else per.total)
 
-    for module in (trainer.model.transformer, trainer.reference):
+    for module in (trainer.model.transformer, trainer.experts.reference):
         module.register_forward_pre_hook(count, with_kwargs=True)
     record = tracking.Tracker.record
 

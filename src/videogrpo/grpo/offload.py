@@ -122,15 +122,16 @@ class Placement:
     def park_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(HOST) if self.offload else tensor
 
-    def transition(self, trajectory: Trajectory, index: int) -> Trajectory:
-        """States `index` and `index + 1` of a (parked) trajectory with their log-prob, on the compute device: all
-        that replaying transition `index` reads (`rollout.replay_log_prob` at index 0)."""
+    def transition(self, trajectory: Trajectory, index: int, rows: list[int]) -> Trajectory:
+        """States `index` and `index + 1` of the trajectory's `rows` (parked or not) with their log-prob, on the
+        compute device: all that replaying transition `index` of one replay chunk reads
+        (`rollout.replay_log_prob` at index 0)."""
         if self.offload:
             self.moves.append((self.phase, "transition", "compute"))
         return Trajectory(
-            trajectory.latents[:, index : index + 2].to(self.compute),
-            trajectory.log_probs[:, index : index + 1].to(self.compute),
-            trajectory.etas.to(self.compute),
+            trajectory.latents[:, index : index + 2][rows].to(self.compute),
+            trajectory.log_probs[:, index : index + 1][rows].to(self.compute),
+            trajectory.etas[rows].to(self.compute),
         )
 
 

@@ -308,6 +308,10 @@ class Trainer:
         errors = sum(error for *_, error in everyone)
         return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors}
 
+    def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
+        """The rows of `chunk` each replay forward takes: the rollout's chunks (REFERENCE section 11)."""
+        return offload.rollout_chunks(list(zip(chunk.prompts, chunk.members)), self.cfg.grpo.sample_batch_size)
+
     def update(self, action: replay.Action, prepared: Prepared) -> dict:
         """One optimizer update replaying `prepared`; returns the update's metrics, reduced over all ranks."""
         cfg, g = self.cfg, self.cfg.grpo
@@ -327,15 +331,16 @@ class Trainer:
         ratio_abs_max = 0.0
         for index in timesteps:
             sigmas = self.sigmas[index : index + 2]
-            for chunk in prepared.chunks:
-                rows = len(chunk.prompts)
-                step = self.placement.transition(chunk.trajectory, index)  # transition `index` as its index 0
-                embeds = chunk.embeds.to(self.ctx.device)
-                condition = None if chunk.condition is None else chunk.condition.to(self.ctx.device)
+            # One backward per rollout chunk (grpo.sample_batch_size members of each prompt), scaled by its rows.
+            for chunk, at in ((c, at) for c in prepared.chunks for at in self._replay_chunks(c)):
+                rows = len(at)
+                step = self.placement.transition(chunk.trajectory, index, at)  # transition `index` as its index 0
+                embeds = chunk.embeds[at].to(self.ctx.device)
+                condition = None if chunk.condition is None else chunk.condition[at].to(self.ctx.device)
                 new = replay_log_prob(
                     self.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                 )
-                loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages, clip)
+                loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip)
                 kl = torch.zeros((), device=loss.device)
                 if reference is not None:
                     with torch.no_grad():
