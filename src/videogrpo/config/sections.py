@@ -255,6 +255,9 @@ class TrainConfig:
     """Stop after this many optimizer updates (null: run all epochs)."""
     batch_size: int = 1
     """Prompts per data replica per step outside shared-prompt mode."""
+    experts: str = "both"
+    """Experts of a two-expert model (model.kind i2v_a14b) trained: `both`, or `high` / `low` (only that expert
+    is loaded and serves every step; train_experts); a one-transformer model (ti2v) takes `both` only."""
     save_steps: int = 100
     """Checkpoint every this many optimizer updates."""
     keep_checkpoints: int = 2
