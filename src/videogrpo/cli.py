@@ -39,7 +39,7 @@ def _config_command(args: argparse.Namespace) -> int:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
-    cfg = config.load(args.configfile, overrides)
+    cfg = config.load(args.configfile or [Path("config/config.yaml")], overrides)
     if overrides and not args.run_id:  # Snakemake's own parser refuses dotted keys such as train.lr=...
         forms = " ".join(
             f"'{section}={yaml.safe_dump(values, default_flow_style=True).strip()}'"
@@ -99,10 +99,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args)
         )
     show = sub.add_parser("config", help="print the resolved config and its run identity, or the first error")
+    # Repeated flags add layers (`--configfile a.yaml --configfile b.yaml` is `--configfile a.yaml b.yaml`):
+    # a later flag must not silently drop the layers an earlier one named.
     show.add_argument(
         "--configfile",
         nargs="+",
-        default=["config/config.yaml"],
+        action="extend",
         type=Path,
         help="YAML layers, later ones win (default: config/config.yaml)",
     )

@@ -4,17 +4,20 @@ Preflight prints this plan for the configured recipe and topology and refuses a 
 the device (on `parallel.device: cpu` it is printed, never enforced). Nothing is loaded: parameter
 counts come from the safetensors headers, shapes from the components' config.json.
 
-The terms, per rank (P: the transformer's parameters; shard = the sharding degree x tensor_parallel,
-where the sharding degree is the world size under `fsdp`, parallel.shard_group_size under `hsdp`, and
-1 under `replicate` or on one rank; c, r, t, z: bytes per element of the compute dtype
-(parallel.param_dtype), the reduce dtype, the trajectory dtype and the frozen models' dtype):
+The terms, per rank (P: the trained transformers' parameters, both experts' for an I2V-A14B run training
+both, while the working sets below count one expert's, since one runs at a time; shard = the sharding
+degree x tensor_parallel, where the sharding degree is the data replicas (world size / tensor_parallel)
+under `fsdp`, parallel.shard_group_size under `hsdp`, and 1 under `replicate` or on one rank; c, r, t, z:
+bytes per element of the compute dtype (parallel.param_dtype), the reduce dtype, the trajectory dtype and
+the frozen models' dtype):
 - master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; gradients
   exist only between the first backward and the optimizer step: replay phase only);
 - FSDP's unsharded working set: the root's own parameters (embedders, output head; FSDP2 keeps the
   root unsharded from forward to backward) in c, two blocks' parameters in c (the block running and
   the one prefetched) and one block's unsharded gradients in r; under `replicate` on more than one
   rank instead the flat all-reduce buffer of every gradient (4 P / tp, distributed.average_gradients)
-  and, with a compute dtype other than float32, autocast's cached copies of the weights (c P / tp);
+  and, with a compute dtype other than float32, autocast's cached copies of the running expert's
+  weights (c P / tp, P of one expert);
 - frozen models: (text encoder + VAE parameters) x z, on the device in both phases unless
   train.offload_inference_models sends them to CPU before replay;
 - activations of replay with gradient checkpointing, for B rows per forward (the rows of this rank's
@@ -128,19 +131,32 @@ class ModelShape:
     z_dim: int
     spatial: int
     temporal: int
+    experts: tuple[ParamCounts, ...] = ()
+    """Each trained expert's counts where a run trains several (two-expert models): the optimizer state sums
+    them, while `params` (the largest) sizes the working sets, one expert running at a time. Empty: `params`."""
+
+    @property
+    def trained(self) -> int:
+        """Parameters with float32 master weights, gradients and AdamW moments: every trained expert's."""
+        return sum(e.total for e in self.experts) if self.experts else self.params.total
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path) -> ModelShape:
-        transformer = json.loads((model_dir / "transformer" / "config.json").read_text())
+    def from_model_dir(cls, model_dir: Path, transformers: tuple[str, ...] = ("transformer",)) -> ModelShape:
+        """The shape of a pipeline directory whose trained transformer folders are `transformers`
+        (trained_transformers: `transformer`, or an I2V model's experts)."""
+        counts = [ParamCounts.from_numels(safetensors_numels(model_dir / name)) for name in transformers]
+        largest = max(range(len(counts)), key=lambda i: counts[i].total)
+        transformer = json.loads((model_dir / transformers[largest] / "config.json").read_text())
         vae = json.loads((model_dir / "vae" / "config.json").read_text())
         frozen = sum(sum(safetensors_numels(model_dir / part).values()) for part in ("text_encoder", "vae"))
         return cls(
             transformer,
-            ParamCounts.from_numels(safetensors_numels(model_dir / "transformer")),
+            counts[largest],
             frozen,
             vae["z_dim"],
             vae.get("scale_factor_spatial", 16),
             vae.get("scale_factor_temporal", 4),
+            tuple(counts) if len(counts) > 1 else (),
         )
 
     def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
@@ -223,8 +239,20 @@ def gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB" if value >= GIB / 10 else human_bytes(value)
 
 
+def trained_transformers(kind: str, experts: str) -> tuple[str, ...]:
+    """The transformer folders of the pipeline a run trains (model.kind, train.experts): TI2V's `transformer`, or
+    the I2V-A14B experts train.experts names (`both`: `transformer` and `transformer_2`); an expert not trained
+    is not loaded (REFERENCE section 11), so it takes no memory."""
+    if kind != "i2v_a14b":
+        return ("transformer",)
+    from videogrpo.models.i2v import EXPERT_FOLDERS, EXPERTS
+
+    return tuple(EXPERT_FOLDERS[name] for name in (EXPERTS if experts == "both" else (experts,)))
+
+
 def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> int:
-    """Ranks one parameter is split over by data parallelism (tensor parallelism divides further)."""
+    """Ranks one parameter is split over by data parallelism over `world` data replicas (tensor parallelism
+    divides further)."""
     if world == 1 or data_parallel == "replicate":
         return 1
     return world if data_parallel == "fsdp" else shard_group_size
@@ -284,13 +312,17 @@ def plan(
     d, f, layers = heads * head_dim, config["ffn_dim"], config["num_layers"]
     latent = shape.latent_shape(frames, height, width)
     tokens = video_tokens(latent, tuple(config["patch_size"]))
-    shard = sharding_degree(data_parallel, world, shard_group_size) * tensor_parallel
+    # FSDP shards over the data-parallel sub-mesh (world / tensor_parallel ranks), TP within each TP group.
+    shard = sharding_degree(data_parallel, world // tensor_parallel, shard_group_size) * tensor_parallel
     p = shape.params
+    # The optimizer state is every trained expert's; working sets are one expert's (one runs at a time).
+    trained = shape.trained
+    experts = f" ({len(shape.experts)} experts)" if shape.experts else ""
     both, replay_only = (ROLLOUT, REPLAY), (REPLAY,)
     terms = [
-        Term("master weights", 4 * p.total // shard, both, f"{p.total:,} parameters x 4 B float32 / {shard}"),
-        Term("AdamW moments", 8 * p.total // shard, both, f"2 x 4 B float32 x {p.total:,} / {shard}"),
-        Term("gradients", 4 * p.total // shard, replay_only, f"4 B float32 x {p.total:,} / {shard}"),
+        Term("master weights", 4 * trained // shard, both, f"{trained:,} parameters{experts} x 4 B float32 / {shard}"),
+        Term("AdamW moments", 8 * trained // shard, both, f"2 x 4 B float32 x {trained:,}{experts} / {shard}"),
+        Term("gradients", 4 * trained // shard, replay_only, f"4 B float32 x {trained:,}{experts} / {shard}"),
     ]
     if shard // tensor_parallel > 1:
         terms.append(
@@ -304,7 +336,7 @@ def plan(
         terms.append(Term("FSDP block gradients", p.per_block * r, replay_only, f"one block unsharded x {r} B"))
     elif world > 1:
         terms.append(
-            Term("all-reduce buffer", 4 * p.total // tensor_parallel, replay_only, "every gradient, one flat buffer")
+            Term("all-reduce buffer", 4 * trained // tensor_parallel, replay_only, "every gradient, one flat buffer")
         )
     if shard // tensor_parallel == 1 and c != 4:
         terms.append(Term("autocast copies", c * p.total // tensor_parallel, both, f"weights cast to {c} B"))

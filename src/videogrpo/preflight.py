@@ -39,11 +39,32 @@ def check_config(cfg: Config) -> Check:
     return Check("config", not found, "all fields and cross-field rules hold" if not found else "; ".join(found))
 
 
-def check_model_dir(model_dir: Path, manifest: Path) -> Check:
-    needed = ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json"]
+def trained_transformers(cfg: Config) -> tuple[str, ...]:
+    """The transformer folders the run loads and trains (memory_plan.trained_transformers of model.kind and
+    train.experts)."""
+    from videogrpo.memory_plan import trained_transformers as folders
+
+    return folders(cfg.model.kind, cfg.train.experts)
+
+
+def check_model_dir(model_dir: Path, manifest: Path, transformers: tuple[str, ...] = ("transformer",)) -> Check:
+    """The pipeline directory is complete (the trained `transformers` folders included) and is what fetch_model
+    recorded."""
+    needed = ["model_index.json", *(f"{name}/config.json" for name in transformers)]
+    needed += ["vae/config.json", "text_encoder/config.json"]
     missing = [n for n in needed if not (model_dir / n).is_file()]
     if missing:
         return Check("model_dir", False, f"{model_dir}: missing {missing}; rerun fetch_model")
+    if "transformer_2" in transformers:
+        from videogrpo.models.i2v import transformer_2_named
+
+        if not transformer_2_named(model_dir):
+            return Check(
+                "model_dir",
+                False,
+                f"{model_dir}: model_index.json names no transformer_2, so the pipeline has no low-noise expert to "
+                f"train; use a two-expert Wan2.2 I2V-A14B pipeline, or train.experts: high",
+            )
     recorded = json.loads(manifest.read_text())["outputs"]["model"]["tree_sha256"]
     found = digest.tree_digest(model_dir)
     if found != recorded:
@@ -151,10 +172,11 @@ def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: in
     )
 
 
-def transformer_parameters(model_dir: Path) -> int:
-    """Parameter count of the transformer, read from its safetensors headers (no weights loaded)."""
+def transformer_parameters(model_dir: Path, transformers: tuple[str, ...] = ("transformer",)) -> int:
+    """Parameter count of the trained transformers (both experts' of a two-expert run), read from their
+    safetensors headers (no weights loaded)."""
     total = 0
-    for path in sorted((model_dir / "transformer").glob("*.safetensors")):
+    for path in sorted(p for name in transformers for p in (model_dir / name).glob("*.safetensors")):
         with open(path, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
         for name, tensor in header.items():
@@ -169,13 +191,14 @@ def transformer_parameters(model_dir: Path) -> int:
 def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
     """Room for the checkpoints kept (train.keep_checkpoints, plus the one being written) and the export.
 
-    A checkpoint holds float32 weights and two float32 AdamW moments: 12 bytes per parameter.
+    A checkpoint holds float32 weights and two float32 AdamW moments: 12 bytes per parameter of every trained
+    expert.
     """
     import shutil
 
     from videogrpo.progress import human_bytes
 
-    params = transformer_parameters(model_dir)
+    params = transformer_parameters(model_dir, trained_transformers(cfg))
     need = params * 12 * (cfg.train.keep_checkpoints + 1) + params * 4
     run_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run_dir).free
@@ -197,7 +220,8 @@ def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = N
     from videogrpo import memory_plan
 
     try:
-        plan = memory_plan.plan_for_config(cfg, memory_plan.ModelShape.from_model_dir(model_dir), frozen_dtype, probe)
+        shape = memory_plan.ModelShape.from_model_dir(model_dir, trained_transformers(cfg))
+        plan = memory_plan.plan_for_config(cfg, shape, frozen_dtype, probe)
     except (OSError, KeyError, ValueError) as err:  # an unreadable config or header; other checks name the cause
         return Check("memory_plan", False, f"{model_dir}: cannot plan memory ({type(err).__name__}: {err})"), {}
     lines = "\n    " + "\n    ".join(plan.lines())

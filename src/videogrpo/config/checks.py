@@ -14,6 +14,7 @@ HEX64 = re.compile(r"^[0-9a-f]{64}$")
 CHOICES = {
     "model.source": ("hub", "tiny"),
     "model.kind": ("ti2v", "i2v_a14b"),
+    "train.experts": ("both", "high", "low"),
     "data.source": ("hub", "synthetic"),
     "data.inflater": ("auto", "isal", "zlib"),
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
@@ -146,6 +147,16 @@ def revision_problem(field: str, value: str) -> str | None:
 def _model_problems(cfg: Config) -> list[str]:
     if cfg.model.source == "hub" and (why := revision_problem("model.revision", cfg.model.revision)):
         return [why]
+    return []
+
+
+def _experts_problems(cfg: Config) -> list[str]:
+    """Choosing an expert means something only for a model that has two (REFERENCE section 11, Which train)."""
+    if cfg.model.kind == "ti2v" and cfg.train.experts != "both":
+        return [
+            f"train.experts = {cfg.train.experts!r}: model.kind = 'ti2v' has one transformer, so only 'both' (train "
+            f"it) applies; choose an expert with model.kind = 'i2v_a14b', or set train.experts: both"
+        ]
     return []
 
 
@@ -315,6 +326,7 @@ def _parallel_problems(cfg: Config) -> list[str]:
 # Each cross-field rule runs when every section it reads is present (stages receive only their sections).
 CHECKS = (
     (("model",), _model_problems),
+    (("model", "train"), _experts_problems),
     (("data",), _data_problems),
     (("evalkit",), _evalkit_problems),
     (("reward", "evalkit"), _reward_problems),

@@ -113,6 +113,7 @@ _FIELD_CLASSES = {
             "epochs",
             "max_steps",
             "batch_size",
+            "experts",
             "save_steps",
             "seed",
         )
@@ -261,7 +262,8 @@ DOWNLOADS = {"fetch_model": "model", "fetch_dataset": "data", "fetch_judge": "re
 def download_fields(cfg: Config, section: str) -> list[str]:
     """What a download rule fetches or generates, and nothing else: its params, so other fields never re-download."""
     if section == "model":
-        names = ("source", "tiny_seed") if cfg.model.source == "tiny" else ("source", "repo_id", "revision")
+        # The tiny builder makes the layout model.kind names (one TI2V transformer, or two I2V experts).
+        names = ("source", "kind", "tiny_seed") if cfg.model.source == "tiny" else ("source", "repo_id", "revision")
     elif section == "reward":
         names = ("judge_model", "judge_revision")
     elif cfg.data.source == "synthetic":

@@ -45,7 +45,7 @@ SHARED_CODE = (
 # Package code each stage runs, beyond the shared plumbing.
 # Its digest is a param of the stage's rule: Snakemake sees a rule's own text, not imported modules.
 CODE_PARTS = {
-    "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py"),
+    "fetch_model": ("stages/fetch_model.py", "hub.py", "models/tiny.py", "models/tiny_i2v.py"),
     "fetch_judge": ("stages/fetch_judge.py", "hub.py"),
     "fetch_kernel": ("stages/fetch_kernel.py", "hub.py", "attention_kernel.py"),
     "fetch_dataset": ("stages/fetch_dataset.py", "hub.py", "data/synthetic.py", "data/video.py"),

@@ -1,4 +1,8 @@
-"""fetch_model: the base Diffusers pipeline directory, pinned (hub) or built (tiny), and its manifest."""
+"""fetch_model: the base Diffusers pipeline directory, pinned (hub) or built (tiny), and its manifest.
+
+The tiny builder follows model.kind: the TI2V stack (models/tiny.py) or the two-expert I2V one
+(models/tiny_i2v.py), both seeded by model.tiny_seed; the manifest's summary names the kind built.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +19,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="model directory to create")
 
 
+def tiny_builder(kind: str):
+    """The tiny generator of model.kind's layout: `save(out_dir, seed)`."""
+    if kind == "i2v_a14b":
+        from videogrpo.models.tiny_i2v import save_tiny_i2v_pipeline
+
+        return save_tiny_i2v_pipeline
+    from videogrpo.models.tiny import save_tiny_pipeline
+
+    return save_tiny_pipeline
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     m = cfg.model
     known = None  # (sha256, size) per file where the download already hashed it
     with StageRun("fetch_model", args.manifest, inputs={}, params=sections, upstream=args.upstream) as stage:
         if m.source == "tiny":
-            from videogrpo.models.tiny import save_tiny_pipeline
-
             with atomic.atomic_directory(args.out) as tmp:
-                save_tiny_pipeline(tmp, m.tiny_seed)
-            stage.summary = {"source": "tiny", "seed": m.tiny_seed}
+                tiny_builder(m.kind)(tmp, m.tiny_seed)
+            # The kind says which layout was built: one TI2V transformer, or the two I2V experts.
+            stage.summary = {"source": "tiny", "kind": m.kind, "seed": m.tiny_seed}
         else:
             known = hub.snapshot(m.repo_id, m.revision, args.out, repo_type="model")
             stage.summary = {"source": "hub", "repo_id": m.repo_id, "revision": m.revision}

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     with StageRun("preflight", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         checks = [
             preflight.check_config(cfg),
-            preflight.check_model_dir(args.model, args.model_manifest),
+            preflight.check_model_dir(args.model, args.model_manifest, preflight.trained_transformers(cfg)),
             preflight.check_flow_shift(cfg, args.model),
             preflight.check_dataset(args.validation, args.dataset, cfg.grpo.prompts_per_step),
             preflight.check_video_io(),
