@@ -57,7 +57,7 @@ def test_per_expert_folders_give_each_expert_its_ema_copy(tmp_path, sft):
         "low": ("low", "ema", n, 0, ()),
     }
     assert lines == []  # counters, RNG, optimizer and dataloader files are not the experts' and go unmentioned
-    assert "high: ema weights from" in report.summary() and f"({n} tensors; 0 dropped)" in report.summary()
+    assert "high: ema weights from" in report.summary() and f"({n} float32 tensors; 0 dropped)" in report.summary()
 
 
 def test_without_ema_the_training_state_is_taken(tmp_path, sft):
@@ -89,6 +89,16 @@ def test_a_tensor_the_ema_lacks_comes_from_the_training_state(tmp_path, sft):
     report = sft_init.load_initial_weights(path, {"high": model}, log=print)
     assert_holds(model, {**partial, frozen: train["transformer"][frozen]})
     assert (report.experts["high"].source, report.experts["high"].from_training) == ("ema", 1)
+
+
+def test_a_bfloat16_checkpoint_loads_cast_into_a_float32_model(tmp_path, sft):
+    train, _ = sft
+    half = {k: v.bfloat16() for k, v in train["transformer"].items()}
+    path = write_reference(tmp_path / "ckpt", {"transformer": half})
+    model = tiny_expert(101)
+    report = sft_init.load_initial_weights(path, {"high": model}, log=print)
+    assert_holds(model, {k: v.float() for k, v in half.items()})
+    assert report.experts["high"].dtypes == ("bfloat16",)
 
 
 def test_legacy_root_serves_each_expert_from_its_own_key(tmp_path, sft):

@@ -66,6 +66,8 @@ class ExpertInit:
     """Of those, taken from the training state because the EMA copy lacks them (0 unless source is ema)."""
     dropped: tuple[str, ...]
     """Checkpoint tensors of this expert with no counterpart in the module (warned, not loaded)."""
+    dtypes: tuple[str, ...]
+    """The dtypes the loaded tensors have in the checkpoint (each is cast to its module tensor's dtype)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class InitReport:
         for name, e in self.experts.items():
             filled = f", {e.from_training} of them from the training state" if e.from_training else ""
             parts.append(
-                f"{name}: {e.source} weights from {e.folder} ({e.loaded} tensors{filled}; {len(e.dropped)} dropped)"
+                f"{name}: {e.source} weights from {e.folder} ({e.loaded} {'/'.join(e.dtypes)} tensors{filled}; "
+                f"{len(e.dropped)} dropped)"
             )
         return f"initialised weights from {self.path} (layout {self.layout}): " + "; ".join(parts)
 
@@ -140,9 +143,9 @@ def _under(metadata: dict, prefix: str, exclude: tuple[str, ...] = ()) -> dict[s
     return found
 
 
-def _names(keys, total: int | None = None) -> str:
+def _names(keys) -> str:
     keys = sorted(keys)
-    more = (total if total is not None else len(keys)) - min(len(keys), SHOWN)
+    more = len(keys) - SHOWN
     return ", ".join(keys[:SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
@@ -166,15 +169,19 @@ def _plan(folder: Path, layout: str, name: str, model_sd: dict, log: Callable[[s
         )
     source = found[0][0]
     plan: dict[str, str] = {}
+    dtypes = set()
     filled = 0
     mismatches = []
     for param, tensor in model_sd.items():
         for i, (_, prefix, entries) in enumerate(found):
             if param in entries:
                 meta = entries[param]
-                shape = tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else "not a tensor"
+                is_tensor = isinstance(meta, TensorStorageMetadata)
+                shape = tuple(meta.size) if is_tensor else "not a tensor"
                 if shape != tuple(tensor.shape):
                     mismatches.append((prefix + param, shape, tuple(tensor.shape)))
+                else:
+                    dtypes.add(str(meta.properties.dtype).removeprefix("torch."))
                 plan[param] = prefix + param
                 filled += i > 0
                 break
@@ -199,7 +206,7 @@ def _plan(folder: Path, layout: str, name: str, model_sd: dict, log: Callable[[s
             f"warning: {folder}: {len(unknown)} checkpoint tensors of expert {name!r} have no counterpart in "
             f"the model and are dropped: {_names(unknown)}"
         )
-    return plan, source, filled, tuple(sorted(unknown))
+    return plan, source, filled, tuple(sorted(unknown)), tuple(sorted(dtypes))
 
 
 def load_initial_weights(
@@ -227,12 +234,12 @@ def load_initial_weights(
         model_sd = get_model_state_dict(module)
         plans[name] = (folder, model_sd, *_plan(folder, layout, name, model_sd, log))
     report = {}
-    for name, (folder, model_sd, plan, source, filled, dropped) in plans.items():
+    for name, (folder, model_sd, plan, source, filled, dropped, dtypes) in plans.items():
         target = {plan[param]: tensor for param, tensor in model_sd.items()}
         with warnings.catch_warnings():
             # Without a process group DCP reads in this process alone, as meant, and warns that it does.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(target, checkpoint_id=str(folder))
         set_model_state_dict(experts[name], {param: target[plan[param]] for param in model_sd})
-        report[name] = ExpertInit(folder, source, len(plan), filled, dropped)
+        report[name] = ExpertInit(folder, source, len(plan), filled, dropped, dtypes)
     return InitReport(path, layout, report)
