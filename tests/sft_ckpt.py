@@ -64,8 +64,13 @@ def write_reference_root(path: Path, train: dict[str, dict], ema: dict[str, dict
 
 
 def write_own_experts(path: Path, experts: dict[str, dict]) -> Path:
-    """This project's checkpoint of the two-expert model: {"model": {"high": sd, "low": sd}} in step-N/dcp."""
-    dcp.save({"model": experts, "optim": {}}, checkpoint_id=str(path / "dcp"), no_dist=True)
+    """This project's checkpoint of the two-expert model as checkpoint.save lays it out: {"high": {"model": sd,
+    "optim": ...}, "low": ...} in step-N/dcp (test_a14b_trainer checks the trainer's own against it)."""
+    dcp.save(
+        {name: {"model": sd, "optim": {}} for name, sd in experts.items()},
+        checkpoint_id=str(path / "dcp"),
+        no_dist=True,
+    )
     (path / "state.json").write_text("{}")
     (path / "COMPLETE").write_text("step 1\n")
     return path

@@ -96,8 +96,12 @@ def test_an_expert_that_served_no_replayed_step_gets_no_gradient(tiny_i2v, datas
     trainer.experts.step = step
     trainer.run()
     assert all(counts["low"] == 0 and counts["high"] > 0 for counts in served)
+    # The run's last checkpoint made the low expert's AdamW state (torch's DCP state dict steps an optimizer that
+    # never stepped once, at lr 0 with zero gradients): its moments exist, and are zero.
     low = {e.name: e for e in trainer.experts.experts}["low"]
-    assert not low.optimizer.state
+    assert low.optimizer.state and all(
+        not state["exp_avg"].any() and not state["exp_avg_sq"].any() for state in low.optimizer.state.values()
+    )
     base_low = load_file(tiny_i2v / "transformer_2/diffusion_pytorch_model.safetensors")
     trained_low = expert_weights(tmp_path, "transformer_2")
     assert all(torch.equal(base_low[k], trained_low[k]) for k in base_low)
@@ -239,3 +243,38 @@ def test_sigkill_of_a_two_expert_tp_run_then_rerun_ends_bit_identical(tp_uninter
     for folder in ("transformer", "transformer_2"):
         done = tp_uninterrupted / "final" / folder / "diffusion_pytorch_model.safetensors"
         assert (tmp_path / "final" / folder / "diffusion_pytorch_model.safetensors").read_bytes() == done.read_bytes()
+
+
+def test_both_experts_start_from_the_reference_sft_checkpoints_ema(tiny_i2v, dataset, tmp_path):
+    """train.resume_from naming the reference's per-expert DCP checkpoint, reset_dataloader true: each expert
+    takes that expert's EMA copy, and the run starts at its first batch."""
+    from sft_ckpt import cloned, shifted, tiny_expert, write_reference
+
+    train = {"transformer": cloned(tiny_expert(1)), "transformer_2": cloned(tiny_expert(2))}
+    ema = {key: shifted(sd, 0.5) for key, sd in train.items()}
+    source = write_reference(tmp_path / "sft/checkpoint-100", train, ema)
+    cfg = a14b(train={"resume_from": str(source), "reset_dataloader": True})
+    trainer = trainer_in_process(cfg, tmp_path / "run", tiny_i2v, dataset)
+    try:
+        assert trainer._resume() == 0
+        for name, key in (("high", "transformer"), ("low", "transformer_2")):
+            held = trainer.experts.modules()[name].state_dict()
+            assert all(torch.equal(held[k], v) for k, v in ema[key].items()), name
+    finally:
+        trainer.scorer.close()
+
+
+def test_the_trainers_two_expert_checkpoint_initialises_another_run(tiny_i2v, dataset, tmp_path):
+    """A checkpoint this trainer wrote (both experts in one DCP) read weights-only by sft_init, as a later run's
+    train.resume_from does: each expert gets its own weights."""
+    from sft_ckpt import tiny_expert
+
+    from videogrpo import sft_init
+
+    trainer_in_process(a14b(train={"save_steps": 2}), tmp_path, tiny_i2v, dataset).run()
+    fresh = {"high": tiny_expert(7), "low": tiny_expert(8)}
+    report = sft_init.load_initial_weights(tmp_path / "checkpoints/step-00000002", fresh, log=print)
+    assert report.layout == "videogrpo"
+    for name, folder in (("high", "transformer"), ("low", "transformer_2")):
+        final = expert_weights(tmp_path, folder)
+        assert all(torch.equal(fresh[name].state_dict()[k], v) for k, v in final.items()), name

@@ -58,12 +58,15 @@ REWARDS = ("reward_mean", "reward_std", "reward_std_within_group", "advantage_me
 
 
 def same_rollouts_and_close_updates(out, plain, lr: float = 1e-4) -> None:
-    """Rollouts, rewards and advantages byte-identical; the replay, which backpropagates chunk by chunk where the
-    rollout was chunked (the reference's one backward per chunk), sums its gradients in another order, so the
-    losses and weights agree to round-off (AdamW: up to a tenth of lr per update, harness.adam_tolerance)."""
+    """The first batch's rollouts, rewards and advantages byte-identical; the replay, which backpropagates chunk
+    by chunk where the rollout was chunked (the reference's one backward per chunk), sums its gradients in
+    another order, so the losses, the weights, and with them the later rollouts agree to round-off (AdamW: up
+    to a tenth of lr per update, harness.adam_tolerance)."""
+    first, *_ = zip(metrics(out), metrics(plain), strict=True)
+    assert {k: first[0][k] for k in REWARDS} == {k: first[1][k] for k in REWARDS}
     for a, b in zip(metrics(out), metrics(plain), strict=True):
-        assert {k: a[k] for k in REWARDS} == {k: b[k] for k in REWARDS}
-        assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-4, abs=1e-8)
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-4)
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-4, abs=1e-6)  # near 0 at ratio 1
     a, b = tensors(out), tensors(plain)
     updates = len(metrics(plain))
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 0.1 * lr * updates

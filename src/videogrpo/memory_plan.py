@@ -21,7 +21,7 @@ the frozen models' dtype):
 - frozen models: (text encoder + VAE parameters) x z, on the device in both phases unless
   train.offload_inference_models sends them to CPU before replay;
 - activations of replay with gradient checkpointing, for B rows per forward (the rows of this rank's
-  largest wave; x 2 under classifier-free guidance, whose unconditional graph is held too) at N video
+  largest rollout chunk, which replay takes as the rollout did; x 2 under classifier-free guidance, whose unconditional graph is held too) at N video
   tokens per row (latent frames x (h / ph) x (w / pw), grpo.flops.video_tokens), hidden size d, FFN
   size f, L blocks:
       B N [ L c d                        every checkpointed block keeps its input hidden state
@@ -354,7 +354,8 @@ def plan(
     block = BLOCK_FLOAT32_D * 4 * d + BLOCK_COMPUTE_D * c * d + BLOCK_COMPUTE_FFN * c * f
     math_attention = 2 * heads * tokens * c if attention_backend in MATH_BACKENDS else 0  # per token of N
     branches = 2 if guidance else 1
-    rows = rows_per_forward * branches
+    # Rollout and replay forwards both take one chunk of grpo.sample_batch_size members per prompt.
+    rows = (rollout_rows_per_forward or rows_per_forward) * branches
     per_block = block + math_attention
     # Checkpointed: each block's input, plus one block recomputed at a time; else every block's saved tensors.
     kept = layers * c * d + per_block if gradient_checkpointing else layers * per_block
@@ -369,8 +370,7 @@ def plan(
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
         )
     )
-    # Rollout forwards take one chunk of grpo.sample_batch_size members per prompt; replay takes the whole wave.
-    rollout_rows = (rollout_rows_per_forward or rows_per_forward) * branches
+    rollout_rows = rows
     terms.append(
         Term(
             "rollout working set",

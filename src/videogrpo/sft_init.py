@@ -10,7 +10,8 @@ Layouts, tried in this order on the resume_from path P:
 
 - `videogrpo`: this project's checkpoint, P = <run>/checkpoints/step-N with COMPLETE and dcp/ (one DCP
   whose "model" entry holds the weights: `model.<param>` for the one-transformer TI2V model,
-  `model.high.<param>` / `model.low.<param>` for the two experts). Weights only; its optimizer is ignored.
+  `high.model.<param>` / `low.model.<param>` for the two experts, as checkpoint.save writes them). Weights
+  only; its optimizers are ignored.
 - `reference_experts`: the reference trainer's checkpoint-N/ with a DCP per expert, `high/` (key
   `transformer`) and `low/` (key `transformer_2`). The one-transformer TI2V model reads `high/`, where the
   reference writes its `transformer`.
@@ -47,7 +48,7 @@ REFERENCE_FOLDERS = {"high": "high", "low": "low", "transformer": "high"}
 """The reference's sub-folder per expert name (`transformer`: the one-transformer model, written to high/)."""
 REFERENCE_KEYS = {"high": "transformer", "low": "transformer_2", "transformer": "transformer"}
 """The reference's model key per expert name, in its train_state and EMA entries."""
-OWN_PREFIXES = {"high": "model.high.", "low": "model.low.", "transformer": "model."}
+OWN_PREFIXES = {"high": "high.model.", "low": "low.model.", "transformer": "model."}
 """Where this project's checkpoints keep each expert's weights in their DCP."""
 SHOWN = 5  # names quoted in a message before "and N more"
 
@@ -134,13 +135,9 @@ def _sources(layout: str, name: str) -> list[tuple[str, str]]:
     return [("ema", f"ema.shadow.{key}."), ("training", f"train_state.{key}.")]
 
 
-def _under(metadata: dict, prefix: str, exclude: tuple[str, ...] = ()) -> dict[str, object]:
+def _under(metadata: dict, prefix: str) -> dict[str, object]:
     """Checkpoint entries under `prefix`, by their name inside it."""
-    found = {}
-    for key, meta in metadata.items():
-        if key.startswith(prefix) and not any(key.startswith(other) for other in exclude):
-            found[key[len(prefix) :]] = meta
-    return found
+    return {key[len(prefix) :]: meta for key, meta in metadata.items() if key.startswith(prefix)}
 
 
 def _names(keys) -> str:
@@ -156,9 +153,7 @@ def _plan(folder: Path, layout: str, name: str, model_sd: dict, log: Callable[[s
 
     metadata = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     sources = _sources(layout, name)
-    # `model.` also prefixes `model.high.` and `model.low.`: the one-transformer read must not take those.
-    others = tuple(OWN_PREFIXES[e] for e in ("high", "low")) if (layout, name) == ("videogrpo", "transformer") else ()
-    found = [(source, prefix, _under(metadata, prefix, others)) for source, prefix in sources]
+    found = [(source, prefix, _under(metadata, prefix)) for source, prefix in sources]
     found = [f for f in found if f[2]]
     if not found:
         looked = " or ".join(f"{prefix}*" for _, prefix in sources)

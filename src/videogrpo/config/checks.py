@@ -394,8 +394,7 @@ def topology_problems(cfg: Config) -> list[str]:
             found.append(
                 f"grpo.prompts_per_step = {p.prompts_per_step}: must equal train.batch_size {cfg.train.batch_size} "
                 f"x {replicas} data replicas (world size {world} = nodes {g.nodes} x procs_per_node "
-                f"{g.procs_per_node}, / tensor_parallel {g.tensor_parallel}) = {cfg.train.batch_size * replicas}"
-                + fix
+                f"{g.procs_per_node}, / tensor_parallel {g.tensor_parallel}) = {cfg.train.batch_size * replicas}" + fix
             )
     return found
 

@@ -135,9 +135,12 @@ class Experts:
         """Per expert, how many of its parameters hold a gradient (for tests and the routing metric)."""
         return {e.name: sum(p.grad is not None for p in e.params) for e in self.experts}
 
-    def parts(self, optimizers: bool = True) -> dict:
-        """checkpoint.Parts: each expert's module and (unless weights only) its optimizer."""
-        return {e.name: (e.module, e.optimizer if optimizers else None) for e in self.experts}
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {e.name: e.module for e in self.experts}
+
+    def parts(self) -> dict:
+        """checkpoint.Parts: each expert's module and its optimizer."""
+        return {e.name: (e.module, e.optimizer) for e in self.experts}
 
     def layout(self) -> dict:
         layouts = {e.name: parallelize.describe_layout(e.module) for e in self.experts}

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from videogrpo import atomic, checkpoint, distributed
+from videogrpo import atomic, checkpoint, distributed, sft_init
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
@@ -166,6 +166,8 @@ class Trainer:
         offloading = cfg.train.offload_inference_models
         frozen_device = offload.HOST if offloading else None
         if cfg.model.kind == "i2v_a14b":
+            if ctx.device.type == "cuda":  # as the reference's A14B trainer: SDPA without its cuDNN kernel
+                torch.backends.cuda.enable_cudnn_sdp(False)
             self.model = WanI2VA14B.from_config(paths.model, ctx.device, cfg, frozen_device, cfg.train.experts)
         else:
             self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, frozen_device)
@@ -409,16 +411,17 @@ class Trainer:
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
+            # Only a fresh start reads it: a run with a checkpoint of its own continues that, full state, whatever
+            # reset_dataloader says (the reference restarts weights-only at every auto-resume: README, fidelity).
             source = Path(cfg.train.resume_from)
-            weights_only = cfg.train.reset_dataloader
-            if not weights_only:
-                self._check_stateful_source(source)
-            state = checkpoint.load(
-                source, self.experts.parts(optimizers=not weights_only), None, self.ctx.rank, not weights_only
-            )
-            self._log(f"initialised from {source} ({'weights only' if weights_only else 'full state'})")
-            if not weights_only:
-                return state["next_action"]
+            if cfg.train.reset_dataloader:  # weights only: this project's or the reference's layouts (sft_init)
+                report = sft_init.load_initial_weights(source, self.experts.modules(), log=self._log)
+                self._log(f"initialised from {source} (weights only): {report.summary()}")
+                return 0
+            self._check_stateful_source(source)
+            state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank)
+            self._log(f"initialised from {source} (full state)")
+            return state["next_action"]
         return 0
 
     def _check_stateful_source(self, source: Path) -> None:
