@@ -347,3 +347,23 @@ def test_generate_cell_runs_an_i2v_trained_cell_and_refuses_a_tampered_expert(ti
     assert refused.returncode != 0 and "input transformer_2 is not what train made" in refused.stderr, refused.stderr
     assert "diffusion_pytorch_model.safetensors" in refused.stderr
     assert not (tmp_path / "tampered/videos").exists() and not (tmp_path / "tampered/work").exists()
+
+
+def test_a_two_expert_pipeline_validates_with_both_experts_loaded(tiny_i2v, monkeypatch):
+    """fetch_eval_model's full load of an I2V pipeline (validate_pipeline with load) reads both experts."""
+    from diffusers import WanTransformer3DModel
+
+    from videogrpo.matrix.models import validate_pipeline
+
+    loads = []
+    original = WanTransformer3DModel.from_pretrained.__func__
+
+    def spy(cls, path, *args, **kwargs):
+        loads.append(Path(path).name)
+        return original(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(WanTransformer3DModel, "from_pretrained", classmethod(spy))
+    record = validate_pipeline(tiny_i2v, "0" * 64, load=True)
+    assert record["weights_loaded"] and "transformer_2" in record["components"]
+    assert record["shapes"]["transformer_2"]["shapes"] == "as its config implies"
+    assert sorted(loads) == ["transformer", "transformer_2"]
