@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from videogrpo import config, sampling
+from videogrpo import config, layout, sampling
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
@@ -186,7 +186,7 @@ def test_the_trained_model_is_the_base_with_the_exported_experts_substituted(tin
     from videogrpo.data.dataset import load_split
     from videogrpo.evaluate import sample_batch
 
-    trained = sampling.layout.EXPORTED_EXPERTS[experts]
+    trained = layout.EXPORTED_EXPERTS[experts]
     names = tuple(name for name, folder in EXPERT_FOLDERS.items() if folder in trained)
     perturbed_export(tiny_i2v, tmp_path / "final", names)
     cfg = i2v_config(evaluate={"split": "heldout", "sampling_steps": 8})
@@ -233,8 +233,6 @@ def test_an_export_that_disagrees_with_train_experts_is_refused(tiny_i2v, tmp_pa
 
 
 def test_the_workflow_names_the_exported_folders_of_the_trained_experts():
-    from videogrpo import layout
-
     cfg = i2v_config()
     assert layout.trained_folders(cfg) == ("transformer", "transformer_2")
     assert set(layout.EXPORTED_EXPERTS["both"]) == set(EXPERT_FOLDERS.values())
