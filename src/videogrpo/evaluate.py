@@ -6,6 +6,11 @@ on every sample; the reference's separate evaluation set is issue 11's).
 
 Both variants see the same samples and the same noise (seeded by sample, not by order), so the
 per-task difference measures training, not sampling luck.
+
+Both model kinds (`videogrpo.sampling`): TI2V samples with the training rollout itself; I2V-A14B with
+sampling's SDE loop (nothing pinned, steps routed to the experts by the model's boundary), its trained
+variant the base pipeline with the exported expert folder(s) substituted. The base is sampled first: an
+I2V base expert is let go before its trained replacement loads.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from videogrpo import atomic
+from videogrpo import atomic, sampling
 from videogrpo.config import Config
 from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.matrix.aggregate import bootstrap_interval
-from videogrpo.models.wan import WanTI2V, flow_shift, load_transformer
+from videogrpo.models.wan import flow_shift
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -53,16 +58,23 @@ def evaluation_samples(dataset: Path, split: str, max_per_task: int | None) -> l
 
 
 @torch.no_grad()
-def sample_batch(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samples: list[SampleRef], first: int):
-    """Videos (uint8 [B, F, H, W, 3]) of samples[first : first + BATCH], noise seeded by each sample's position."""
+def sample_batch(cfg: Config, model, transformer, samples: list[SampleRef], first: int):
+    """Videos (uint8 [B, F, H, W, 3]) of samples[first : first + BATCH], noise seeded by each sample's position.
+
+    `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping)."""
     e = cfg.evaluate
     sigmas = sigma_schedule(e.sampling_steps or cfg.grpo.sampling_steps, flow_shift(cfg, model.model_dir)[0])
     shape = model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
     dev = model.device
     batch = samples[first : first + BATCH]
     keys = [first + i for i in range(len(batch))]
-    embeds, condition = model.encode_conditions(
-        [s.prompt for s in batch], [s.first_frame for s in batch], cfg.video.height, cfg.video.width
+    embeds, condition = sampling.encode(
+        model,
+        [s.prompt for s in batch],
+        [s.first_frame for s in batch],
+        cfg.video.height,
+        cfg.video.width,
+        cfg.video.num_frames,
     )
     init = torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k) for k in keys])
 
@@ -70,8 +82,13 @@ def sample_batch(cfg: Config, model: WanTI2V, transformer: torch.nn.Module, samp
         return torch.stack([seeded_normal(shape, dev, e.seed, SEED_TAG, k, i + 1) for k in keys])
 
     etas = torch.full((len(batch),), e.eta, device=dev)
-    trajectory = rollout(model, transformer, embeds, condition, init, sigmas, e.sampler, etas, step_noise)
-    return model.decode(trajectory.latents[:, -1])
+    if not sampling.is_i2v(model):
+        trajectory = rollout(model, transformer, embeds, condition, init, sigmas, e.sampler, etas, step_noise)
+        return model.decode(trajectory.latents[:, -1])
+    how = sampling.SDE(e.sampler, sigmas, etas, step_noise)
+    return model.decode(
+        sampling.sample_latents(model, transformer, embeds, condition, init, how, dtype=model.trajectory_dtype)
+    )
 
 
 class BatchRecords:
@@ -141,10 +158,12 @@ def evaluate(
     interrupted call are not generated again.
     """
     samples = evaluation_samples(dataset, cfg.evaluate.split, cfg.evaluate.max_samples_per_task)
-    model = WanTI2V.from_config(model_dir, device, cfg)
-    variants = {"trained": lambda: load_transformer(final_dir / "transformer", device, cfg.parallel.attention_backend)}
-    if cfg.evaluate.compare_base:
-        variants = {"base": lambda: model.transformer, **variants}
+    model = sampling.load_model(cfg, model_dir, device)
+    if sampling.is_i2v(model):
+        sampling.exported_folders(cfg, final_dir)  # refused before any video is made, not after the base's
+    variants = {"trained": lambda: sampling.trained_weights(cfg, model, final_dir)}
+    if cfg.evaluate.compare_base:  # first: the trained I2V experts replace the base ones in place
+        variants = {"base": lambda: sampling.base_weights(model), **variants}
     firsts = list(range(0, len(samples), BATCH))
     records = records or videos_dir.parent / f".{videos_dir.name}.records"
     rows = []
@@ -156,7 +175,8 @@ def evaluate(
             print(f"evaluate {variant}: {len(firsts) - len(todo)} of {len(firsts)} batches kept", flush=True)
             progress = Progress(f"evaluate {variant}", total=len(samples), unit="videos")
             progress.update(len(samples) - sum(len(samples[f : f + BATCH]) for f in todo))
-            transformer = load().eval() if todo else None
+            transformer = None  # the previous variant's weights are let go before these load
+            transformer = sampling.eval_mode(load()) if todo else None
             for first in todo:
                 futures = []
                 for sample, video in zip(

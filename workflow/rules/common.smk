@@ -347,8 +347,12 @@ def cell_model_inputs(wildcards):
 
 
 def trained_transformer_arg(wildcards, input):
-    """--transformer of a trained cell (its final export), nothing for a pipeline evaluated as it is."""
-    return f"--transformer {Path(input.final) / 'transformer'}" if "final" in input.keys() else ""
+    """--transformer (and, for I2V-A14B, --transformer-2) of a trained cell: the folders of its final export
+    that replace the base pipeline's (layout.trained_folders); nothing for a pipeline evaluated as it is."""
+    if "final" not in input.keys():
+        return ""
+    folders = layout.trained_folders(CFG)
+    return " ".join(f"--{name.replace('_', '-')} {Path(input.final) / name}" for name in folders)
 
 
 def matrix_cells():

@@ -3,7 +3,10 @@
 Samplers (REFERENCE section 10): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
 UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
 with the model's flow shift) and `flowcps-<noise>` (the Flow-CPS transition of training, over
-sigma = shift t / (1 + (shift - 1) t)). Latent frame 0 is the first frame's latent after every step.
+sigma = shift t / (1 + (shift - 1) t)). Both model kinds sample through `videogrpo.sampling`: for TI2V latent
+frame 0 is the first frame's latent after every step; for I2V-A14B nothing is pinned and each step goes to
+the expert the model's boundary names. A trained cell substitutes the exported transformer (TI2V) or the
+exported expert folder(s) (I2V) for the base pipeline's.
 
 Videos go to `<partial>/<domain>/<task>/<index>.mp4` through a temporary name and are validated
 (frames, size, fps) before their rename: a video that exists is complete, so an interrupted cell resumes
@@ -83,36 +86,31 @@ def generate_video(
     s: Settings,
     shift: float,
 ):
-    """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step)."""
+    """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step).
+
+    `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping)."""
+    from videogrpo import sampling
     from videogrpo.grpo.rollout import seeded_normal
-    from videogrpo.grpo.samplers import sigma_schedule, transition
+    from videogrpo.grpo.samplers import sigma_schedule
 
     prompt = (sample_dir / "prompt.txt").read_text(encoding="utf-8").strip()
-    embeds, condition = model.encode_conditions([prompt], [sample_dir / "first_frame.png"], s.height, s.width)
+    embeds, condition = sampling.encode(
+        model, [prompt], [sample_dir / "first_frame.png"], s.height, s.width, s.num_frames
+    )
     shape = model.geometry(s.num_frames, s.height, s.width).shape
     device = model.device
     condition = condition.to(device)
     x = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index).unsqueeze(0)
-    x[:, :, :1] = condition
     if sampler.kind == "flowcps":
-        sigmas = sigma_schedule(s.steps, shift)
-        for i in range(s.steps):
-            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-            v = model.velocity(transformer, x, sigma, embeds, s.guidance_scale)
-            mean, std = transition("flowcps", x, v, sigma, sigma_next, sampler.noise)
-            noise = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index, i + 1).unsqueeze(0)
-            x = mean + std * noise
-            x[:, :, :1] = condition
+        how = sampling.SDE(
+            "flowcps",
+            sigma_schedule(s.steps, shift),
+            sampler.noise,
+            lambda i: seeded_normal(shape, device, s.seed, SEED_TAG, sample.index, i + 1).unsqueeze(0),
+        )
     else:
-        scheduler = ode_scheduler(sampler.kind, model_dir, shift)
-        scheduler.set_timesteps(s.steps, device=device)
-        for t in scheduler.timesteps:
-            v = model.velocity(
-                transformer, x, float(t) / scheduler.config.num_train_timesteps, embeds, s.guidance_scale
-            )
-            x = scheduler.step(v, t, x, return_dict=False)[0].float()
-            x[:, :, :1] = condition
-    return model.decode(x)[0]
+        how = sampling.ODE(ode_scheduler(sampler.kind, model_dir, shift), s.steps)
+    return model.decode(sampling.sample_latents(model, transformer, embeds, condition, x, how, s.guidance_scale))[0]
 
 
 def generated_problem(path: Path, s: Settings) -> str | None:
@@ -153,25 +151,39 @@ def generate_rank(
     sampler_name: str,
     partial: Path,
     device_kind: str,
+    transformer_2_dir: Path | None = None,
     progress=None,
 ) -> int:
-    """Generate this rank's samples that have no valid video yet; returns how many it generated."""
-    from videogrpo.models.wan import WanTI2V, load_transformer, scheduler_flow_shift
+    """Generate this rank's samples that have no valid video yet; returns how many it generated.
+
+    `transformer_dir` / `transformer_2_dir`: trained folders replacing the pipeline's `transformer` (TI2V's, or
+    I2V's high-noise expert) and `transformer_2` (I2V's low-noise expert); None keeps the pipeline's own."""
+    from videogrpo import sampling
+    from videogrpo.models.wan import load_transformer, scheduler_flow_shift
 
     torch.set_num_threads(cfg.parallel.cpu_threads)
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
     s = Settings.from_config(cfg)
     sampler = parse_sampler(sampler_name)
+    if transformer_2_dir is not None and cfg.model.kind != "i2v_a14b":
+        raise ConfigError(
+            f"model.kind = {cfg.model.kind!r} has no transformer_2; {transformer_2_dir} is for an i2v_a14b model"
+        )
     mine = [sample for sample in samples[rank::procs] if generated_problem(partial / f"{sample.name}.mp4", s)]
     if progress:
         progress.update(len(samples[rank::procs]) - len(mine))
     if not mine:
         return 0
-    model = WanTI2V.from_config(model_dir, device, cfg)
-    transformer = model.transformer
-    if transformer_dir is not None:
+    model = sampling.load_model(cfg, model_dir, device)
+    if sampling.is_i2v(model):
+        folders = {"high": transformer_dir, "low": transformer_2_dir}
+        substituted = {name: Path(folder) for name, folder in folders.items() if folder is not None}
+        transformer = sampling.substitute_experts(model, substituted, cfg.parallel.attention_backend)
+    elif transformer_dir is not None:
         transformer = load_transformer(transformer_dir, device, cfg.parallel.attention_backend)
-    transformer.eval()
+    else:
+        transformer = model.transformer
+    sampling.eval_mode(transformer)
     shift, _ = scheduler_flow_shift(model_dir)  # every cell samples as its model's scheduler says
     for sample in mine:
         frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift)
@@ -191,14 +203,36 @@ def _spawned_rank(rank: int, *args) -> None:
     generate_rank(rank, *args)
 
 
-def generate_cell(cfg, model_dir, transformer_dir, tree, samples, sampler_name, partial: Path, progress=None) -> None:
-    """Every sample's video of the cell under `partial` (resuming), over matrix.procs processes."""
+def generate_cell(
+    cfg,
+    model_dir,
+    transformer_dir,
+    tree,
+    samples,
+    sampler_name,
+    partial: Path,
+    progress=None,
+    transformer_2_dir=None,
+) -> None:
+    """Every sample's video of the cell under `partial` (resuming), over matrix.procs processes; trained folders
+    as in generate_rank."""
     procs = cfg.matrix.procs
     device_kind = cfg.parallel.device
     if device_kind == "cuda" and procs > torch.cuda.device_count():
         raise ConfigError(f"matrix.procs = {procs}: this node has {torch.cuda.device_count()} GPUs")
     partial.mkdir(parents=True, exist_ok=True)
-    args = (procs, cfg, model_dir, transformer_dir, tree, samples, sampler_name, partial, device_kind)
+    args = (
+        procs,
+        cfg,
+        model_dir,
+        transformer_dir,
+        tree,
+        samples,
+        sampler_name,
+        partial,
+        device_kind,
+        transformer_2_dir,
+    )
     if procs == 1:
         generate_rank(0, *args, progress=progress)
         return

@@ -197,13 +197,16 @@ def load_light_components(root: Path) -> None:
 
 
 def load_components(root: Path) -> None:
-    """Load tokenizer, text encoder, VAE and transformer as generation will (CPU, float32): every weight."""
+    """Load tokenizer, text encoder, VAE and transformer(s) as generation will (CPU, float32): every weight; an
+    I2V pipeline (model_index.json's WanImageToVideoPipeline) as WanI2VA14B, both experts."""
     import torch
 
+    from videogrpo.models.i2v import WanI2VA14B
     from videogrpo.models.wan import WanTI2V
 
+    i2v = json.loads((root / "model_index.json").read_text()).get("_class_name") == "WanImageToVideoPipeline"
     try:
-        WanTI2V(root, torch.device("cpu"))
+        (WanI2VA14B if i2v else WanTI2V)(root, torch.device("cpu"))
     except Exception as err:  # which component failed is in the message
         raise ModelRefused(f"{root}: a component does not load ({type(err).__name__}: {err})") from None
 

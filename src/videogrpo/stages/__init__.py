@@ -103,6 +103,8 @@ CODE_PARTS = {
     "evaluate": (
         "stages/evaluate.py",
         "evaluate.py",
+        "sampling.py",
+        "layout.py",
         "grpo",
         "models",
         "rewards",
@@ -125,6 +127,8 @@ CODE_PARTS = {
         "stages/generate_cell.py",
         "matrix/evalset.py",
         "matrix/generate.py",
+        "sampling.py",
+        "layout.py",
         "grpo/__init__.py",
         "grpo/rollout.py",
         "grpo/samplers.py",

@@ -26,7 +26,14 @@ READ_FILES = ("first_frame.png", "prompt.txt")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--model", required=True, type=Path, help="Diffusers pipeline directory")
-    parser.add_argument("--transformer", type=Path, help="transformer replacing the pipeline's (a trained one)")
+    parser.add_argument(
+        "--transformer",
+        type=Path,
+        help="transformer replacing the pipeline's (a trained one; I2V: the high-noise expert)",
+    )
+    parser.add_argument(
+        "--transformer-2", type=Path, help="I2V-A14B: low-noise expert replacing the pipeline's transformer_2"
+    )
     parser.add_argument("--samples", required=True, type=Path, help="the evaluation list (eval_set's samples.json)")
     parser.add_argument("--sampler", required=True, help="unipc, euler or flowcps-<noise>")
     parser.add_argument("--videos", required=True, type=Path, help="directory of the cell's videos to create")
@@ -38,14 +45,30 @@ def run(args: argparse.Namespace) -> int:
     from videogrpo.progress import Progress
 
     cfg, sections = load_config(args)
-    inputs = {"model": args.model, "transformer": args.transformer, "samples": args.samples}
+    # Each substituted folder is an input: its digest is checked against train's manifest before it is read.
+    inputs = {
+        "model": args.model,
+        "transformer": args.transformer,
+        "transformer_2": args.transformer_2,
+        "samples": args.samples,
+    }
     with StageRun("generate_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         tree, samples = load_samples(args.samples, check=READ_FILES)
         work = args.work / resume_key("generate_cell", sections, stage, sampler=args.sampler)
         progress = Progress(
             f"generate {args.videos.parent.parent.name}/{args.sampler}", total=len(samples), unit="videos"
         )
-        generate_cell(cfg, args.model, args.transformer, tree, samples, args.sampler, work / "videos", progress)
+        generate_cell(
+            cfg,
+            args.model,
+            args.transformer,
+            tree,
+            samples,
+            args.sampler,
+            work / "videos",
+            progress,
+            transformer_2_dir=args.transformer_2,
+        )
         progress.finish()
         recheck_samples(args.samples, READ_FILES, lambda name: [work / "videos" / f"{name}.mp4"])
         for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt

@@ -1,0 +1,182 @@
+"""Sampling of evaluation videos, one path for both model kinds (`evaluate` and the matrix's cells).
+
+The kinds differ in four facts, all kept here so that the stages differ only in what they select:
+- the model: `ti2v` is WanTI2V (one transformer), `i2v_a14b` WanI2VA14B (two experts, routed in its
+  `velocity` by the model's boundary; the weights handed to it are the experts mapping);
+- the condition: TI2V's is the first frame's latent [B, C, 1, h, w]; I2V's the 20-channel mask and
+  first-frame latent [B, 20, F, h, w], fed beside the noisy latent (it needs the frame count to encode);
+- pinning: TI2V sets latent frame 0 to its condition before the first step and after every step; I2V
+  pins nothing, latent frame 0 is denoised like the others (REFERENCE section 11);
+- the trained model: the base pipeline with the exported `transformer` (TI2V), or with each exported
+  expert folder (`transformer`, `transformer_2`) substituted for the base expert (I2V).
+Evaluation takes no log-probabilities, so the rollout's frame mask (0 on TI2V's pinned frame, all ones
+for I2V) plays no part here.
+
+`sample_latents` runs a Gaussian sampler of training (`SDE`) or a diffusers ODE scheduler (`ODE`); for
+TI2V its SDE steps are the training rollout's (`grpo.rollout.rollout`) to the bit, and its ODE steps
+are those of diffusers' Wan pipelines. The weights a stage substitutes are inputs of its StageRun, so
+their digests were checked against the train manifest before any is read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from videogrpo import layout
+from videogrpo.errors import ConfigError
+from videogrpo.grpo import samplers
+from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, check_expert
+from videogrpo.models.wan import WanTI2V, load_transformer
+
+
+def is_i2v(model) -> bool:
+    return isinstance(model, WanI2VA14B)
+
+
+def load_model(cfg, model_dir: Path, device: torch.device):
+    """The base model of `model.kind`; an I2V base always has both experts (the evaluated pipeline's)."""
+    if cfg.model.kind == "i2v_a14b":
+        return WanI2VA14B.from_config(model_dir, device, cfg)
+    return WanTI2V.from_config(model_dir, device, cfg)
+
+
+def base_weights(model):
+    """What `velocity` takes for the base model: its transformer (TI2V) or its experts mapping (I2V)."""
+    return dict(model.experts) if is_i2v(model) else model.transformer
+
+
+def eval_mode(weights):
+    for module in weights.values() if isinstance(weights, Mapping) else [weights]:
+        module.eval()
+    return weights
+
+
+def exported_folders(cfg, final_dir: Path) -> dict[str, Path]:
+    """Expert name -> the folder of train's export that replaces that base expert (layout.trained_folders:
+    one per trained expert), each present; a folder of an expert the run did not train is refused (the
+    export and the config disagree, and which weights are evaluated must not depend on a stray folder)."""
+    setting = getattr(cfg.train, "experts", "both")
+    try:
+        trained = layout.trained_folders(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    expert_of = {folder: name for name, folder in EXPERT_FOLDERS.items()}
+    folders = {expert_of[folder]: final_dir / folder for folder in trained}
+    if missing := [str(path) for path in folders.values() if not path.is_dir()]:
+        raise ConfigError(
+            f"train.experts = {setting!r}: the export {final_dir} lacks {missing}; rerun train "
+            f"(snakemake --forcerun train) or set train.experts to the experts the run trained"
+        )
+    if extra := [
+        folder for folder in EXPERT_FOLDERS.values() if folder not in trained and (final_dir / folder).exists()
+    ]:
+        raise ConfigError(
+            f"train.experts = {setting!r}, but the export {final_dir} also holds {extra}; set train.experts to "
+            f"the experts the run trained"
+        )
+    return folders
+
+
+def substitute_experts(model: WanI2VA14B, folders: Mapping[str, Path], attention_backend: str) -> dict:
+    """The I2V model's experts with `folders` (expert name -> Diffusers folder) in place of the base ones, on
+    the model itself: each base expert is let go before its replacement loads, since two A14B experts in
+    float32 are 112 GB. The base experts are therefore gone afterwards (evaluate samples the base first)."""
+    for name, folder in folders.items():
+        if name not in model.experts:
+            raise ConfigError(f"{folder}: the model has no {name}-noise expert to replace")
+        model.experts[name] = None
+        setattr(model, EXPERT_FOLDERS[name], None)
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        expert = load_transformer(folder, model.device, attention_backend)
+        check_expert(folder, expert.config, model.vae.config.z_dim)
+        model.experts[name] = expert
+        setattr(model, EXPERT_FOLDERS[name], expert)
+    return dict(model.experts)
+
+
+def trained_weights(cfg, model, final_dir: Path):
+    """The trained model's weights from train's export `final_dir`: its transformer (TI2V), or the base
+    experts with the exported expert folder(s) substituted (I2V; `train.experts` says which)."""
+    if is_i2v(model):
+        return eval_mode(substitute_experts(model, exported_folders(cfg, final_dir), cfg.parallel.attention_backend))
+    return load_transformer(final_dir / "transformer", model.device, cfg.parallel.attention_backend).eval()
+
+
+def encode(model, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int):
+    """(prompt embeddings, condition) of a batch, as `velocity` and `pin` take them."""
+    if is_i2v(model):
+        return model.encode_conditions(prompts, first_frames, height, width, num_frames)
+    return model.encode_conditions(prompts, first_frames, height, width)
+
+
+def velocity(model, weights, x, sigma: float, embeds, guidance_scale: float, condition) -> torch.Tensor:
+    if is_i2v(model):
+        return model.velocity(weights, x, sigma, embeds, guidance_scale, condition=condition)
+    return model.velocity(weights, x, sigma, embeds, guidance_scale)
+
+
+def pin(model, x: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+    """x with TI2V's latent frame 0 set to the first frame's latent (cast to x's dtype); I2V's unchanged."""
+    if not is_i2v(model):
+        x[:, :, :1] = condition
+    return x
+
+
+@dataclass(frozen=True)
+class SDE:
+    """A Gaussian sampler of training (`grpo.samplers`) over a sigma schedule of T + 1 values."""
+
+    sampler: str
+    sigmas: torch.Tensor
+    eta: float | torch.Tensor
+    """The noise level, one for all or one per sample [B]."""
+    step_noise: Callable[[int], torch.Tensor]
+    """The eps [B, C, F, h, w] of denoising step i."""
+
+
+@dataclass(frozen=True)
+class ODE:
+    """A diffusers scheduler (UniPC, flow-matching Euler) run for `steps` steps."""
+
+    scheduler: object
+    steps: int
+
+
+@torch.no_grad()
+def sample_latents(
+    model,
+    weights,
+    embeds: torch.Tensor,
+    condition: torch.Tensor,
+    init: torch.Tensor,
+    how: SDE | ODE,
+    guidance_scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The clean latents [B, C, F, h, w] (in `dtype`) denoised from the noise `init` by `how`.
+
+    `dtype` is where the latent lives between steps: `evaluate` keeps it in the trajectory dtype, as the
+    training rollout does; the matrix in float32.
+    """
+    x = pin(model, init.to(dtype).clone(), condition)
+    if isinstance(how, SDE):
+        for i in range(len(how.sigmas) - 1):
+            sigma, sigma_next = float(how.sigmas[i]), float(how.sigmas[i + 1])
+            v = velocity(model, weights, x, sigma, embeds, guidance_scale, condition)
+            mean, std = samplers.transition(how.sampler, x, v, sigma, sigma_next, how.eta)
+            # samplers.step's x', without the log-probability evaluation has no use for.
+            x = pin(model, (mean + std * how.step_noise(i).float()).to(dtype), condition)
+        return x
+    scheduler = how.scheduler
+    scheduler.set_timesteps(how.steps, device=x.device)
+    for t in scheduler.timesteps:
+        v = velocity(
+            model, weights, x, float(t) / scheduler.config.num_train_timesteps, embeds, guidance_scale, condition
+        )
+        x = pin(model, scheduler.step(v, t, x, return_dict=False)[0].to(dtype), condition)
+    return x
