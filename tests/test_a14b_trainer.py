@@ -177,13 +177,16 @@ def test_more_nodes_for_the_a14b_recipe_are_refused_unless_the_batch_is_re_deriv
     import yaml
 
     from videogrpo import config
+    from videogrpo.errors import ConfigError
 
     from conftest import REPO
 
     data = yaml.safe_load((REPO / "config/recipes/rl_a14b_rule.yaml").read_text())
     assert config.topology_problems(config.from_dict(data, partial=True)) == []
     data["parallel"]["nodes"] = 4
-    (message,) = config.topology_problems(config.from_dict(data, partial=True))
+    with pytest.raises(ConfigError) as refused:
+        config.from_dict(data, partial=True)
+    message = str(refused.value)
     assert "train.batch_size 4 x 16 data replicas (world size 32 = nodes 4 x procs_per_node 8" in message
     assert "= 64; to keep 16 prompts per step set train.batch_size: 1" in message
     data["train"]["batch_size"] = 1

@@ -485,13 +485,3 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
         }
     assert set(jobs) == expected
     assert f"results/runs/{recipe}-" in out.stdout + out.stderr
-    trainable = recipe in ("rl_5b_cps", "rl_5b_sde", "rl_5b_vlm")
-    assert ("cannot be trained by this version" in out.stderr) != trainable
-
-
-def test_a_recipe_the_trainer_cannot_run_is_refused_before_any_job(demo, workdir):
-    before = sorted(p.name for p in (workdir / "results/models").iterdir())
-    out = run(["snakemake", "--cores", "2", "--configfile", "config/recipes/rl_a14b_rule.yaml"], workdir, check=False)
-    assert out.returncode != 0
-    assert "not implemented by this trainer: parallel.tensor_parallel = 2 (implemented: 1); model.kind = " in out.stderr
-    assert sorted(p.name for p in (workdir / "results/models").iterdir()) == before  # nothing was downloaded

@@ -108,7 +108,7 @@ def trained_folders(cfg: Config) -> tuple[str, ...]:
     from the base pipeline). Torch-free: the workflow reads it to name generate_cell's inputs."""
     if cfg.model.kind != "i2v_a14b":
         return ("transformer",)
-    setting = getattr(cfg.train, "experts", "both")  # the field arrives with the two-expert trainer
+    setting = cfg.train.experts
     if setting not in EXPORTED_EXPERTS:
         raise ValueError(f"train.experts = {setting!r}: use both, high or low")
     return EXPORTED_EXPERTS[setting]

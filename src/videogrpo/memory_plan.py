@@ -21,7 +21,8 @@ the frozen models' dtype):
 - frozen models: (text encoder + VAE parameters) x z, on the device in both phases unless
   train.offload_inference_models sends them to CPU before replay;
 - activations of replay with gradient checkpointing, for B rows per forward (the rows of this rank's
-  largest rollout chunk, which replay takes as the rollout did; x 2 under classifier-free guidance, whose unconditional graph is held too) at N video
+  largest rollout chunk, which replay takes as the rollout did; x 2 under classifier-free guidance, whose
+  unconditional graph is held too) at N video
   tokens per row (latent frames x (h / ph) x (w / pw), grpo.flops.video_tokens), hidden size d, FFN
   size f, L blocks:
       B N [ L c d                        every checkpointed block keeps its input hidden state

@@ -59,7 +59,7 @@ def exported_folders(cfg, final_dir: Path) -> dict[str, Path]:
     """Expert name -> the folder of train's export that replaces that base expert (layout.trained_folders:
     one per trained expert), each present; a folder of an expert the run did not train is refused (the
     export and the config disagree, and which weights are evaluated must not depend on a stray folder)."""
-    setting = getattr(cfg.train, "experts", "both")
+    setting = cfg.train.experts
     try:
         trained = layout.trained_folders(cfg)
     except ValueError as err:
