@@ -224,10 +224,12 @@ def test_tp_x_fsdp_trains_what_one_unsharded_process_trains(tp_uninterrupted, ti
         assert state["layout"][name]["mesh_dims"] == ["dp", "tp"] and state["layout"][name]["mesh_shape"] == [2, 2]
     solo = a14b(grpo={"prompts_per_step": 2}, train={"batch_size": 2, "max_steps": 4, "save_steps": 2})
     train_in_process(solo, tmp_path, tiny_i2v, dataset)
+    # TP's partial sums round differently (outputs within 1e-6): the decoded videos, and so the rewards, move by
+    # rounding. A TP peer counted twice would double the loss and the gradient norm.
     for a, b in zip(metrics(tp_uninterrupted), metrics(tmp_path), strict=True):
-        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-5)
-        assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-3, abs=1e-7)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-3)
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-2, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-2)
     for folder in ("transformer", "transformer_2"):
         sharded, plain = expert_weights(tp_uninterrupted, folder), expert_weights(tmp_path, folder)
         assert sharded.keys() == plain.keys()
@@ -281,3 +283,16 @@ def test_the_trainers_two_expert_checkpoint_initialises_another_run(tiny_i2v, da
     for name, folder in (("high", "transformer"), ("low", "transformer_2")):
         final = expert_weights(tmp_path, folder)
         assert all(torch.equal(fresh[name].state_dict()[k], v) for k, v in final.items()), name
+
+
+def test_the_video_sides_follow_the_models_vae():
+    """I2V-A14B's Wan2.1 VAE compresses space by 8 (sides multiples of 16), TI2V's Wan2.2 VAE by 16 (of 32)."""
+    from videogrpo import config
+
+    i2v = config.from_dict(a14b(video={"height": 48, "width": 80}))
+    assert not [p for p in config.problems(i2v) if p.startswith("video.")]
+    ti2v = solo_config(video={"height": 48, "width": 64})
+    with pytest.raises(
+        Exception, match=r"video.height = 48: must be a multiple of 32 \(model.kind ti2v: VAE factor 16"
+    ):
+        config.from_dict(ti2v)

@@ -128,7 +128,8 @@ def describe_layout(model: torch.nn.Module) -> dict:
         "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params}),
     }
     if sharded:
-        mesh = sharded[0].device_mesh
+        # The widest mesh: under TP x FSDP the replicated parameters live on the "dp" sub-mesh, the TP shards on both.
+        mesh = max((p.device_mesh for p in sharded), key=lambda m: m.ndim)
         layout.update(
             mesh_shape=list(mesh.shape),
             mesh_dims=list(mesh.mesh_dim_names or ()),

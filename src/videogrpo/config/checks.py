@@ -215,10 +215,15 @@ def _video_problems(cfg: Config) -> list[str]:
     found = []
     if cfg.video.num_frames % 4 != 1:
         found.append(f"video.num_frames = {cfg.video.num_frames}: must be 4k + 1 (the Wan VAE compresses time by 4)")
+    # TI2V's Wan2.2 VAE compresses space by 16, I2V-A14B's Wan2.1 VAE by 8; both transformers patch by 2.
+    factor = 8 if cfg.model.kind == "i2v_a14b" else 16
     for side in ("height", "width"):
         value = getattr(cfg.video, side)
-        if value % 32:
-            found.append(f"video.{side} = {value}: must be a multiple of 32 (VAE factor 16 x patch 2)")
+        if value % (2 * factor):
+            found.append(
+                f"video.{side} = {value}: must be a multiple of {2 * factor} (model.kind {cfg.model.kind}: VAE "
+                f"factor {factor} x patch 2)"
+            )
     return found
 
 
