@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from videogrpo.models.i2v import boundary_of
 
-from harness import adam_tolerance, metrics, solo_config, train, train_in_process, trainer_in_process
+from harness import metrics, solo_config, train, train_in_process, trainer_in_process
 
 
 @pytest.fixture(scope="module")
@@ -230,11 +230,17 @@ def test_tp_x_fsdp_trains_what_one_unsharded_process_trains(tp_uninterrupted, ti
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-3)
         assert a["policy_loss"] == pytest.approx(b["policy_loss"], rel=1e-2, abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-2)
+    # AdamW moves a weight by at most about lr per update, whatever its gradient's scale: the rounding of a
+    # near-zero gradient can use that up, so per weight only the bound holds; the updates as a whole agree.
+    updates = len(metrics(tmp_path))
     for folder in ("transformer", "transformer_2"):
         sharded, plain = expert_weights(tp_uninterrupted, folder), expert_weights(tmp_path, folder)
-        assert sharded.keys() == plain.keys()
-        for key in sharded:
-            assert (sharded[key] - plain[key]).abs().max() <= adam_tolerance(1e-4, 4), (folder, key)
+        base = load_file(tiny_i2v / folder / "diffusion_pytorch_model.safetensors")
+        assert sharded.keys() == plain.keys() == base.keys()
+        assert max((sharded[k] - plain[k]).abs().max().item() for k in base) <= 1e-4 * updates
+        apart = sum((sharded[k] - plain[k]).double().square().sum().item() for k in base) ** 0.5
+        moved = sum((plain[k] - base[k]).double().square().sum().item() for k in base) ** 0.5
+        assert apart < 0.05 * moved, (folder, apart / moved)
 
 
 def test_sigkill_of_a_two_expert_tp_run_then_rerun_ends_bit_identical(tp_uninterrupted, tiny_i2v, dataset, tmp_path):

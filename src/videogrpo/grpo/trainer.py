@@ -49,6 +49,7 @@ from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift
 from videogrpo.provenance.digest import sha256_bytes
+from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -190,7 +191,9 @@ class Trainer:
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, self.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
-        if cfg.reward.kind == "vbvr_vlm":
+        if not self.scores:
+            self.scorer = NoScorer()
+        elif cfg.reward.kind == "vbvr_vlm":
             tasks = sorted({sample.task for sample in self.order})
             self.scorer = JudgeScorer.for_config(cfg, tasks)
         else:
