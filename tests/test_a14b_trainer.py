@@ -193,12 +193,12 @@ def test_more_nodes_for_the_a14b_recipe_are_refused_unless_the_batch_is_re_deriv
     assert config.topology_problems(config.from_dict(data, partial=True)) == []
 
 
-# ---- under torchrun: TP 2 x FSDP 2 on 4 gloo processes ----------------------------------------------------
+# ---- under torchrun: one TP pair (2 gloo processes; TP 2 x FSDP 2 on 4 runs in tests/test_a14b_workflow.py) ----
 
 TP_FSDP = dict(
-    parallel={"procs_per_node": 4, "tensor_parallel": 2, "data_parallel": "fsdp"},
+    parallel={"procs_per_node": 2, "tensor_parallel": 2, "data_parallel": "fsdp"},
     grpo={"prompts_per_step": 2},
-    train={"batch_size": 1, "max_steps": 4, "save_steps": 2},
+    train={"batch_size": 2, "max_steps": 4, "save_steps": 2},
 )
 
 
@@ -216,12 +216,13 @@ def tp_uninterrupted(tiny_i2v, dataset, tmp_path_factory):
     return out
 
 
-def test_tp_x_fsdp_trains_what_one_unsharded_process_trains(tp_uninterrupted, tiny_i2v, dataset, tmp_path):
-    """Two data replicas of a TP pair each against one process holding both prompts: the same rewards (only
-    tp_rank 0 scores, counted once), losses and, within AdamW's round-off, the same weights of both experts."""
+def test_a_tp_pair_trains_what_one_unsharded_process_trains(tp_uninterrupted, tiny_i2v, dataset, tmp_path):
+    """A TP pair (FSDP2 over its one data replica) against one process: the same rewards (only tp_rank 0
+    scores, counted once), losses and gradient norms and, within AdamW's round-off, the same weights of both
+    experts."""
     state = json.loads((tp_uninterrupted / "final/training_state.json").read_text())
     for name in ("high", "low"):
-        assert state["layout"][name]["mesh_dims"] == ["dp", "tp"] and state["layout"][name]["mesh_shape"] == [2, 2]
+        assert state["layout"][name]["mesh_dims"] == ["dp", "tp"] and state["layout"][name]["mesh_shape"] == [1, 2]
     solo = a14b(grpo={"prompts_per_step": 2}, train={"batch_size": 2, "max_steps": 4, "save_steps": 2})
     train_in_process(solo, tmp_path, tiny_i2v, dataset)
     # TP's partial sums round differently (outputs within 1e-6): the decoded videos, and so the rewards, move by
