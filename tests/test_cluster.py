@@ -178,9 +178,11 @@ def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout)
     assert not (run_dir / "train/final").exists()
     out = run(["snakemake", *TEST_PROFILE, *override], checkout)
     assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
-    log = (run_dir / "logs/train.log").read_text()
-    resumed = [int(m) for m in re.findall(rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)", log)]
-    # Resubmitted by Snakemake, then rerun by hand: each attempt resumed later than the one before.
-    assert len(resumed) == 2 and 2 <= resumed[0] < resumed[1], log
+    log = (run_dir / "logs/train.log").read_text()  # the last attempt's: each attempt writes its own
+    # Resubmitted by Snakemake (its killed attempt's log is in the driver's output), then rerun by hand: each
+    # attempt resumed later than the one before.
+    pattern = rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)"
+    resumed = [int(m) for m in dict.fromkeys(re.findall(pattern, output + log))]
+    assert len(resumed) == 2 and 2 <= resumed[0] < resumed[1], (resumed, log)
     steps = [json.loads(line)["step"] for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, total + 1))
