@@ -95,7 +95,7 @@ def test_the_matrix_ode_sampling_equals_the_diffusers_i2v_pipeline(tiny_i2v, pip
     expert the boundary names (hooks), both experts serving, and the decoded video within rounding."""
     from PIL import Image
 
-    model = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32)
+    model = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32, condition_dtype="float32")
     s = Settings(steps=6, guidance_scale=guidance, seed=0, num_frames=FRAMES, height=HEIGHT, width=WIDTH, fps=16)
     where = sample_dir(tmp_path / "sample", seed=1)
     noise = seeded_normal(model.geometry(FRAMES, HEIGHT, WIDTH).shape, CPU, s.seed, SEED_TAG, 3).unsqueeze(0)
@@ -144,7 +144,7 @@ def _sample(index: int):
 def test_nothing_is_pinned_and_the_flowcps_cell_routes_every_step(tiny_i2v, tmp_path):
     """A Flow-CPS cell: every step on the expert the boundary names; latent frame 0 evolves (I2V pins nothing),
     and the noise is the matrix's own (the same sample gives the same video, another sample another)."""
-    model = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32)
+    model = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32, condition_dtype="float32")
     s = Settings(steps=8, guidance_scale=1.0, seed=0, num_frames=FRAMES, height=HEIGHT, width=WIDTH, fps=16)
     where = sample_dir(tmp_path / "sample", seed=2)
     latents = []

@@ -26,7 +26,7 @@ def tiny_i2v(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(tiny_i2v):
-    return WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32)
+    return WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32, condition_dtype="float32")  # diffusers' arithmetic
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +270,24 @@ def test_bf16_compute_hands_one_bf16_timestep_per_sample_and_36_channels(tiny_i2
     assert hidden.shape == (2, 36, 3, 4, 6) and hidden.dtype == torch.bfloat16
     assert timestep.dtype == torch.bfloat16 and timestep.tolist() == [936.0, 936.0]
     assert v.dtype == torch.float32 and v.shape == x.shape
+
+
+def test_the_default_condition_is_rounded_as_the_reference(tiny_i2v):
+    """model.condition_dtype bfloat16 (the default, as the reference): pixels scaled in bf16, the VAE's latent
+    normalised in its dtype by mean and the reciprocal std, then rounded to bf16; float32 is diffusers' arithmetic,
+    and the two differ (by bf16 rounding)."""
+    reference = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32)
+    precise = WanI2VA14B(tiny_i2v, CPU, max_text_tokens=32, condition_dtype="float32")
+    frames = images(2)
+    ours = reference.encode_first_frames(frames, FRAMES)
+    pixels = torch.from_numpy(frames).to(torch.bfloat16).div(127.5).sub(1.0).permute(0, 3, 1, 2)
+    expected = []
+    for image in pixels:
+        video = torch.zeros(1, 3, FRAMES, *image.shape[1:], dtype=torch.bfloat16)
+        video[:, :, 0] = image
+        latent = reference.vae.encode(video.float()).latent_dist.mode()
+        mean, inv = reference.latents_mean, 1.0 / reference.latents_std
+        expected.append(((latent - mean) * inv).to(torch.bfloat16).float())
+    assert torch.equal(ours[:, 4:], torch.cat(expected))
+    assert torch.equal(ours[:, 4:].to(torch.bfloat16).float(), ours[:, 4:])  # bf16 values
+    assert not torch.equal(ours, precise.encode_first_frames(frames, FRAMES))

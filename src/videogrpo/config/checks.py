@@ -21,6 +21,7 @@ CHOICES = {
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
+    "model.condition_dtype": ("bfloat16", "float32"),
     "evaluate.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
     "evaluate.split": ("heldout", "rl"),
     "parallel.data_parallel": ("replicate", "fsdp", "hsdp"),

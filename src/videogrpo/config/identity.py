@@ -200,6 +200,7 @@ GENERATION_FIELDS = (
     "model.kind",
     "model.max_text_tokens",
     "model.frozen_dtype",
+    "model.condition_dtype",
     "parallel.param_dtype",
     "grpo.trajectory_dtype",
     "matrix.steps",

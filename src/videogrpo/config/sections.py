@@ -28,6 +28,9 @@ class ModelConfig:
     bf16 is slow, as on CPU)."""
     prompt_cache_bytes: int = 1 << 30
     """Bytes of prompt embeddings kept on CPU for reuse, least recently used evicted first (0: no cache)."""
+    condition_dtype: str = "bfloat16"
+    """Precision of the first-frame condition: `bfloat16` as the reference (pixels scaled in bf16, the latent
+    normalised in the VAE's dtype, then rounded to bf16) or `float32` (diffusers' arithmetic, all float32)."""
 
 
 @dataclass

@@ -39,8 +39,10 @@ from videogrpo.models.wan import (
     NUM_TRAIN_TIMESTEPS,
     LatentGeometry,
     WanTI2V,
+    first_frame_pixels,
     load_first_frames,
     load_transformer,
+    normalise_condition,
     trajectory_dtype,
 )
 
@@ -121,8 +123,10 @@ class WanI2VA14B:
         prompt_cache_bytes: int = 1 << 30,
         frozen_device: torch.device | None = None,
         experts: str = "both",
+        condition_dtype: str = "bfloat16",
     ):
-        """`experts`: `both`, or `high` / `low` to load only that expert (it then serves every step)."""
+        """`experts`: `both`, or `high` / `low` to load only that expert (it then serves every step);
+        `condition_dtype`: the first-frame condition's precision (model.condition_dtype)."""
         if kind != "i2v_a14b":
             raise ConfigError(f"model.kind = {kind!r}: WanI2VA14B loads the Wan2.2 I2V-A14B layout ('i2v_a14b')")
         if experts not in ("both", *EXPERTS):
@@ -136,6 +140,7 @@ class WanI2VA14B:
         self.compute_dtype = DTYPES[compute_dtype]
         self.trajectory_dtype = trajectory_dtype(trajectory, compute_dtype)
         self.max_text_tokens = max_text_tokens
+        self.condition_dtype = condition_dtype
         self.boundary_ratio, self.boundary = boundary_of(model_dir)
         self.loaded = EXPERTS if experts == "both" else (experts,)
         if "low" in self.loaded and not transformer_2_named(model_dir):
@@ -194,6 +199,7 @@ class WanI2VA14B:
             cfg.model.prompt_cache_bytes,
             frozen_device,
             experts,
+            cfg.model.condition_dtype,
         )
 
     @property
@@ -228,17 +234,16 @@ class WanI2VA14B:
     @torch.no_grad()
     def encode_first_frames(self, images: np.ndarray, num_frames: int) -> torch.Tensor:
         """The I2V condition [B, 4 + C, F, h, w] float32 (mask; normalised VAE mode of each first frame followed by
-        zero frames) of uint8 first frames [B, H, W, 3]."""
+        zero frames, `condition_dtype` values) of uint8 first frames [B, H, W, 3]."""
         batch, height, width, _ = images.shape
         geometry = self.geometry(num_frames, height, width)
-        pixels = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, torch.float32)
-        pixels = pixels.permute(0, 3, 1, 2).unsqueeze(2) / 127.5 - 1.0
+        pixels = first_frame_pixels(images, self.device, self.condition_dtype).unsqueeze(2)
         video = torch.cat([pixels, pixels.new_zeros(batch, 3, num_frames - 1, height, width)], dim=2)
         # One video per VAE call: batched convolutions round differently, and a sample's condition must not
         # depend on which samples share its batch (nor on the VAE's memory at 161 frames).
         latents = torch.cat([self.vae.encode(v.to(self.frozen_dtype)).latent_dist.mode() for v in video.split(1)])
-        # Times the reciprocal std, not divided by it: diffusers' and the reference's rounding, to the bit.
-        latents = (latents.float() - self.latents_mean) * (1.0 / self.latents_std)
+        # Times the reciprocal std, not divided by it: diffusers' and the reference's rounding.
+        latents = normalise_condition(latents, self.latents_mean, self.latents_std, self.condition_dtype, divide=False)
         mask = first_frame_mask(num_frames, geometry.height, geometry.width, self.temporal).to(self.device)
         return torch.cat([mask.expand(batch, -1, -1, -1, -1), latents], dim=1)
 

@@ -117,8 +117,10 @@ class WanTI2V:
         frozen_dtype: str = "float32",
         prompt_cache_bytes: int = 1 << 30,
         frozen_device: torch.device | None = None,
+        condition_dtype: str = "bfloat16",
     ):
-        """`frozen_device`: where the text encoder and VAE are loaded (default `device`; CPU when offloaded)."""
+        """`frozen_device`: where the text encoder and VAE are loaded (default `device`; CPU when offloaded);
+        `condition_dtype`: the first-frame condition's precision (model.condition_dtype)."""
         if kind != "ti2v":
             raise ConfigError(f"model.kind = {kind!r}: only 'ti2v' (Wan2.2 TI2V-5B layout) is implemented so far")
         from diffusers import AutoencoderKLWan
@@ -130,6 +132,7 @@ class WanTI2V:
         self.compute_dtype = DTYPES[compute_dtype]
         self.trajectory_dtype = trajectory_dtype(trajectory, compute_dtype)
         self.max_text_tokens = max_text_tokens
+        self.condition_dtype = condition_dtype
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
         self.frozen_dtype = DTYPES[frozen_dtype]
         frozen_device = device if frozen_device is None else frozen_device
@@ -168,6 +171,7 @@ class WanTI2V:
             cfg.model.frozen_dtype,
             cfg.model.prompt_cache_bytes,
             frozen_device,
+            cfg.model.condition_dtype,
         )
 
     @property
@@ -212,11 +216,11 @@ class WanTI2V:
 
     @torch.no_grad()
     def encode_first_frames(self, images: np.ndarray) -> torch.Tensor:
-        """Normalised latent of each first frame, [B, C, 1, h, w] float32 (uint8 images [B, H, W, 3] in)."""
-        pixels = torch.from_numpy(np.ascontiguousarray(images)).to(self.device, torch.float32)
-        pixels = pixels.permute(0, 3, 1, 2).unsqueeze(2) / 127.5 - 1.0
+        """Normalised latent of each first frame, [B, C, 1, h, w] float32 holding `condition_dtype` values (uint8
+        images [B, H, W, 3] in)."""
+        pixels = first_frame_pixels(images, self.device, self.condition_dtype).unsqueeze(2)
         latents = self.vae.encode(pixels.to(self.frozen_dtype)).latent_dist.mode()
-        return (latents.float() - self.latents_mean) / self.latents_std
+        return normalise_condition(latents, self.latents_mean, self.latents_std, self.condition_dtype, divide=True)
 
     def encode_conditions(
         self, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int | None = None
@@ -274,6 +278,26 @@ class WanTI2V:
                 )[0].float()
                 out = uncond + guidance_scale * (out - uncond)
         return out
+
+
+def first_frame_pixels(images: np.ndarray, device: torch.device, condition_dtype: str) -> torch.Tensor:
+    """uint8 frames [B, H, W, 3] as pixels [B, 3, H, W] in [-1, 1], scaled in the condition dtype: the reference
+    scales in bf16 (uint8 -> bf16, / 127.5, - 1), diffusers in float32."""
+    pixels = torch.from_numpy(np.ascontiguousarray(images)).to(device, DTYPES[condition_dtype])
+    return pixels.permute(0, 3, 1, 2).div(127.5).sub(1.0)
+
+
+def normalise_condition(
+    latents: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, condition_dtype: str, divide: bool
+) -> torch.Tensor:
+    """The VAE's latents normalised by its latents mean and std, returned as float32. `bfloat16` (the reference):
+    (latents - mean) x (1 / std) in the VAE's dtype, then rounded to bf16. `float32`: in float32, dividing by std
+    (`divide`, diffusers' TI2V pipeline) or multiplying by its reciprocal (diffusers' I2V pipeline)."""
+    if condition_dtype == "bfloat16":
+        dtype = latents.dtype
+        return ((latents - mean.to(dtype)) * (1.0 / std).to(dtype)).to(torch.bfloat16).float()
+    latents = latents.float() - mean
+    return latents / std if divide else latents * (1.0 / std)
 
 
 def load_transformer(path: Path, device: torch.device, attention_backend: str) -> torch.nn.Module:
