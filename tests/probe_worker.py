@@ -53,7 +53,7 @@ _init = trainer.Trainer.__init__
 
 def probed_init(self, *args, **kwargs):
     _init(self, *args, **kwargs)
-    self.transformer.register_forward_pre_hook(record, with_kwargs=True)  # after FSDP's (prepended) hooks
+    self.experts.policy.register_forward_pre_hook(record, with_kwargs=True)  # after FSDP's (prepended) hooks
 
 
 def main() -> int:
