@@ -40,6 +40,7 @@ MARKER = "COMPLETE"
 TRAINER_MATH = (
     "grpo/advantages.py",
     "grpo/assignment.py",
+    "grpo/experts.py",
     "grpo/loss.py",
     "grpo/lr_schedule.py",
     "grpo/offload.py",
@@ -58,6 +59,7 @@ TRAINER_MATH = (
     "data/dataset.py",
     "data/video.py",
     "parallelize.py",
+    "tensor_parallel.py",
     "distributed.py",
     "checkpoint.py",
 )

@@ -82,6 +82,8 @@ CODE_PARTS = {
         "distributed.py",
         "checkpoint.py",
         "parallelize.py",
+        "tensor_parallel.py",
+        "sft_init.py",
     ),
     "train": (
         "stages/train.py",
@@ -99,6 +101,8 @@ CODE_PARTS = {
         "distributed.py",
         "checkpoint.py",
         "parallelize.py",
+        "tensor_parallel.py",
+        "sft_init.py",
     ),
     "evaluate": (
         "stages/evaluate.py",
