@@ -139,13 +139,13 @@ def kill_when_checkpointed(
 
 
 def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout):
-    """scancel stands in for a job SLURM kills at its time limit. The first kill: Snakemake resubmits the job
-    (slurm.train_retries: 1) and it resumes. The second: no retry is left, the driver fails, and rerunning the
-    same command resumes and finishes."""
-    total = 12
+    """scancel stands in for a job SLURM kills at its time limit: Snakemake resubmits it (slurm.train_retries: 1)
+    and it resumes from the last checkpoint and finishes. (That a plain rerun after a failed run resumes is
+    Snakemake's and the trainer's, without SLURM: test_workflow_reruns.)"""
+    total = 8
     override = [
         "--config",
-        f"train={{max_steps: {total}, save_steps: 2, epochs: 3}}",
+        f"train={{max_steps: {total}, save_steps: 2, epochs: 2}}",
         "slurm={train_retries: 1}",
         "matrix={models: [base]}",  # the base cells exist: no trained cells to make for this run
     ]
@@ -159,30 +159,23 @@ def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout)
         stderr=subprocess.STDOUT,
     )
     try:
-        first = kill_when_checkpointed(checkout, driver, (0, None), driver_log)
-        kill_when_checkpointed(checkout, driver, first, driver_log)
+        kill_when_checkpointed(checkout, driver, (0, None), driver_log)
         driver.wait(timeout=600)
     finally:
         if driver.poll() is None:
             driver.kill()
     output = driver_log.read_text()
-    # Both killed attempts, as the driver saw them (a failed job's log, which it prints, says "Error in rule" too).
+    # The killed attempt, as the driver saw it (a failed job's log, which it prints, says "Error in rule" too).
     killed = re.findall(r"SLURM-job '(\d+)' failed, SLURM status is: 'CANCELLED'", output)
-    assert len(set(killed)) == 2 and "Trying to restart job" in output, output[-4000:]
-    assert driver.returncode != 0, output[-4000:]
+    assert len(set(killed)) == 1 and "Trying to restart job" in output, output[-4000:]
+    assert driver.returncode == 0, output[-4000:]  # resubmitted, resumed, finished
     (run_dir,) = {
         p.parents[1]
         for p in checkout.glob("results/runs/*/checkpoints/step-*")
         if json.loads((p.parents[1] / "preflight.manifest.json").read_text())["params"]["train"]["max_steps"] == total
     }
-    assert not (run_dir / "train/final").exists()
-    out = run(["snakemake", *TEST_PROFILE, *override], checkout)
-    assert set(jobs_run(out.stdout + out.stderr)) >= {"train", "evaluate", "report"}
-    log = (run_dir / "logs/train.log").read_text()  # the last attempt's: each attempt writes its own
-    # Resubmitted by Snakemake (its killed attempt's log is in the driver's output), then rerun by hand: each
-    # attempt resumed later than the one before.
-    pattern = rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)"
-    resumed = [int(m) for m in dict.fromkeys(re.findall(pattern, output + log))]
-    assert len(resumed) == 2 and 2 <= resumed[0] < resumed[1], (resumed, log)
+    log = (run_dir / "logs/train.log").read_text()
+    resumed = re.search(rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)", log)
+    assert resumed and int(resumed.group(1)) >= 2, log
     steps = [json.loads(line)["step"] for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, total + 1))
