@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from videogrpo import distributed, parallelize, tensor_parallel
+from videogrpo import parallelize, tensor_parallel
 from videogrpo.config import Config
 from videogrpo.models.wan import DTYPES
 
@@ -131,10 +131,6 @@ class Experts:
             e.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def served_counts(self) -> dict[str, int]:
-        """Per expert, how many of its parameters hold a gradient (for tests and the routing metric)."""
-        return {e.name: sum(p.grad is not None for p in e.params) for e in self.experts}
-
     def modules(self) -> dict[str, torch.nn.Module]:
         return {e.name: e.module for e in self.experts}
 
@@ -149,6 +145,3 @@ class Experts:
     def full_state_dicts(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every expert's parameters gathered on CPU (collective: every rank calls it)."""
         return {e.name: parallelize.full_state_dict(e.module) for e in self.experts}
-
-    def finite(self) -> bool:
-        return all(distributed.all_gather_objects(all(torch.isfinite(p.detach()).all().item() for p in self.params)))
