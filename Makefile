@@ -54,8 +54,8 @@ demo: env
 	snakemake --cores 2
 	@echo "report: $(CURDIR)/results/runs/$$(videogrpo config --run-id)/report/report.html"
 
-test: env
-	pytest
+test: env   # two workers: the pipeline's tests on one, in order; the rest beside them (tests/conftest.py)
+	pytest -n 2 --dist loadgroup
 
 lint: env   # also run by `make test` (tests/test_lint.py)
 	ruff check .

@@ -138,9 +138,10 @@ def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, 
         assert "input final is not what train made" in text
         assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
         assert snapshot(run_dir / "evaluate") == evaluation  # even forced, nothing of the evaluation is lost
-        # The message's other way out: training made again (resumed from its checkpoints, re-exported).
+        # The message's other way out: training made again (resumed from its checkpoints, re-exported); what
+        # follows it reruns in the next test's plain rerun.
         assert "or rerun train (snakemake --forcerun train)" in text
-        run(["snakemake", "--cores", "2", "--forcerun", "train"], workdir)
+        run(["snakemake", "--cores", "2", "--forcerun", "train", "train"], workdir)
         assert weights.read_bytes() == good
     finally:
         if weights.read_bytes() != good:
@@ -150,7 +151,7 @@ def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, 
 def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, workdir):
     """Downstream stages refuse a cut-short train manifest before anything of theirs is deleted; the message's
     command (rm it, then a plain rerun) rebuilds it: training resumes, and verify passes."""
-    run(["snakemake", "--cores", "2"], workdir)
+    run(["snakemake", "--cores", "2", "train"], workdir)  # what follows train may be stale: the plain rerun makes it
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     (trained_cells,) = {p.parent.parent for p in workdir.glob(f"results/matrix/*/{run_dir.name}/*/scores.csv")}
     kept = snapshot(run_dir / "evaluate", trained_cells)
@@ -227,8 +228,8 @@ def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir
 
 def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(demo, workdir):
     """Ctrl-C (SIGINT to the terminal's process group) while `--forcerun train` runs: Snakemake removes the
-    job's outputs while report.html stays; `snakemake -n` still lists training, and a plain rerun resumes
-    it and rebuilds what follows."""
+    job's outputs while report.html stays; `snakemake -n` still lists training, verify names each missing
+    manifest, and a plain rerun resumes training and rebuilds every stage whose outputs were removed."""
     run(["snakemake", "--cores", "2"], workdir)
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     manifest, log = run_dir / "train.manifest.json", run_dir / "logs/train.log"
@@ -259,22 +260,11 @@ def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(d
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert not manifest.exists() and (run_dir / "report/report.html").is_file()
-    dry = run(["snakemake", "-n"], workdir)
-    assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
-    run(["snakemake", "--cores", "2"], workdir)
-    assert "resumed from" in log.read_text()
-    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
-
-
-def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
-    """As after a failed or interrupted stage, whose outputs Snakemake removes, while report.html stays: a plain
-    `snakemake -n` lists the stage again, verify names every missing manifest (exit 4) with the command that
-    rebuilds it, and a plain rerun finishes the job."""
-    run_dir = workdir / "results/runs" / first_run_id(workdir)
-    removed = [run_dir / f"{stage}.manifest.json" for stage in ("train", "evaluate", "report")]
-    for path in removed:
+    # As after failures of the later stages too, whose outputs Snakemake removes likewise: verify names every
+    # missing manifest (exit 4) with the command that rebuilds it.
+    removed = [manifest, *(run_dir / f"{stage}.manifest.json" for stage in ("evaluate", "report"))]
+    for path in removed[1:]:
         path.unlink()
-    assert (run_dir / "report/report.html").is_file()
     dry = run(["snakemake", "-n"], workdir)
     assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
     checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
@@ -287,6 +277,7 @@ def test_a_plain_rerun_rebuilds_every_stage_a_failure_removed(demo, workdir):
     assert "`snakemake --cores <N>` (a plain rerun rebuilds" in checked.stdout + checked.stderr
     run(["snakemake", "--cores", "2"], workdir)
     assert all(path.is_file() for path in removed)
+    assert "resumed from" in log.read_text()
     assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
 
 
