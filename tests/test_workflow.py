@@ -267,7 +267,7 @@ def test_readme_commands_are_all_exercised_here(repo):
     all)."""
     import shlex
 
-    readme = (repo / "README.md").read_text()
+    readme = (repo / "README.md").read_text() + (repo / "config/README.md").read_text()
     sources = [Path(__file__).parent / "conftest.py", *sorted(Path(__file__).parent.glob("test_workflow*.py"))]
     here = "".join(path.read_text() for path in sources).replace('f"', '"').replace("{recipe}", "rl_5b_cps")
     commands = [

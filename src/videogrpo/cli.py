@@ -56,8 +56,12 @@ def _config_command(args: argparse.Namespace) -> int:
 
 def _schema_command(args: argparse.Namespace) -> int:
     from videogrpo.config import json_schema
+    from videogrpo.config.docs import markdown_reference
 
-    print(json.dumps(json_schema(), indent=2))
+    if args.markdown:
+        print(markdown_reference(json_schema()), end="")
+    else:
+        print(json.dumps(json_schema(), indent=2))
     return 0
 
 
@@ -113,6 +117,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     show.set_defaults(handler=_config_command)
     schema = sub.add_parser(
         "schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)"
+    )
+    schema.add_argument(
+        "--markdown", action="store_true", help="the same reference as Markdown (config/README.md is generated from it)"
     )
     schema.set_defaults(handler=_schema_command)
     check = sub.add_parser(
