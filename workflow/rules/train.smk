@@ -3,7 +3,6 @@
 # Under profiles/kubernetes with several nodes the rule runs on the driver, which writes the run's indexed
 # Job beside it and waits for it (`videogrpo k8s-job`, k8s_job.py): every pod runs the same training command.
 rule train:
-    localrule: K8S_TRAIN_JOB
     input:
         **checked(
             "train",
@@ -22,6 +21,7 @@ rule train:
     log:
         f"{RUN}/logs/train.log",
     retries: TRAIN_RETRIES
+    localrule: K8S_TRAIN_JOB
     threads: CFG.parallel.procs_per_node
     resources:
         **cluster_resources("train"),
