@@ -360,6 +360,19 @@ def kubernetes_resources(kind):
     return res
 
 
+def train_job_submit():
+    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo k8s-job`, which
+    writes the run's Job beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training
+    command that follows `--`. Elsewhere nothing: the rule runs the training command itself."""
+    if not K8S_TRAIN_JOB:
+        return ""
+    spec = f"{RUN}/k8s/train-job.yaml"
+    return (
+        f"videogrpo k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
+        f" --spec {shlex.quote(spec)} --apply -- "
+    )
+
+
 def eval_tree_inputs():
     """eval_set's inputs: the synthetic tree and its manifest, or every file of the external tree (so that an
     edit reruns the check, which then refuses it); nothing while the external tree is absent (dry runs)."""

@@ -36,14 +36,9 @@ rule train:
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
-        submit=(
-            f"videogrpo k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
-            f" --spec {shlex.quote(RUN + '/k8s/train-job.yaml')} --apply --"
-            if K8S_TRAIN_JOB
-            else ""
-        ),
+        submit=train_job_submit(),
     shell:
-        "{params.submit} videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
+        "{params.submit}videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"
