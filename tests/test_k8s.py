@@ -149,7 +149,7 @@ def test_topologies_that_cannot_run_as_a_job_are_refused_naming_the_fields(tmp_p
     (mismatch,) = k8s_job.problems(five_b(tmp_path, gpus_per_node=4), tmp_path)
     assert "kubernetes.gpus_per_node = 4 but parallel.procs_per_node = 8" in mismatch
     (single,) = k8s_job.problems(recipe("rl_a14b_rule", image=IMAGE, volume_claim="c", volume_path="/"), tmp_path)
-    assert single.startswith("parallel.nodes = 1: one node trains in one pod of the executor plugin")
+    assert single.startswith("parallel.nodes = 1: one node trains in one pod of the executor plugin, not a Job")
     with pytest.raises(ConfigError, match="kubernetes.gpu_manufacturer = 'intel': must be one of nvidia, amd"):
         config.from_dict({"kubernetes": {"gpu_manufacturer": "intel"}}, partial=True)
 
@@ -257,3 +257,27 @@ def test_the_module_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # the Snakefile imports it: a dry run must not pay for them
+
+
+def test_the_executors_settings_must_match_the_config_of_the_training_job(tmp_path):
+    cfg = five_b(tmp_path)  # namespace videogrpo, service account trainer
+
+    def found(executor="kubernetes", marked=True, image=IMAGE, namespace="videogrpo", account="trainer", of=cfg):
+        return k8s_job.settings_problems(of, executor, marked, image, namespace, account)
+
+    assert found() == [] and found("slurm", marked=False, image="", namespace="") == []
+    (unmarked,) = found(marked=False)
+    assert "without profiles/kubernetes" in unmarked and "--profile profiles/kubernetes" in unmarked
+    assert found(image="snakemake/snakemake:v9.27.1", account=None) == [
+        f"kubernetes.image = '{IMAGE}' but --container-image = 'snakemake/snakemake:v9.27.1': the training Job's "
+        f"pods and the other pods must run alike; give both the same value",
+        "kubernetes.service_account = 'trainer' but --kubernetes-service-account-name = '': the training Job's "
+        "pods and the other pods must run alike; give both the same value",
+    ]
+    a14b = recipe("rl_a14b_rule")  # one plugin pod trains: no Job to agree with
+    assert found(image="other", namespace="other", of=a14b) == []
+    as_job = recipe("rl_a14b_rule", train_as_job=True, image=IMAGE, volume_claim="c", volume_path=str(tmp_path))
+    assert k8s_job.problems(as_job, tmp_path) == [] and found(image="other", account="", of=as_job)
+    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "train"], tmp_path)
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+    k8s_job.validate([job])

@@ -57,13 +57,43 @@ def job_name(run_id: str) -> str:
     return f"train-{stem}-{digest.lower()}" if stem else f"train-{digest.lower()}"
 
 
+def trains_as_job(cfg: Config) -> bool:
+    """Whether training is this module's Job (several nodes, or kubernetes.train_as_job), not a plugin pod."""
+    return cfg.parallel.nodes > 1 or cfg.kubernetes.train_as_job
+
+
+def settings_problems(cfg: Config, executor: str, marked: bool, image: str, namespace: str, account: str) -> list[str]:
+    """What disagrees between the executor Snakemake runs (its name, --container-image, --kubernetes-namespace,
+    --kubernetes-service-account-name) and the config: the plugin's pods and the training Job must be alike."""
+    if executor != "kubernetes":
+        return []
+    if not marked:
+        return [
+            "the kubernetes executor runs without profiles/kubernetes: its GPU jobs would ask for no GPU and "
+            "multi-node training would be one pod; use --profile profiles/kubernetes (or set its default "
+            "resource videogrpo_kubernetes=1 in your own profile)"
+        ]
+    if not trains_as_job(cfg):
+        return []
+    k = cfg.kubernetes
+    given = {"image": (image, "--container-image"), "namespace": (namespace, "--kubernetes-namespace")}
+    given["service_account"] = (account or "", "--kubernetes-service-account-name")
+    return [
+        f"kubernetes.{name} = {getattr(k, name)!r} but {flag} = {value!r}: the training Job's pods and the other "
+        f"pods must run alike; give both the same value"
+        for name, (value, flag) in given.items()
+        if value != getattr(k, name)
+    ]
+
+
 def problems(cfg: Config, workdir: str | os.PathLike) -> list[str]:
     """Why this run's topology cannot run as a training Job from `workdir`; empty when it can."""
     k = cfg.kubernetes
     found = []
-    if cfg.parallel.nodes < 2:
+    if not trains_as_job(cfg):
         found.append(
-            f"parallel.nodes = {cfg.parallel.nodes}: one node trains in one pod of the executor plugin, not a Job"
+            f"parallel.nodes = {cfg.parallel.nodes}: one node trains in one pod of the executor plugin, not a Job "
+            f"(unless kubernetes.train_as_job)"
         )
     if not k.image:
         found.append(

@@ -96,12 +96,28 @@ KUBERNETES = any(
     arg.split("=")[0] == "videogrpo_kubernetes"
     for arg in getattr(workflow.resource_settings.default_resources, "args", None) or []
 )
-K8S_TRAIN_JOB = KUBERNETES and CFG.parallel.nodes > 1
+K8S_TRAIN_JOB = KUBERNETES and k8s_job.trains_as_job(CFG)
 if K8S_TRAIN_JOB and not workflow.remote_exec and k8s_job.problems(CFG, os.getcwd()):
     raise WorkflowError(
         f"profiles/kubernetes: parallel.nodes = {CFG.parallel.nodes} trains as one indexed Job, which cannot run "
         f"here:\n  - " + "\n  - ".join(k8s_job.problems(CFG, os.getcwd()))
     )
+
+
+onstart:
+    # The executor's settings are known only now (after the Snakefile was read): refuse before any pod starts.
+    found = k8s_job.settings_problems(
+        CFG,
+        workflow.executor_plugin.name,
+        KUBERNETES,
+        workflow.remote_execution_settings.container_image,
+        getattr(workflow.executor_settings, "namespace", ""),
+        getattr(workflow.executor_settings, "service_account_name", ""),
+    )
+    if found:
+        raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
+
+
 # Resubmissions of a failed training job by Snakemake: a multi-node Job restarts its own pods instead.
 TRAIN_RETRIES = 0 if K8S_TRAIN_JOB else CFG.kubernetes.train_retries if KUBERNETES else CFG.slurm.train_retries
 

@@ -465,6 +465,9 @@ class KubernetesConfig:
     shm_mb: int = 65536
     """Size of the training pods' /dev/shm (memory-backed; NCCL and the data loaders need more than the
     container default of 64 MB), in MB."""
+    train_as_job: bool = False
+    """Train a one-node run as a training Job of one pod too (its /dev/shm sized by shm_mb; the executor
+    plugin's pods have the container runtime's default); runs of several nodes always are one."""
     train_retries: int = 1
     """Times each node's pod of the training Job is started again after a failure (it resumes from the last
     checkpoint); a configuration, digest or data error (exit 3, 4, 5) fails the Job at once, and an eviction
