@@ -5,6 +5,7 @@ contract read back through launch.py, and dry runs with profiles/kubernetes agai
 from __future__ import annotations
 
 import copy
+import re
 import socket
 import subprocess
 import sys
@@ -202,32 +203,43 @@ def s3_endpoint():
     server.stop()
 
 
+S3_ARGS = ["--storage-s3-access-key", "test", "--storage-s3-secret-key", "test"]
+
+
 def k8s_dry_run(cwd: Path, endpoint: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     argv = ["snakemake", "-n", "-p", "--profile", "profiles/kubernetes", "--container-image", IMAGE]
-    argv += ["--default-storage-prefix", "s3://videogrpo/runs", "--storage-s3-endpoint-url", endpoint]
-    argv += ["--storage-s3-access-key", "test", "--storage-s3-secret-key", "test", *args]
-    return run(argv, cwd, check=check, PYTHONPATH=str(REPO / "src"))
+    argv += ["--default-storage-prefix", "s3://videogrpo/runs", "--storage-s3-endpoint-url", endpoint, *S3_ARGS]
+    return run([*argv, *args], cwd, check=check, PYTHONPATH=str(REPO / "src"))
 
 
 def rule_block(text: str, rule: str) -> str:
     return text.split(f"rule {rule}:")[1].split("\n\n")[0]
 
 
-def test_dry_runs_with_the_kubernetes_profile(s3_endpoint, tmp_path):
+def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
+    """The README's k8s.yaml and commands (the volume here: tmp_path; the bucket: moto's), as dry runs."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Running on Kubernetes")[1].split("\n## ")[0]
+    k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    cd, dry, real = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert cd.startswith("cd ") and real.split() == [arg for arg in dry.split() if arg != "-n"]
+    volume = k8s_yaml["kubernetes"]["volume_path"]
+    assert cd.split()[1].startswith(f"{volume}/")
     checkout = copy_checkout(tmp_path / "videogrpo")
-    (checkout / "k8s.yaml").write_text(
-        yaml.safe_dump(
-            {"kubernetes": {"image": IMAGE, "volume_claim": "videogrpo-shared", "volume_path": str(tmp_path)}}
-        )
-    )
+    k8s_yaml["kubernetes"]["volume_path"] = str(tmp_path)
+    (checkout / "k8s.yaml").write_text(yaml.safe_dump(k8s_yaml))
+    argv = dry.split()
+    argv[argv.index("--default-storage-prefix") + 1] = "s3://videogrpo/runs"
+    argv[1:1] = ["-p", "--storage-s3-endpoint-url", s3_endpoint, *S3_ARGS]
     # The 5B recipe's 16 nodes: refused without the Job's image and volume, before any job is planned.
-    refused = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_5b_cps.yaml", check=False)
+    refused = run(argv[: argv.index("k8s.yaml")], checkout, check=False, PYTHONPATH=str(REPO / "src"))
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "Job stats" not in said
     assert "parallel.nodes = 16 trains as one indexed Job, which cannot run here" in said
     assert "kubernetes.image is empty" in said
     # With them: every stage planned in the bucket; training is the k8s-job command around the training command.
-    out = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_5b_cps.yaml", "k8s.yaml")
+    out = run(argv, checkout, PYTHONPATH=str(REPO / "src"))
     text = out.stdout + out.stderr
     assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "evaluate", "report"}
     assert "s3://videogrpo/runs/results/runs/rl_5b_cps-" in text
@@ -238,8 +250,8 @@ def test_dry_runs_with_the_kubernetes_profile(s3_endpoint, tmp_path):
     assert submit.startswith("videogrpo k8s-job --config-json @results/.stage-config/train-")
     assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml --apply" in submit
     assert training.startswith("videogrpo train --config-json @results/.stage-config/train-")
-    for stage in ("preflight", "evaluate"):  # one-GPU pods through the executor plugin
-        assert "gpu=1, gpu_manufacturer=nvidia" in rule_block(text, stage)
+    for stage in ("preflight", "evaluate"):  # one-GPU pods through the executor plugin, on the README's node type
+        assert "gpu=1, gpu_manufacturer=nvidia, machine_type=p5.48xlarge" in rule_block(text, stage)
 
 
 def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
