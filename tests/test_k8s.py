@@ -76,6 +76,7 @@ def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_la
     (container,) = pod["containers"]
     assert container["image"] == IMAGE and container["command"] == command
     assert container["workingDir"] == str(workdir)
+    assert {"name": "PYTHONPATH", "value": f"{workdir}/src"} in container["env"]  # the checkout's package
     assert container["resources"]["limits"] == {"cpu": "64", "memory": "512000M", "nvidia.com/gpu": "8"}
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert pod["tolerations"] == [
@@ -182,6 +183,9 @@ def test_the_command_writes_a_spec_that_validates_and_says_how_to_apply_it(tmp_p
     assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == str(tmp_path)
     assert cli.main(argv) == 2  # no training command
     assert "no training command after `--`" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "no-kubectl-here"))
+    assert cli.main([*argv, "--apply", "--", "videogrpo", "train"]) == 2
+    assert "kubectl not found" in capsys.readouterr().err and spec.is_file()  # the spec stays, to apply by hand
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,9 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
         {"name": "WORLD_SIZE", "value": str(nodes)},
         {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # The checkout's package on the volume, whose code digests the driver recorded; the image gives the
+        # environment it runs in.
+        {"name": "PYTHONPATH", "value": os.path.join(os.path.abspath(workdir), "src")},
     ]
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -319,5 +322,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if _kubectl("-n", cfg.kubernetes.namespace, "get", "job", name).returncode == 0:
         # A Job of an earlier attempt (failed, or its driver interrupted): the new one resumes its checkpoints.
-        _kubectl("-n", cfg.kubernetes.namespace, "delete", "job", name, "--wait=true")
+        # Foreground: its pods are gone before the new ones take their names and DNS entries.
+        _kubectl("-n", cfg.kubernetes.namespace, "delete", "job", name, "--cascade=foreground", "--wait=true")
     return apply_and_wait(args.spec, cfg.kubernetes.namespace, name, args.poll_seconds)
