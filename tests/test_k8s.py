@@ -260,7 +260,7 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
 
 def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
     checkout = copy_checkout(tmp_path / "videogrpo")
-    out = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_a14b_rule.yaml")
+    out = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_a14b_rule.yaml", "--", "train")
     text = out.stdout + out.stderr
     train = rule_block(text, "train")
     assert "gpu=8, gpu_manufacturer=nvidia" in train and "mem_mb=512000" in train
