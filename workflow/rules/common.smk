@@ -14,6 +14,7 @@ from videogrpo import config as vg
 from videogrpo import layout
 from videogrpo import atomic
 from videogrpo import attention_kernel
+from videogrpo import k8s_job
 from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_bytes, sha256_file
 from videogrpo.stages import CODE_PARTS, STAGES
 import videogrpo
@@ -87,6 +88,38 @@ CELL_MODELS = layout.cell_models(CFG, RUN_ID)
 CELL_KINDS = {cell: name if name in ("base", "trained") else "hub" for name, cell in CELL_MODELS.items()}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}
 MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
+
+# profiles/kubernetes sets the default resource `videogrpo_kubernetes`: GPU jobs then ask for the executor
+# plugin's `gpu` and `gpu_manufacturer`, and multi-node training, which the plugin cannot run (one pod per job),
+# becomes one indexed Job that the train rule writes, applies and waits for on the driver (k8s_job.py).
+KUBERNETES = any(
+    arg.split("=")[0] == "videogrpo_kubernetes"
+    for arg in getattr(workflow.resource_settings.default_resources, "args", None) or []
+)
+K8S_TRAIN_JOB = KUBERNETES and k8s_job.trains_as_job(CFG)
+if K8S_TRAIN_JOB and not workflow.remote_exec and k8s_job.problems(CFG, os.getcwd()):
+    raise WorkflowError(
+        f"profiles/kubernetes: parallel.nodes = {CFG.parallel.nodes} trains as one indexed Job, which cannot run "
+        f"here:\n  - " + "\n  - ".join(k8s_job.problems(CFG, os.getcwd()))
+    )
+
+
+onstart:
+    # The executor's settings are known only now (after the Snakefile was read): refuse before any pod starts.
+    found = k8s_job.settings_problems(
+        CFG,
+        workflow.executor_plugin.name,
+        KUBERNETES,
+        workflow.remote_execution_settings.container_image,
+        getattr(workflow.executor_settings, "namespace", ""),
+        getattr(workflow.executor_settings, "service_account_name", ""),
+    )
+    if found:
+        raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
+
+
+# Resubmissions of a failed training job by Snakemake: a multi-node Job restarts its own pods instead.
+TRAIN_RETRIES = 0 if K8S_TRAIN_JOB else CFG.kubernetes.train_retries if KUBERNETES else CFG.slurm.train_retries
 
 MODEL_DIR = f"{MODEL}/pipeline"
 ARCHIVES = f"{DATA}/archives"
@@ -279,12 +312,15 @@ def upstream_args(wildcards, input):
 
 
 def cluster_resources(kind):
-    """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded.
+    """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded; under
+    profiles/kubernetes, the executor plugin's (kubernetes_resources).
 
     kind: `train` (every node of the run, all their GPUs), `preflight` or `evaluate` (one GPU, the
     cores and memory of `slurm.stage_*`), `generate` (a matrix cell: matrix.procs GPUs of one node) or
     `cpu` (data, scorer-runtime and scoring jobs). Local execution ignores them.
     """
+    if KUBERNETES:
+        return kubernetes_resources(kind)
     s = CFG.slurm
     gpus = s.gpus_per_node
     if gpus is None:
@@ -318,6 +354,39 @@ def cluster_resources(kind):
     if s.constraint:
         res["constraint"] = s.constraint
     return res
+
+
+def kubernetes_resources(kind):
+    """The pod of a compute job under snakemake-executor-plugin-kubernetes, from `kubernetes:` (GPUs, their
+    manufacturer, the node type) and the memory of `slurm:` (the same sizes on either scheduler). A training run
+    of several nodes is the indexed Job of k8s_job.py, sized there: its rule is local, its resources unused."""
+    k, s = CFG.kubernetes, CFG.slurm
+    # cpus_per_task: the worker counts the stages take from it; the pod's CPU request is the rule's threads.
+    if kind == "cpu":
+        return {"mem_mb": s.data_mem_mb, "cpus_per_task": s.data_cpus}
+    if kind == "train":
+        res, gpus = {"mem_mb": k.mem_mb_per_node, "cpus_per_task": k.cpus_per_node}, k8s_job.gpus_per_node(CFG)
+    else:
+        res = {"mem_mb": s.stage_mem_mb, "cpus_per_task": s.stage_cpus}
+        gpus = min(k8s_job.gpus_per_node(CFG), CFG.matrix.procs if kind == "generate" else 1)
+    if gpus:
+        res.update(gpu=gpus, gpu_manufacturer=k.gpu_manufacturer)
+        if k.machine_type:
+            res["machine_type"] = k.machine_type
+    return res
+
+
+def train_job_submit():
+    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo k8s-job`, which
+    writes the run's Job beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training
+    command that follows `--`. Elsewhere nothing: the rule runs the training command itself."""
+    if not K8S_TRAIN_JOB:
+        return ""
+    spec = f"{RUN}/k8s/train-job.yaml"
+    return (
+        f"videogrpo k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
+        f" --spec {shlex.quote(spec)} --apply -- "
+    )
 
 
 def eval_tree_inputs():

@@ -1,5 +1,7 @@
 # Checkpoints go to {RUN}/checkpoints/, outside the declared outputs (Snakemake deletes those before a
 # rerun), so a retried or resubmitted job resumes from the last complete checkpoint.
+# Under profiles/kubernetes with several nodes the rule runs on the driver, which writes the run's indexed
+# Job beside it and waits for it (`videogrpo k8s-job`, k8s_job.py): every pod runs the same training command.
 rule train:
     input:
         **checked(
@@ -18,7 +20,8 @@ rule train:
         manifest=f"{RUN}/train.manifest.json",
     log:
         f"{RUN}/logs/train.log",
-    retries: CFG.slurm.train_retries
+    retries: TRAIN_RETRIES
+    localrule: K8S_TRAIN_JOB
     threads: CFG.parallel.procs_per_node
     resources:
         **cluster_resources("train"),
@@ -33,8 +36,9 @@ rule train:
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
+        submit=train_job_submit(),
     shell:
-        "videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
+        "{params.submit}videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

@@ -30,6 +30,7 @@ CHOICES = {
     "parallel.param_dtype": ("float32", "bfloat16", "float16"),
     "parallel.reduce_dtype": ("float32", "bfloat16"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
+    "kubernetes.gpu_manufacturer": ("nvidia", "amd"),
 }
 POSITIVE = {
     "model.max_text_tokens",
@@ -79,6 +80,9 @@ POSITIVE = {
     "slurm.preflight_minutes",
     "slurm.stage_cpus",
     "slurm.stage_mem_mb",
+    "kubernetes.cpus_per_node",
+    "kubernetes.mem_mb_per_node",
+    "kubernetes.shm_mb",
     "parallel.shard_group_size",
     "parallel.tensor_parallel",
     "parallel.cpu_threads",
@@ -111,6 +115,8 @@ NON_NEGATIVE = {
     "grpo.decode_batch_size",
     "slurm.gpus_per_node",
     "slurm.train_retries",
+    "kubernetes.gpus_per_node",
+    "kubernetes.train_retries",
     "reward.judge_max_retries",
 }
 

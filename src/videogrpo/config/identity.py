@@ -40,6 +40,7 @@ _SECTION_CLASSES = {
     "evaluate": EVALUATION,
     "matrix": EVALUATION,
     "slurm": EXECUTION,
+    "kubernetes": EXECUTION,
     "recipe": CONTRACT,
     "results": EXECUTION,
 }
@@ -218,7 +219,8 @@ STAGE_SECTIONS = {
     "fingerprint_evalkit": ("evalkit.path", "evalkit.digest", "evalkit.easyocr_models"),
     "check_scorer_runtime": ("evalkit.runtime", "evalkit.python"),
     "preflight": RUN_SECTIONS,
-    "train": RUN_SECTIONS + ("logging",),
+    # kubernetes: `videogrpo k8s-job` reads the train stage's file (execution fields: no param, no rerun).
+    "train": RUN_SECTIONS + ("logging", "kubernetes"),
     "evaluate": RUN_SECTIONS + ("evaluate", "matrix.max_seconds", "matrix.bootstrap"),
     "synthesize_eval_set": (
         "data.task_list",

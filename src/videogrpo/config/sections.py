@@ -434,6 +434,47 @@ class SlurmConfig:
 
 
 @dataclass
+class KubernetesConfig:
+    image: str = ""
+    """Container image of the training Job's pods, the same as --container-image of the profile (the pods of the
+    other stages): this checkout's environment (envs/) and package; multi-node training refuses an empty one."""
+    namespace: str = "default"
+    """Namespace of the training Job and its Service, the same as --kubernetes-namespace."""
+    service_account: str = ""
+    """Service account of the training Job's pods, the same as --kubernetes-service-account-name (empty: the
+    namespace's default)."""
+    privileged: bool = False
+    """Privileged containers in the training Job, as --kubernetes-privileged gives the other pods."""
+    gpus_per_node: int | None = None
+    """GPUs per pod of training (null: parallel.procs_per_node on cuda, none on cpu); preflight and evaluate ask
+    for one, a matrix cell for matrix.procs."""
+    gpu_manufacturer: str = "nvidia"
+    """GPU resource of the pods: `nvidia` (nvidia.com/gpu) or `amd` (amd.com/gpu), as the executor plugin needs."""
+    machine_type: str = ""
+    """Node type of GPU pods (the node.kubernetes.io/instance-type label, e.g. `p5.48xlarge`; empty: any)."""
+    volume_claim: str = ""
+    """ReadWriteMany PersistentVolumeClaim that holds the workflow directory, mounted in every pod of a
+    multi-node training Job (the nodes of one run share its checkpoints and outputs)."""
+    volume_path: str = ""
+    """Where volume_claim is mounted: the driver runs Snakemake from a directory under it, which the Job's pods
+    see at the same path."""
+    cpus_per_node: int = 64
+    """CPU cores a training pod asks for (rollout decoding and the reward pool use them)."""
+    mem_mb_per_node: int = 512000
+    """Memory a training pod asks for, in MB."""
+    shm_mb: int = 65536
+    """Size of the training pods' /dev/shm (memory-backed; NCCL and the data loaders need more than the
+    container default of 64 MB), in MB."""
+    train_as_job: bool = False
+    """Train a one-node run as a training Job of one pod too (its /dev/shm sized by shm_mb; the executor
+    plugin's pods have the container runtime's default); runs of several nodes always are one."""
+    train_retries: int = 1
+    """Times each node's pod of the training Job is started again after a failure (it resumes from the last
+    checkpoint); a configuration, digest or data error (exit 3, 4, 5) fails the Job at once, and an eviction
+    (preemption, a drained node) is not counted."""
+
+
+@dataclass
 class Config:
     recipe: str = "custom"
     """Name of the recipe; the first part of the run directory name."""
@@ -449,6 +490,7 @@ class Config:
     matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     results: str = "results"
     """Directory all outputs go under."""
 

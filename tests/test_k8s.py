@@ -1,0 +1,299 @@
+"""Kubernetes: the training Job and Service of k8s_job.py against the API schemas (offline, strict), their launch
+contract read back through launch.py, and dry runs with profiles/kubernetes against a real S3-protocol server
+(moto's, on loopback: the executor plugin implies object storage). No cluster runs here."""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from demo import copy_checkout, jobs_run, run
+
+from videogrpo import cli, config, k8s_job, launch
+from videogrpo.errors import ConfigError, VideoGRPOError
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "registry.example.org/videogrpo:0.1"
+
+
+def recipe(name: str, **kubernetes) -> config.Config:
+    data = yaml.safe_load((REPO / f"config/recipes/{name}.yaml").read_text())
+    data["kubernetes"] = kubernetes
+    return config.from_dict(data, partial=True)
+
+
+def five_b(tmp_path: Path, **extra) -> config.Config:
+    return recipe(
+        "rl_5b_cps",
+        image=IMAGE,
+        namespace="videogrpo",
+        volume_claim="videogrpo-shared",
+        volume_path=str(tmp_path),
+        service_account="trainer",
+        machine_type="p5.48xlarge",
+        **extra,
+    )
+
+
+def pod_env(container: dict, index: int) -> dict[str, str]:
+    """The container's environment as the kubelet gives it to the pod of completion index `index`."""
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == f"metadata.annotations['{k8s_job.INDEX_ANNOTATION}']"
+            env[item["name"]] = str(index)
+    return env
+
+
+def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_launch_contract(tmp_path):
+    cfg = five_b(tmp_path)
+    workdir = tmp_path / "videogrpo"
+    command = ["videogrpo", "train", "--config-json", "@results/.stage-config/train-x.json"]
+    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", command, workdir)
+    k8s_job.validate([service, job])
+    name = "train-rl-5b-cps-0123456789ab"
+    assert (service["kind"], service["metadata"]["name"], job["kind"], job["metadata"]["name"]) == (
+        "Service",
+        name,
+        "Job",
+        name,
+    )
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 16, 16)
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == name  # the pods' DNS names <job>-<index>.<service>
+    (container,) = pod["containers"]
+    assert container["image"] == IMAGE and container["command"] == command
+    assert container["workingDir"] == str(workdir)
+    assert {"name": "PYTHONPATH", "value": f"{workdir}/src"} in container["env"]  # the checkout's package
+    assert container["resources"]["limits"] == {"cpu": "64", "memory": "512000M", "nvidia.com/gpu": "8"}
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+    ]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert pod["serviceAccountName"] == "trainer" and job["metadata"]["namespace"] == "videogrpo"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["workflow"]["persistentVolumeClaim"] == {"claimName": "videogrpo-shared"}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "65536M"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"workflow": str(tmp_path), "shm": "/dev/shm"}
+    # Auto-resume: a failed pod is started again (per node) and resumes; errors that repeat end the Job.
+    assert pod["restartPolicy"] == "Never"
+    assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (1, 0)
+    fail, ignore = spec["podFailurePolicy"]["rules"]
+    assert fail == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container["name"], "operator": "In", "values": [3, 4, 5]},
+    }
+    assert [ConfigError.exit_code, 4, 5] == fail["onExitCodes"]["values"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # Every pod's place in the run, as the launcher reads it from the pod's environment.
+    for index in (0, 1, 15):
+        where = launch.from_environment(cfg, pod_env(container, index))
+        assert where == launch.Launch(16, index, f"{name}-0.{name}", 29500, 8, "manual")
+
+
+def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
+    for run_id in ("rl_5b_cps-0123456789ab", "A_Very_Long_Recipe_Name_Beyond_Any_Sane_Length_Really-abcdef012345"):
+        name = k8s_job.job_name(run_id)
+        assert len(f"{name}-127") <= 63 and name.endswith(run_id[-12:])
+        assert all(c.isalnum() and c.islower() or c.isdigit() or c == "-" for c in name) and name[0].isalpha()
+
+
+def test_amd_gpus_and_privileged_containers(tmp_path):
+    cfg = five_b(tmp_path, gpu_manufacturer="amd", privileged=True, train_retries=3)
+    _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    k8s_job.validate([job])
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert pod["tolerations"][0]["key"] == "amd.com/gpu" and pod["containers"][0]["securityContext"]["privileged"]
+    assert job["spec"]["backoffLimitPerIndex"] == 3
+
+
+@pytest.mark.parametrize(
+    "break_it,where",
+    [
+        (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "containers.0"),
+        (lambda job: job["spec"].update(completions="16"), "spec.completions"),
+        (lambda job: job["spec"]["template"]["spec"]["containers"][0].update(gpus=8), "'gpus' was unexpected"),
+    ],
+)
+def test_a_broken_spec_fails_validation_naming_where(tmp_path, break_it, where):
+    _, job = k8s_job.train_specs(five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    broken = copy.deepcopy(job)
+    break_it(broken)
+    with pytest.raises(VideoGRPOError, match=f"Job train-rl-5b-cps-0123456789ab: .*{where}.*Kubernetes 1.33.0"):
+        k8s_job.validate([broken])
+
+
+def test_topologies_that_cannot_run_as_a_job_are_refused_naming_the_fields(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        k8s_job.check(recipe("rl_5b_cps"), tmp_path)
+    assert "kubernetes.image is empty" in str(err.value) and "kubernetes.volume_claim = ''" in str(err.value)
+    elsewhere = five_b(tmp_path / "volume")
+    assert k8s_job.problems(elsewhere, tmp_path) == [
+        f"the workflow directory {tmp_path} is not under kubernetes.volume_path = '{tmp_path / 'volume'}': the "
+        f"Job's pods see only the volume; run Snakemake from a directory on it"
+    ]
+    (mismatch,) = k8s_job.problems(five_b(tmp_path, gpus_per_node=4), tmp_path)
+    assert "kubernetes.gpus_per_node = 4 but parallel.procs_per_node = 8" in mismatch
+    (single,) = k8s_job.problems(recipe("rl_a14b_rule", image=IMAGE, volume_claim="c", volume_path="/"), tmp_path)
+    assert single.startswith("parallel.nodes = 1: one node trains in one pod of the executor plugin, not a Job")
+    with pytest.raises(ConfigError, match="kubernetes.gpu_manufacturer = 'intel': must be one of nvidia, amd"):
+        config.from_dict({"kubernetes": {"gpu_manufacturer": "intel"}}, partial=True)
+
+
+def test_the_job_state_comes_from_its_conditions():
+    def job(*conditions):
+        return {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions]}}
+
+    assert k8s_job.job_state({"status": {"active": 16}}) == "running"
+    assert k8s_job.job_state(job(("Suspended", "False"))) == "running"
+    assert k8s_job.job_state(job(("SuccessCriteriaMet", "True"), ("Complete", "True"))) == "complete"
+    assert k8s_job.job_state(job(("FailureTarget", "True"))) == "failed"
+    assert k8s_job.job_state(job(("Failed", "True"))) == "failed"
+    assert k8s_job.job_state(job(("Complete", "False"))) == "running"
+
+
+def test_the_command_writes_a_spec_that_validates_and_says_how_to_apply_it(tmp_path, capsys, monkeypatch):
+    cfg = five_b(tmp_path)
+    config_file = tmp_path / "train.json"
+    config_file.write_text(config.canonical_json(config.stage_view(cfg, "train")))
+    spec = tmp_path / "runs/rl_5b_cps-0123456789ab/k8s/train-job.yaml"
+    monkeypatch.chdir(tmp_path)
+    argv = ["k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab", "--spec", str(spec)]
+    assert cli.main([*argv, "--", "videogrpo", "train", "--config-json", f"@{config_file}"]) == 0
+    assert capsys.readouterr().out == f"kubectl apply -f {spec}\n"
+    service, job = yaml.safe_load_all(spec.read_text())
+    k8s_job.validate([service, job])
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["videogrpo", "train"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == str(tmp_path)
+    assert cli.main(argv) == 2  # no training command
+    assert "no training command after `--`" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "no-kubectl-here"))
+    assert cli.main([*argv, "--apply", "--", "videogrpo", "train"]) == 2
+    assert "kubectl not found" in capsys.readouterr().err and spec.is_file()  # the spec stays, to apply by hand
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on loopback, with an empty bucket `videogrpo`."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    ).create_bucket(Bucket="videogrpo")
+    yield endpoint
+    server.stop()
+
+
+S3_ARGS = ["--storage-s3-access-key", "test", "--storage-s3-secret-key", "test"]
+
+
+def k8s_dry_run(cwd: Path, endpoint: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    argv = ["snakemake", "-n", "-p", "--profile", "profiles/kubernetes", "--container-image", IMAGE]
+    argv += ["--default-storage-prefix", "s3://videogrpo/runs", "--storage-s3-endpoint-url", endpoint, *S3_ARGS]
+    return run([*argv, *args], cwd, check=check, PYTHONPATH=str(REPO / "src"))
+
+
+def rule_block(text: str, rule: str) -> str:
+    return text.split(f"rule {rule}:")[1].split("\n\n")[0]
+
+
+def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
+    """The README's k8s.yaml and commands (the volume here: tmp_path; the bucket: moto's), as dry runs."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Running on Kubernetes")[1].split("\n## ")[0]
+    k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    cd, dry, real = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert cd.startswith("cd ") and real.split() == [arg for arg in dry.split() if arg != "-n"]
+    volume = k8s_yaml["kubernetes"]["volume_path"]
+    assert cd.split()[1].startswith(f"{volume}/")
+    checkout = copy_checkout(tmp_path / "videogrpo")
+    k8s_yaml["kubernetes"]["volume_path"] = str(tmp_path)
+    (checkout / "k8s.yaml").write_text(yaml.safe_dump(k8s_yaml))
+    argv = dry.split()
+    argv[argv.index("--default-storage-prefix") + 1] = "s3://videogrpo/runs"
+    argv[1:1] = ["-p", "--storage-s3-endpoint-url", s3_endpoint, *S3_ARGS]
+    # The 5B recipe's 16 nodes: refused without the Job's image and volume, before any job is planned.
+    refused = run(argv[: argv.index("k8s.yaml")], checkout, check=False, PYTHONPATH=str(REPO / "src"))
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Job stats" not in said
+    assert "parallel.nodes = 16 trains as one indexed Job, which cannot run here" in said
+    assert "kubernetes.image is empty" in said
+    # With them: every stage planned in the bucket; training is the k8s-job command around the training command.
+    out = run(argv, checkout, PYTHONPATH=str(REPO / "src"))
+    text = out.stdout + out.stderr
+    assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "evaluate", "report"}
+    assert "s3://videogrpo/runs/results/runs/rl_5b_cps-" in text
+    train = rule_block(text, "train")
+    (shell,) = [line for line in train.splitlines() if line.startswith("Shell command: ")]
+    submit, _, training = shell.removeprefix("Shell command: ").partition(" -- ")
+    run_id = config.run_identity(five_b(tmp_path), (REPO / "config/tasks/vbvr_in_domain_50.txt").read_text())
+    assert submit.startswith("videogrpo k8s-job --config-json @results/.stage-config/train-")
+    assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml --apply" in submit
+    assert training.startswith("videogrpo train --config-json @results/.stage-config/train-")
+    for stage in ("preflight", "evaluate"):  # one-GPU pods through the executor plugin, on the README's node type
+        assert "gpu=1, gpu_manufacturer=nvidia, machine_type=p5.48xlarge" in rule_block(text, stage)
+
+
+def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
+    checkout = copy_checkout(tmp_path / "videogrpo")
+    out = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_a14b_rule.yaml", "--", "train")
+    text = out.stdout + out.stderr
+    train = rule_block(text, "train")
+    assert "gpu=8, gpu_manufacturer=nvidia" in train and "mem_mb=512000" in train
+    assert "Shell command: videogrpo train --config-json" in train  # no Job: the plugin's pod trains
+
+
+def test_the_module_imports_nothing_heavy():
+    code = (
+        "import sys, videogrpo.k8s_job; print(sorted(m for m in ('torch', 'kubernetes', 'yaml') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the Snakefile imports it: a dry run must not pay for them
+
+
+def test_the_executors_settings_must_match_the_config_of_the_training_job(tmp_path):
+    cfg = five_b(tmp_path)  # namespace videogrpo, service account trainer
+
+    def found(executor="kubernetes", marked=True, image=IMAGE, namespace="videogrpo", account="trainer", of=cfg):
+        return k8s_job.settings_problems(of, executor, marked, image, namespace, account)
+
+    assert found() == [] and found("slurm", marked=False, image="", namespace="") == []
+    (unmarked,) = found(marked=False)
+    assert "without profiles/kubernetes" in unmarked and "--profile profiles/kubernetes" in unmarked
+    assert found(image="snakemake/snakemake:v9.27.1", account=None) == [
+        f"kubernetes.image = '{IMAGE}' but --container-image = 'snakemake/snakemake:v9.27.1': the training Job's "
+        f"pods and the other pods must run alike; give both the same value",
+        "kubernetes.service_account = 'trainer' but --kubernetes-service-account-name = '': the training Job's "
+        "pods and the other pods must run alike; give both the same value",
+    ]
+    a14b = recipe("rl_a14b_rule")  # one plugin pod trains: no Job to agree with
+    assert found(image="other", namespace="other", of=a14b) == []
+    as_job = recipe("rl_a14b_rule", train_as_job=True, image=IMAGE, volume_claim="c", volume_path=str(tmp_path))
+    assert k8s_job.problems(as_job, tmp_path) == [] and found(image="other", account="", of=as_job)
+    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "train"], tmp_path)
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+    k8s_job.validate([job])
