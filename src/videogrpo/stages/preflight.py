@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
         else:
             checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
+        if "mlflow" in cfg.logging.tracker:
+            checks.append(preflight.check_mlflow(cfg))
         if uses_hub_kernel(cfg):
             checks.append(preflight.check_attention_kernel(cfg, args.kernel_cache, args.kernel_manifest))
         # This job holds one GPU (cluster_resources("preflight")); the launcher checks procs_per_node on every
