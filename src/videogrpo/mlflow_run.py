@@ -83,6 +83,8 @@ class Server:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri()
+        # MLflow prints the run's address as the URI gives it, credentials included: our log line redacts them.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.client = MlflowClient(self.uri)
         self.experiment = experiment
         self.experiment_id = self._guarded("the experiment", lambda: self._experiment(experiment))
@@ -194,7 +196,9 @@ class Run(Server):
 def log_stage_outputs(logging: Any, identity: str | None, stage: str, files: list[Path]) -> None:
     """A stage's tables or report as artifacts `<stage>/<file name>` of the identity's run, where the run logs to
     MLflow (`logging`: the stage's LoggingConfig); a rerun replaces them."""
-    if "mlflow" not in logging.tracker:
+    from videogrpo.config import uses_tracker
+
+    if not uses_tracker(logging, "mlflow"):
         return
     if not identity:
         raise VideoGRPOError(f"{stage}: logging.tracker lists mlflow, but no --run-id names the run to log to")

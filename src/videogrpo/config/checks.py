@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from videogrpo.config.sections import SECTIONS, Config
+from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
 from videogrpo.errors import ConfigError
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -340,9 +340,10 @@ def _logging_problems(cfg: Config) -> list[str]:
     return found
 
 
-def uses_tracker(cfg: Config, name: str) -> bool:
-    """Whether the run logs to tracker `name` (`wandb` or `mlflow`); `wandb_mode: disabled` turns W&B off."""
-    return name in cfg.logging.tracker and not (name == "wandb" and cfg.logging.wandb_mode == "disabled")
+def uses_tracker(log: LoggingConfig, name: str) -> bool:
+    """Whether a run of these settings logs to tracker `name` (`wandb` or `mlflow`); `wandb_mode: disabled` turns
+    W&B off."""
+    return name in log.tracker and not (name == "wandb" and log.wandb_mode == "disabled")
 
 
 def uses_hub_kernel(cfg: Config) -> bool:

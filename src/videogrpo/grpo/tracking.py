@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from videogrpo import atomic, mlflow_run
+from videogrpo.config.checks import uses_tracker
 from videogrpo.config.sections import LoggingConfig
 
 
@@ -41,7 +42,7 @@ class Tracker:
         self._last = 0
         self._started = time.monotonic()
         self._first: int | None = None
-        if enabled and "wandb" in logging.tracker and logging.wandb_mode != "disabled":
+        if enabled and uses_tracker(logging, "wandb"):
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
@@ -54,7 +55,7 @@ class Tracker:
                 resume="allow",
                 config=config,
             )
-        if enabled and "mlflow" in logging.tracker:
+        if enabled and uses_tracker(logging, "mlflow"):
             self.mlflow = mlflow_run.Run(logging.mlflow_experiment, run_id)
             self.mlflow.set_status("RUNNING")
             self.mlflow.log_config(config)
@@ -74,14 +75,15 @@ class Tracker:
     def record(self, metrics: dict) -> None:
         if not self.enabled:
             return
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps(metrics, sort_keys=True) + "\n")
         flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         flat.update({f"reward/{t}": v for t, v in metrics.get("reward_per_task", {}).items()})
         if self.wandb is not None:
             self.wandb.log(flat, step=metrics["step"])
         if self.mlflow is not None and metrics["step"] > self._mlflow_upto:
             self.mlflow.log_metrics(flat, metrics["step"])
+        # Written after the trackers: a line in the file means MLflow holds the update too (its log is synchronous).
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps(metrics, sort_keys=True) + "\n")
         self._last = max(self._last, metrics["step"])
         if self._first is None:
             self._first = metrics["step"] - 1
