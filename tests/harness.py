@@ -92,6 +92,25 @@ def launch(
     )
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every process under it, as a node failure would. torchrun starts each worker in a
+    session of its own, so killing torchrun's process group alone leaves the workers training."""
+    import psutil
+
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(below, timeout=30)
+
+
 def train(
     cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None, worker: str = "videogrpo.grpo.worker"
 ) -> bool:
@@ -100,12 +119,11 @@ def train(
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if kill_when is not None and kill_when(out):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc)
             return False
         time.sleep(0.05)
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
     assert proc.returncode == 0, (out / "log.txt").read_text()[-5000:]
     return True
 

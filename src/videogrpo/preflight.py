@@ -39,6 +39,30 @@ def check_config(cfg: Config) -> Check:
     return Check("config", not found, "all fields and cross-field rules hold" if not found else "; ".join(found))
 
 
+def check_mlflow(cfg: Config) -> Check:
+    """$MLFLOW_TRACKING_URI is set and its server opens the experiment (a few quick tries, not MLflow's minutes of
+    retries): a wrong URI or credentials fail here, not after the first GPU hour."""
+    from videogrpo import mlflow_run
+    from videogrpo.errors import VideoGRPOError
+
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+    before = {name: os.environ.get(name) for name in quick}
+    os.environ.update({name: value for name, value in quick.items() if before[name] is None})
+    try:
+        run = mlflow_run.Server(cfg.logging.mlflow_experiment)
+    except VideoGRPOError as err:
+        return Check("mlflow", False, str(err))
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+    return Check(
+        "mlflow",
+        True,
+        f"{mlflow_run.redacted(run.uri)}: experiment {cfg.logging.mlflow_experiment!r} ({run.experiment_id}) opens",
+    )
+
+
 def trained_transformers(cfg: Config) -> tuple[str, ...]:
     """The transformer folders the run loads and trains (memory_plan.trained_transformers of model.kind and
     train.experts)."""

@@ -24,6 +24,14 @@ CFG = vg.from_dict(config)
 config.clear()
 config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
+if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the environment, which every job inherits
+    from videogrpo import mlflow_run
+    from videogrpo.errors import VideoGRPOError
+
+    try:
+        mlflow_run.tracking_uri()
+    except VideoGRPOError as err:
+        raise WorkflowError(str(err)) from None
 
 TASK_LIST_TEXT = vg.read_task_list_text(CFG.data.task_list)
 # How this workflow was invoked: the config files (with their digests) and the --config overrides as given.

@@ -147,10 +147,11 @@ rule matrix:
         config=stage_config("matrix"),
         code=code("matrix"),
         cells=matrix_cell_args,
+        run_id=RUN_ID,
         upstream=upstream_args,
     shell:
         "videogrpo matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
-        " --per-task {output.per_task:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
+        " --per-task {output.per_task:q} --run-id {params.run_id} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
 rule evaluate_matrix:

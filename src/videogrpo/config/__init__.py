@@ -19,6 +19,7 @@ from videogrpo.config.checks import (
     runtime_contract,
     topology_problems,
     uses_hub_kernel,
+    uses_tracker,
     validate,
 )
 from videogrpo.config.identity import (
@@ -108,6 +109,7 @@ __all__ = [
     "to_dict",
     "topology_problems",
     "uses_hub_kernel",
+    "uses_tracker",
     "training_contract",
     "validate",
 ]

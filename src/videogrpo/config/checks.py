@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from videogrpo.config.sections import SECTIONS, Config
+from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
 from videogrpo.errors import ConfigError
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -313,6 +313,45 @@ def _matrix_problems(cfg: Config) -> list[str]:
     return found
 
 
+TRACKERS = ("wandb", "mlflow", "none")
+
+
+def _logging_problems(cfg: Config) -> list[str]:
+    """`logging.tracker` and `logging.wandb_mode` must not say opposite things. `wandb_mode: disabled` with the
+    default `[wandb]` keeps meaning no W&B run (as before the list existed); with a list naming wandb beside
+    another tracker it asks for W&B and disables it, and `online` without wandb asks for a run that never starts."""
+    log = cfg.logging
+    trackers = log.tracker
+    listed = "[" + ", ".join(map(str, trackers)) + "]"
+    found = [
+        f"logging.tracker: {name!r} is not one of {', '.join(TRACKERS)}" for name in trackers if name not in TRACKERS
+    ]
+    if not trackers:
+        found.append("logging.tracker = []: name a tracker (wandb, mlflow), or write [none] for none")
+    elif "none" in trackers and len(trackers) > 1:
+        found.append(f"logging.tracker = {listed}: `none` means no tracker, so it stands alone; drop it or the rest")
+    twice = sorted({name for name in trackers if trackers.count(name) > 1})
+    found += [f"logging.tracker: {name!r} is listed twice" for name in twice]
+    others = [name for name in trackers if name not in ("wandb", "none")]
+    if log.wandb_mode == "disabled" and "wandb" in trackers and others:
+        found.append(
+            f"logging.wandb_mode = 'disabled' with logging.tracker = {listed}: the list asks for a W&B run that the "
+            f"mode disables; write logging.tracker: [{', '.join(others)}] (no W&B), or wandb_mode: offline or online"
+        )
+    if log.wandb_mode == "online" and "wandb" not in trackers:
+        found.append(
+            f"logging.wandb_mode = 'online' with logging.tracker = {listed}: no W&B run is made; add wandb to "
+            f"logging.tracker, or leave wandb_mode at offline"
+        )
+    return found
+
+
+def uses_tracker(log: LoggingConfig, name: str) -> bool:
+    """Whether a run of these settings logs to tracker `name` (`wandb` or `mlflow`); `wandb_mode: disabled` turns
+    W&B off."""
+    return name in log.tracker and not (name == "wandb" and log.wandb_mode == "disabled")
+
+
 def uses_hub_kernel(cfg: Config) -> bool:
     """Whether the attention backend is one of diffusers' Hub-kernel backends (`*_hub`), which load
     parallel.attention_kernel_repo through the `kernels` package, and fetch_kernel then runs."""
@@ -347,6 +386,7 @@ CHECKS = (
     (("evaluate", "data"), _evaluate_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),
+    (("logging",), _logging_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
 )
 

@@ -163,9 +163,11 @@ _FIELD_CLASSES = {
         )
     },
     "logging.wandb_mode": EXECUTION,
+    "logging.tracker": EXECUTION,
     # Where the evaluation tree is and how many processes generate: its digest and the settings are the pin.
     **{f"matrix.{f}": EXECUTION for f in ("eval_set", "procs")},
     "logging.wandb_project": COSMETIC,
+    "logging.mlflow_experiment": COSMETIC,
 }
 
 
@@ -218,10 +220,10 @@ STAGE_SECTIONS = {
     "validate_dataset": ("data",),
     "fingerprint_evalkit": ("evalkit.path", "evalkit.digest", "evalkit.easyocr_models"),
     "check_scorer_runtime": ("evalkit.runtime", "evalkit.python"),
-    "preflight": RUN_SECTIONS,
+    "preflight": RUN_SECTIONS + ("logging",),
     # kubernetes: `videogrpo k8s-job` reads the train stage's file (execution fields: no param, no rerun).
     "train": RUN_SECTIONS + ("logging", "kubernetes"),
-    "evaluate": RUN_SECTIONS + ("evaluate", "matrix.max_seconds", "matrix.bootstrap"),
+    "evaluate": RUN_SECTIONS + ("evaluate", "matrix.max_seconds", "matrix.bootstrap", "logging"),
     "synthesize_eval_set": (
         "data.task_list",
         "data.synthetic_seed",
@@ -249,8 +251,8 @@ STAGE_SECTIONS = {
         "matrix.bootstrap",
         "matrix.seed",
     ),
-    "matrix": ("matrix.models", "matrix.bootstrap", "matrix.seed"),
-    "report": ("recipe",),
+    "matrix": ("matrix.models", "matrix.bootstrap", "matrix.seed", "logging"),
+    "report": ("recipe", "logging"),
     "fetch_kernel": (
         "parallel.attention_backend",
         "parallel.attention_kernel_repo",

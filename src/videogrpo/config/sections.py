@@ -391,10 +391,15 @@ class MatrixConfig:
 
 @dataclass
 class LoggingConfig:
+    tracker: list[str] = field(default_factory=lambda: ["wandb"])
+    """Trackers of the training metrics besides metrics.jsonl: `wandb`, `mlflow` (both at once allowed), or
+    `[none]`; MLflow needs $MLFLOW_TRACKING_URI (README, MLflow)."""
     wandb_mode: str = "offline"
-    """W&B mode: `offline`, `online` or `disabled`."""
+    """W&B mode: `offline`, `online` or `disabled` (no W&B run, even where `tracker` lists wandb alone)."""
     wandb_project: str = "videogrpo"
     """W&B project."""
+    mlflow_experiment: str = "videogrpo"
+    """MLflow experiment of the run (created when missing)."""
 
 
 @dataclass

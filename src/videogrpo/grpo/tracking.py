@@ -1,4 +1,4 @@
-"""Where training metrics go: JSON lines (kept beside the checkpoints), W&B, and a progress line."""
+"""Where training metrics go: JSON lines (kept beside the checkpoints), W&B and/or MLflow, and a progress line."""
 
 from __future__ import annotations
 
@@ -9,18 +9,27 @@ import sys
 import time
 from pathlib import Path
 
-from videogrpo import atomic
+from videogrpo import atomic, mlflow_run
+from videogrpo.config.checks import uses_tracker
+from videogrpo.config.sections import LoggingConfig
 
 
 class Tracker:
-    """Rank 0 only: call `record` once per optimizer update."""
+    """Rank 0 only: call `record` once per optimizer update.
+
+    A resumed run (same run identity) continues the same W&B run (its id is the identity) and the same MLflow
+    run (found by its identity tag). metrics.jsonl is trimmed to the checkpoint and holds the redone updates
+    as redone. MLflow's history would hold a redone update twice, so updates the MLflow run already holds are
+    not logged again: it keeps the values first logged (the same numbers, as a resume is bit-identical, but
+    for the time_* ones). W&B gets every update; online it ignores steps below a resumed run's current one
+    (its own rule), offline each attempt is one folder of the same run id.
+    """
 
     def __init__(
         self,
         metrics_file: Path,
         total_updates: int,
-        wandb_mode: str,
-        project: str,
+        logging: LoggingConfig,
         run_id: str,
         run_dir: Path,
         config: dict,
@@ -28,21 +37,31 @@ class Tracker:
     ):
         self.metrics_file, self.total, self.enabled = metrics_file, total_updates, enabled
         self.wandb = None
+        self.mlflow: mlflow_run.Run | None = None
+        self._mlflow_upto = 0
+        self._last = 0
         self._started = time.monotonic()
         self._first: int | None = None
-        if enabled and wandb_mode != "disabled":
+        if enabled and uses_tracker(logging, "wandb"):
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
             self.wandb = wandb.init(
-                project=project,
+                project=logging.wandb_project,
                 name=run_id,
                 id=run_id,
                 dir=str(run_dir),
-                mode=wandb_mode,
+                mode=logging.wandb_mode,
                 resume="allow",
                 config=config,
             )
+        if enabled and uses_tracker(logging, "mlflow"):
+            self.mlflow = mlflow_run.Run(logging.mlflow_experiment, run_id)
+            self.mlflow.set_status("RUNNING")
+            self.mlflow.log_config(config)
+            self._mlflow_upto = self._last = self.mlflow.last_step()
+            resumed = f", resumed after update {self._mlflow_upto}" if self.mlflow.resumed else ""
+            log(f"MLflow run {self.mlflow.run_id} ({run_id}{resumed}) at {mlflow_run.redacted(self.mlflow.uri)}")
 
     def trim(self, upto: int) -> None:
         """Keep only the lines of updates a resumed run will not redo."""
@@ -56,12 +75,16 @@ class Tracker:
     def record(self, metrics: dict) -> None:
         if not self.enabled:
             return
+        flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        flat.update({f"reward/{t}": v for t, v in metrics.get("reward_per_task", {}).items()})
+        if self.wandb is not None:
+            self.wandb.log(flat, step=metrics["step"])
+        if self.mlflow is not None and metrics["step"] > self._mlflow_upto:
+            self.mlflow.log_metrics(flat, metrics["step"])
+        # Written after the trackers: a line in the file means MLflow holds the update too (its log is synchronous).
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(metrics, sort_keys=True) + "\n")
-        if self.wandb is not None:
-            flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            flat.update({f"reward/{t}": v for t, v in metrics.get("reward_per_task", {}).items()})
-            self.wandb.log(flat, step=metrics["step"])
+        self._last = max(self._last, metrics["step"])
         if self._first is None:
             self._first = metrics["step"] - 1
         done = metrics["step"] - self._first
@@ -81,6 +104,10 @@ class Tracker:
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
+        if self.mlflow is not None:
+            # A run that stops short of its last update (an error; a SIGKILL never gets here) is FAILED until a
+            # resume sets it RUNNING again.
+            self.mlflow.set_status("FINISHED" if self._last >= self.total else "FAILED")
 
 
 def log(message: str) -> None:

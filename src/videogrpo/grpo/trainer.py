@@ -493,8 +493,7 @@ class Trainer:
         self.tracker = Tracker(
             self.paths.checkpoints / "metrics.jsonl",
             self.total,
-            self.cfg.logging.wandb_mode,
-            self.cfg.logging.wandb_project,
+            self.cfg.logging,
             self.run_id,
             self.paths.run_dir,
             to_dict(self.cfg),

@@ -17,13 +17,28 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from videogrpo import atomic
 from videogrpo.errors import DigestMismatch, VideoGRPOError
 from videogrpo.provenance import digest
 
 MANIFEST_VERSION = 1
-SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+SECRET_ENV_VARS = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "WANDB_API_KEY",
+    # MLflow's credentials, and those of the object stores its artifacts may live in.
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_CLIENT_SECRET",
+)
+# Addresses that may carry credentials in their user part; without one they are no secret.
+URI_ENV_VARS = ("MLFLOW_TRACKING_URI",)
 TRACKED_PACKAGES = (
     "videogrpo",
     "torch",
@@ -144,9 +159,20 @@ def record_digest(record: dict[str, Any]) -> str:
     return record.get("sha256") or record["tree_sha256"]
 
 
+def uri_secrets() -> list[tuple[str, str]]:
+    """(variable, value) of what URI_ENV_VARS must never leave the environment with: a URI that embeds a user
+    (`https://user:password@host`) as a whole, and its password."""
+    found = []
+    for var in URI_ENV_VARS:
+        parts = urlsplit(os.environ.get(var, ""))
+        if "@" in parts.netloc:
+            found += [(var, parts.geturl()), *([(var, parts.password)] if parts.password else [])]
+    return found
+
+
 def assert_no_secrets(text: str, where: str) -> None:
-    for var in SECRET_ENV_VARS:
-        value = os.environ.get(var, "")
+    found = [(var, os.environ.get(var, "")) for var in SECRET_ENV_VARS] + uri_secrets()
+    for var, value in found:
         if len(value) >= 8 and value in text:
             raise VideoGRPOError(
                 f"{where}: refusing to write the value of ${var}; secrets travel only in the environment"

@@ -70,6 +70,7 @@ CODE_PARTS = {
     "preflight": (
         "stages/preflight.py",
         "preflight.py",
+        "mlflow_run.py",
         "node_preflight.py",
         "triton_check.py",
         "memory_plan.py",
@@ -88,6 +89,7 @@ CODE_PARTS = {
     "train": (
         "stages/train.py",
         "launch.py",
+        "mlflow_run.py",
         "attention_kernel.py",
         "preflight.py",
         "node_preflight.py",
@@ -107,6 +109,7 @@ CODE_PARTS = {
     "evaluate": (
         "stages/evaluate.py",
         "evaluate.py",
+        "mlflow_run.py",
         "sampling.py",
         "layout.py",
         "grpo",
@@ -147,6 +150,6 @@ CODE_PARTS = {
         "rewards",
         "data/video.py",
     ),
-    "matrix": ("stages/matrix.py", "matrix/aggregate.py", "matrix/evalset.py", "data/video.py"),
-    "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py"),
+    "matrix": ("stages/matrix.py", "matrix/aggregate.py", "matrix/evalset.py", "data/video.py", "mlflow_run.py"),
+    "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py", "mlflow_run.py"),
 }

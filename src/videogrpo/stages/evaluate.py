@@ -3,6 +3,7 @@
 Scored batches are kept in <records>/<key>/ (outside the declared outputs, which Snakemake deletes before
 a rerun), keyed by the stage's config and the digests of its inputs: an interrupted evaluation resumes
 with the batches it has not scored yet, and records made for other weights or settings are never reused.
+Where logging.tracker lists mlflow, the two tables are also artifacts of the run's MLflow run (mlflow_run.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
@@ -26,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", required=True, type=Path, help="per-task table (CSV) to create")
     parser.add_argument("--videos", required=True, type=Path, help="directory for the scored videos")
     parser.add_argument("--records", required=True, type=Path, help="where scored batches are kept for a resume")
+    parser.add_argument("--run-id", help="the run identity: the MLflow run its tables go to (logging.tracker)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,4 +65,5 @@ def run(args: argparse.Namespace) -> int:
         for name, path in (("scores", args.scores), ("table", args.table), ("videos", args.videos)):
             stage.output(name, path)
         stage.summary = {"overall": table[table.task == "ALL"].iloc[0].to_dict()}
+        log_stage_outputs(cfg.logging, args.run_id, "evaluate", [args.table, args.scores])
     return 0

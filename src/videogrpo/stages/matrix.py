@@ -1,5 +1,6 @@
 """matrix: the run's evaluation matrix, every (model, sampler) cell's domain and overall means with
-bootstrap intervals and the paired change from the base model, plus every cell's per-task means."""
+bootstrap intervals and the paired change from the base model, plus every cell's per-task means (both tables
+also artifacts of the run's MLflow run where logging.tracker lists mlflow)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 from videogrpo import atomic
 from videogrpo.errors import VideoGRPOError
 from videogrpo.matrix.aggregate import matrix_table
+from videogrpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -22,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--table", required=True, type=Path, help="the matrix (CSV) to create")
     parser.add_argument("--per-task", required=True, type=Path, help="per-task means of every cell (CSV) to create")
+    parser.add_argument("--run-id", help="the run identity: the MLflow run its matrix goes to (logging.tracker)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,4 +60,5 @@ def run(args: argparse.Namespace) -> int:
         overall = table[table.domain == "overall"]
         stage.summary = {f"{r.model}:{r.sampler}": round(float(r["mean"]), 6) for _, r in overall.iterrows()}
         print(overall.to_string(index=False))
+        log_stage_outputs(cfg.logging, args.run_id, "matrix", [args.table, args.per_task])
     return 0

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from videogrpo import atomic, preflight
-from videogrpo.config import uses_hub_kernel
+from videogrpo.config import uses_hub_kernel, uses_tracker
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
         else:
             checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
+        if uses_tracker(cfg.logging, "mlflow"):
+            checks.append(preflight.check_mlflow(cfg))
         if uses_hub_kernel(cfg):
             checks.append(preflight.check_attention_kernel(cfg, args.kernel_cache, args.kernel_manifest))
         # This job holds one GPU (cluster_resources("preflight")); the launcher checks procs_per_node on every

@@ -1,4 +1,5 @@
-"""report: every manifest merged into provenance.json, and an HTML page with the reward curve and table."""
+"""report: every manifest merged into provenance.json, and an HTML page with the reward curve and table (both
+also logged to the run's MLflow run where logging.tracker lists mlflow)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.provenance.report import build_provenance, render_html
@@ -46,7 +48,7 @@ def evaluation_videos(provenance: dict, html: Path) -> dict[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, sections = load_config(args)
+    cfg, sections = load_config(args)
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
     manifests = {name: Path(path) for name, path in manifests.items()}
     # Every stage's manifest is upstream: the metrics and the table must be what train and evaluate made.
@@ -76,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))
+        log_stage_outputs(cfg.logging, args.run_id, "report", [args.html, args.provenance])
     print(f"report: {args.html.resolve()}")
     return 0
