@@ -213,7 +213,7 @@ def checkpoint_store_args(wildcards, output):
     if not OBJECT_STORAGE:
         return ""
     endpoint = storage_endpoint()
-    store = f"--checkpoint-store {shlex.quote(STORAGE_PREFIX + '/' + RUN + '/checkpoints')}"
+    store = f"--checkpoint-store {shlex.quote(f'{STORAGE_PREFIX}/{RUN}/checkpoints')}"
     return store + (f" --checkpoint-store-endpoint {shlex.quote(endpoint)}" if endpoint else "")
 
 
