@@ -8,13 +8,14 @@ itself once per node with srun (`--node-only`); by hand on a cluster without SLU
 command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
 and the manifest, the others only train.
 
-Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or
-resubmitted job resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the
-bucket while training runs (object_store.py), since a killed job uploads nothing. The run directory is named by the training contract; execution
-settings (ports, workers, logging, retention, resources) can change between attempts and the run
-still resumes. Each checkpoint records the digests of the training inputs and of the trainer's math
-code, and a resume under other inputs or changed math is refused with the reason (checkpoint.py); a
-full-state `resume_from` also needs the topology its checkpoint records (grpo/trainer.py).
+Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or resubmitted job
+resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the bucket while
+training runs (object_store.py), since a killed job uploads nothing. The run directory is named by the
+training contract; execution settings (ports, workers, logging, retention, resources) can change between
+attempts and the run still resumes. Each checkpoint records the digests of the training inputs and of the
+trainer's math code, and a resume under other inputs or changed math is refused with the reason
+(checkpoint.py); a full-state `resume_from` also needs the topology its checkpoint records
+(grpo/trainer.py).
 """
 
 from __future__ import annotations
