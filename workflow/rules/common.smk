@@ -51,6 +51,23 @@ if "SLURM_JOB_ID" not in os.environ:  # a job step re-reads the workflow: the dr
             f"`results` at a writable directory, e.g. --config results=/scratch/$USER/videogrpo-results"
         ) from None
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
+# Object storage (README "Object storage"): under --default-storage-provider, Snakemake maps every input and
+# output to the bucket and gives jobs local copies, so a file the checkout holds is marked local(), and what a
+# stage reads beyond its declared files (the dataset's raw/, preflight's splits) is declared in that mode only:
+# on a shared file system the DAG, and so what reruns, stays as it was.
+OBJECT_STORAGE = workflow.storage_settings.default_storage_provider is not None
+STORAGE_PREFIX = (workflow.storage_settings.default_storage_prefix or "").rstrip("/")
+
+
+def storage_endpoint():
+    """The S3 endpoint Snakemake's plugin uses (--storage-s3-endpoint-url or SNAKEMAKE_STORAGE_S3_ENDPOINT_URL),
+    for the training stage's checkpoint mirror; None for AWS itself. Never credentials: those stay in the
+    environment."""
+    tagged = (workflow.storage_provider_settings or {}).get("s3")
+    settings = tagged.get_settings() if tagged is not None else None
+    return getattr(settings, "endpoint_url", None)
+
+
 RESULTS = CFG.results
 RUN = f"{RESULTS}/runs/{RUN_ID}"
 MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
@@ -203,7 +220,7 @@ def evalkit_sources():
     root = Path(CFG.evalkit.path)
     if not (root / "run_evaluation.py").is_file():
         return []
-    return [str(root / rel) for rel in evalkit_files(root)]
+    return [local(str(root / rel)) for rel in evalkit_files(root)]
 
 
 def download_code(stage):
@@ -213,6 +230,32 @@ def download_code(stage):
         return "pinned Hub snapshot"
     generated = CFG.model.source == "tiny" if stage == "fetch_model" else CFG.data.source == "synthetic"
     return code(stage) if generated else "pinned Hub snapshot"
+
+
+def object_storage_only(**named):
+    """Inputs or outputs declared only when the run's files live in object storage (see OBJECT_STORAGE)."""
+    return named if OBJECT_STORAGE else {}
+
+
+def dataset_inputs(*names):
+    """The dataset's files beside dataset.json that a stage reads from its directory, declared in object storage
+    only (where the directory holds nothing but declared local copies): `splits`, `materialization`, `raw`."""
+    parts = {
+        "splits": f"{DATASET}/splits.json",
+        "materialization": f"{DATASET}/materialization.json",
+        "raw": f"{DATASET}/raw",
+    }
+    return object_storage_only(**{name: parts[name] for name in names})
+
+
+def checkpoint_store_args(wildcards, output):
+    """train's --checkpoint-store: the bucket folder of the run's checkpoints (object_store.py), which a killed
+    job's rerun on any node resumes from; nothing on a shared file system."""
+    if not OBJECT_STORAGE:
+        return ""
+    endpoint = storage_endpoint()
+    store = f"--checkpoint-store {shlex.quote(f'{STORAGE_PREFIX}/{RUN}/checkpoints')}"
+    return store + (f" --checkpoint-store-endpoint {shlex.quote(endpoint)}" if endpoint else "")
 
 
 def synthetic_inputs(**named):
@@ -405,7 +448,7 @@ def eval_tree_inputs():
     root = Path(EVAL_TREE)
     if not (root / "split_manifest.json").is_file():
         return {}
-    return {"tree_files": [str(path) for path in sorted(root.rglob("*")) if path.is_file()]}
+    return {"tree_files": [local(str(path)) for path in sorted(root.rglob("*")) if path.is_file()]}
 
 
 def cell_model_inputs(wildcards):

@@ -1,6 +1,6 @@
 rule fetch_dataset:
     input:
-        **synthetic_inputs(task_list=CFG.data.task_list),
+        **synthetic_inputs(task_list=local(CFG.data.task_list)),
     output:
         archives=directory(ARCHIVES),
         manifest=f"{DATA}/fetch_dataset.manifest.json",
@@ -17,11 +17,13 @@ rule fetch_dataset:
 
 
 # raw/ beside these outputs is not declared: Snakemake would delete it before a rerun, and an
-# interrupted unpack must resume. The manifest records it file by file.
+# interrupted unpack must resume. The manifest records it file by file. In object storage it is declared
+# (Snakemake uploads only declared outputs), and an interrupted unpack starts over.
 rule materialize_dataset:
     input:
         **checked("materialize_dataset", DATA, **upstream("fetch_dataset"), archives=ARCHIVES),
     output:
+        **object_storage_only(raw=directory(f"{DATASET}/raw")),
         index=f"{DATASET}/dataset.json",
         splits=f"{DATASET}/splits.json",
         materialization=f"{DATASET}/materialization.json",
@@ -44,7 +46,13 @@ rule materialize_dataset:
 
 rule validate_dataset:
     input:
-        **checked("validate_dataset", DATA, **upstream("materialize_dataset"), index=f"{DATASET}/dataset.json"),
+        **checked(
+            "validate_dataset",
+            DATA,
+            **upstream("materialize_dataset"),
+            **dataset_inputs("splits", "materialization", "raw"),
+            index=f"{DATASET}/dataset.json",
+        ),
     output:
         validation=f"{DATA}/validation.json",
         manifest=f"{DATA}/validate_dataset.manifest.json",

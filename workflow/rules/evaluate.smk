@@ -8,6 +8,7 @@ rule evaluate:
             final=f"{RUN}/train/final",
             model=MODEL_DIR,
             index=f"{DATASET}/dataset.json",
+            **dataset_inputs("splits", "raw"),
         ),
     output:
         scores=f"{RUN}/evaluate/scores.csv",

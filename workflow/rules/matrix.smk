@@ -39,7 +39,8 @@ rule eval_set:
         **stage_params("eval_set"),
         config=stage_config("eval_set"),
         code=code("eval_set"),
-        tree=lambda wildcards: EVAL_TREE,
+        # The synthetic tree by its input (a local copy in object storage); an external tree where it is.
+        tree=lambda wildcards, input: EVAL_TREE if CFG.matrix.eval_set else input.tree,
         upstream=upstream_args,
     shell:
         "videogrpo eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"

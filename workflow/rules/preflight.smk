@@ -4,6 +4,9 @@ rule preflight:
             "preflight",
             RUN,
             **upstream("fetch_model", "validate_dataset", "fetch_kernel", *RULE_REWARD_STAGES),
+            # In object storage the dataset directory is no local path: its splits come as a declared input.
+            **dataset_inputs("splits"),
+            **object_storage_only(**upstream("materialize_dataset")),
             **hub_kernel_inputs(kernel=KERNEL_CACHE),
             **rule_reward_inputs(
                 evalkit_fingerprint=f"{EVALKIT}/fingerprint.json",
@@ -23,7 +26,7 @@ rule preflight:
         **stage_params("preflight"),
         config=stage_config("preflight"),
         code=code("preflight"),
-        dataset=DATASET,
+        dataset=directory_of_input("splits") if OBJECT_STORAGE else DATASET,
         upstream=upstream_args,
         reward_args=lambda wildcards, input: (
             f"--evalkit-fingerprint {input.evalkit_fingerprint} --scorer-runtime {input.scorer_runtime}"

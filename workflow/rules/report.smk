@@ -30,8 +30,11 @@ rule report:
         invocation=str(INVOCATION_FILE),
         code=code("report"),
         run_id=RUN_ID,
-        manifests=" ".join(f"--stage-manifest {name}={path}" for name, path in STAGE_MANIFESTS.items()),
-        matrix=f"--matrix {MATRIX_TABLE}" if MATRIX_ON else "",
+        # From the inputs, not the paths: in object storage a job reads local copies.
+        manifests=lambda wildcards, input: " ".join(
+            f"--stage-manifest {name}={input[name]}" for name in STAGE_MANIFESTS
+        ),
+        matrix=lambda wildcards, input: f"--matrix {input.matrix_table}" if MATRIX_ON else "",
     shell:
         "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} {params.matrix} --provenance {output.provenance:q}"

@@ -1,5 +1,6 @@
 # Checkpoints go to {RUN}/checkpoints/, outside the declared outputs (Snakemake deletes those before a
-# rerun), so a retried or resubmitted job resumes from the last complete checkpoint.
+# rerun), so a retried or resubmitted job resumes from the last complete checkpoint. In object storage the
+# stage mirrors them to the bucket while it trains (--checkpoint-store, object_store.py).
 # Under profiles/kubernetes with several nodes the rule runs on the driver, which writes the run's indexed
 # Job beside it and waits for it (`videogrpo k8s-job`, k8s_job.py): every pod runs the same training command.
 rule train:
@@ -13,6 +14,7 @@ rule train:
             preflight=f"{RUN}/preflight.json",
             model=MODEL_DIR,
             index=f"{DATASET}/dataset.json",
+            **dataset_inputs("splits", "raw"),
         ),
     output:
         final=directory(f"{RUN}/train/final"),
@@ -37,8 +39,9 @@ rule train:
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
         submit=train_job_submit(),
+        checkpoint_store=checkpoint_store_args,
     shell:
         "{params.submit}videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
-        " {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"
+        " {params.checkpoint_store} {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

@@ -105,6 +105,7 @@ CODE_PARTS = {
         "parallelize.py",
         "tensor_parallel.py",
         "sft_init.py",
+        "object_store.py",
     ),
     "evaluate": (
         "stages/evaluate.py",

@@ -8,17 +8,20 @@ itself once per node with srun (`--node-only`); by hand on a cluster without SLU
 command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
 and the manifest, the others only train.
 
-Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or
-resubmitted job resumes from them. The run directory is named by the training contract; execution
-settings (ports, workers, logging, retention, resources) can change between attempts and the run
-still resumes. Each checkpoint records the digests of the training inputs and of the trainer's math
-code, and a resume under other inputs or changed math is refused with the reason (checkpoint.py); a
-full-state `resume_from` also needs the topology its checkpoint records (grpo/trainer.py).
+Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or resubmitted job
+resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the bucket while
+training runs (object_store.py), since a killed job uploads nothing. The run directory is named by the
+training contract; execution settings (ports, workers, logging, retention, resources) can change between
+attempts and the run still resumes. Each checkpoint records the digests of the training inputs and of the
+trainer's math code, and a resume under other inputs or changed math is refused with the reason
+(checkpoint.py); a full-state `resume_from` also needs the topology its checkpoint records
+(grpo/trainer.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
@@ -64,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train on this machine only: no outputs, no manifest (what srun starts per node)",
     )
+    parser.add_argument(
+        "--checkpoint-store",
+        help="s3://bucket/prefix mirroring the checkpoint directory, for a run in object storage (object_store.py)",
+    )
+    parser.add_argument("--checkpoint-store-endpoint", help="the S3 endpoint URL of --checkpoint-store (not AWS)")
     parser.add_argument("--input-digests", help=argparse.SUPPRESS)  # the first node's, handed to the others
 
 
@@ -188,6 +196,15 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
         )
 
 
+def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path):
+    """The bucket's copy of the checkpoints for a run in object storage (object_store.py), or nothing."""
+    if not store:
+        return contextlib.nullcontext()
+    from videogrpo.object_store import CheckpointMirror
+
+    return CheckpointMirror(store, checkpoints, endpoint_url=endpoint)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     if node_preflight.preflight_only(args.preflight_only):
@@ -210,27 +227,28 @@ def run(args: argparse.Namespace) -> int:
         digests = input_digests(args, stage.input_records)
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
-        if launch.needs_srun(cfg):
-            code = launch.run_srun(
-                cfg,
-                [
-                    sys.executable,
-                    "-m",
-                    "videogrpo.cli",
-                    "train",
-                    "--node-only",
-                    *sys.argv[2:],
-                    "--input-digests",
-                    json.dumps(digests),
-                ],
-            )
-            if code != 0:
-                raise VideoGRPOError(
-                    f"srun exited with code {code}: a node failed (its log lines above say which). "
-                    f"Complete checkpoints in {checkpoints} are kept: rerun to resume."
+        with checkpoint_mirror(args.checkpoint_store, args.checkpoint_store_endpoint, checkpoints):
+            if launch.needs_srun(cfg):
+                code = launch.run_srun(
+                    cfg,
+                    [
+                        sys.executable,
+                        "-m",
+                        "videogrpo.cli",
+                        "train",
+                        "--node-only",
+                        *sys.argv[2:],
+                        "--input-digests",
+                        json.dumps(digests),
+                    ],
                 )
-        else:
-            train_this_node(cfg, args, digests)
+                if code != 0:
+                    raise VideoGRPOError(
+                        f"srun exited with code {code}: a node failed (its log lines above say which). "
+                        f"Complete checkpoints in {checkpoints} are kept: rerun to resume."
+                    )
+            else:
+                train_this_node(cfg, args, digests)
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
