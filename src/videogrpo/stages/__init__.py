@@ -36,6 +36,7 @@ SHARED_CODE = (
     "provenance/__init__.py",
     "provenance/digest.py",
     "provenance/manifest.py",
+    "provenance/cost.py",
     "stages/__init__.py",
     "stages/common.py",
     "data/__init__.py",
@@ -148,5 +149,11 @@ CODE_PARTS = {
         "data/video.py",
     ),
     "matrix": ("stages/matrix.py", "matrix/aggregate.py", "matrix/evalset.py", "data/video.py"),
-    "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py"),
+    "report": (
+        "stages/report.py",
+        "provenance/report.py",
+        "provenance/crate.py",
+        "provenance/cost_page.py",
+        "provenance/trace.py",
+    ),
 }
