@@ -183,3 +183,22 @@ def test_the_trace_of_a_run_directory_names_each_manifest_as_the_workflow_lists_
     for row in rows:
         block = read_manifest(listed[row["name"]])["cost"]
         assert (row["wall_s"], row["cpu_h"], row["gpus"], row["job_id"]) == (block["wall_s"], block["cpu_h"], 0, None)
+
+
+def test_the_timeline_axis_is_linear_and_cuts_only_a_long_idle_gap():
+    from videogrpo.provenance.cost_page import BREAK_SHARE, axis_of, tick_step
+
+    ax = axis_of([(0, 45), (50, 90), (190, 300)])  # 100 s idle: shorter than the busy time, kept
+    assert ax.breaks == [] and ax.shown == 300
+    assert [ax(t) for t in (0, 45, 150, 300)] == [0, 45 / 300, 150 / 300, 1]
+    day = 86400.0
+    ax = axis_of([(0, 45), (45, 90), (2 * day, 2 * day + 1000)])  # a download another run left two days before
+    assert ax.breaks == [(90, 2 * day)]
+    shown_break = BREAK_SHARE * 1090
+    assert ax.shown == pytest.approx(1090 + shown_break)
+    assert ax(90) == pytest.approx(90 / ax.shown) and ax(2 * day) == pytest.approx((90 + shown_break) / ax.shown)
+    assert ax(2 * day + 500) - ax(2 * day) == pytest.approx(500 / ax.shown)  # linear again after the break
+    assert ax(2 * day + 1000) == pytest.approx(1)
+    points = [ax(t) for t in (0, 45, 90, day, 2 * day, 2 * day + 1, 2 * day + 1000)]
+    assert points == sorted(points)
+    assert [tick_step(s) for s in (5, 59, 600, 7 * 3600)] == [1, 10, 120, 3600]
