@@ -21,10 +21,10 @@ from typing import Any
 STATE = "COMPLETED"
 
 
-def cpu_seconds() -> float:
-    """User and system CPU time of this process and of its waited-for children (and theirs), so far."""
+def cpu_seconds() -> tuple[float, float]:
+    """User and system CPU time of this process, and of its waited-for children (and theirs), so far."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def visible_devices(env: dict[str, str]) -> int | None:
@@ -71,15 +71,17 @@ def stage_gpus(env: dict[str, str], used: int) -> tuple[int, str]:
     """A single-node stage's GPUs: its SLURM allocation inside a job, else the devices it used."""
     if (allocated := allocated_gpus(env)) is not None:
         return allocated, "the SLURM allocation of the job"
-    return used, "CUDA devices the stage allocated memory on"
+    return used, "CUDA devices the stage allocated memory on" if used else "no CUDA device used, outside SLURM"
 
 
-def cost_block(wall_s: float, cpu_s: float, gpus: int, gpus_from: str, nodes: int = 1) -> dict[str, Any]:
-    """The manifest's `cost`: seconds and hours, and where the GPU count came from."""
+def cost_block(wall_s: float, cpu_s: tuple[float, float], gpus: int, gpus_from: str, nodes: int = 1) -> dict[str, Any]:
+    """The manifest's `cost` from the CPU seconds of (the stage's process, its children): seconds and hours, and
+    where the GPU count came from."""
     return {
         "wall_s": round(wall_s, 3),
-        "cpu_s": round(cpu_s, 3),
-        "cpu_h": round(cpu_s / 3600, 6),
+        "cpu_s": round(sum(cpu_s), 3),
+        "cpu_children_s": round(cpu_s[1], 3),
+        "cpu_h": round(sum(cpu_s) / 3600, 6),
         "nodes": nodes,
         "gpus": gpus,
         "gpus_from": gpus_from,
@@ -88,9 +90,9 @@ def cost_block(wall_s: float, cpu_s: float, gpus: int, gpus_from: str, nodes: in
     }
 
 
-def measure(wall_s: float, cpu_s: float, gpus: tuple[int, str] | None, nodes: int = 1) -> dict[str, Any]:
-    """The cost block of a stage that ran `wall_s` seconds and `cpu_s` CPU seconds; `gpus` as the stage
-    declared them (training), else found as stage_gpus finds them."""
+def measure(wall_s: float, cpu_s: tuple[float, float], gpus: tuple[int, str] | None, nodes: int = 1) -> dict[str, Any]:
+    """The cost block of a stage that ran `wall_s` seconds and (its own, its children's) `cpu_s` CPU seconds;
+    `gpus` as the stage declared them (training), else found as stage_gpus finds them."""
     env = dict(os.environ)
     count, source = gpus if gpus is not None else stage_gpus(env, devices_used())
     return cost_block(wall_s, cpu_s, count, source, nodes)

@@ -342,7 +342,9 @@ class StageRun:
             "started_at": self.started_at,
             "ended_at": now_iso(),
             "duration_s": round(wall_s, 3),
-            "cost": cost.measure(wall_s, cost.cpu_seconds() - self._cpu0, self.gpus, self.nodes),
+            "cost": cost.measure(
+                wall_s, tuple(b - a for a, b in zip(self._cpu0, cost.cpu_seconds())), self.gpus, self.nodes
+            ),
             "host": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "git": self.git,
