@@ -97,7 +97,7 @@ def cost_table(rows: list[dict[str, Any]], totals: dict[str, Any], job_cell) -> 
         f"<td>{_hours(totals['cpu_h'])}</td><td></td><td>{_hours(totals['gpu_h'])}</td></tr>"
     )
     header = "".join(f"<th>{h}</th>" for h in head)
-    return f"<table class='cost'><thead><tr>{header}</tr></thead><tbody>{body}</tbody><tfoot>{foot}</tfoot></table>"
+    return f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody><tfoot>{foot}</tfoot></table>"
 
 
 @dataclass
