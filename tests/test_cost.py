@@ -188,7 +188,7 @@ def test_the_trace_of_a_run_directory_names_each_manifest_as_the_workflow_lists_
 
 
 def test_the_timeline_axis_is_linear_and_cuts_only_a_long_idle_gap():
-    from videogrpo.provenance.cost_page import BREAK_SHARE, axis_of, tick_step
+    from videogrpo.provenance.cost_page import BREAK_SHARE, axis_of, duration_text, tick_step
 
     ax = axis_of([(0, 45), (50, 90), (190, 300)])  # 100 s idle: shorter than the busy time, kept
     assert ax.breaks == [] and ax.shown == 300
@@ -204,3 +204,5 @@ def test_the_timeline_axis_is_linear_and_cuts_only_a_long_idle_gap():
     points = [ax(t) for t in (0, 45, 90, day, 2 * day, 2 * day + 1, 2 * day + 1000)]
     assert points == sorted(points)
     assert [tick_step(s) for s in (5, 59, 600, 7 * 3600)] == [1, 10, 120, 3600]
+    shown = [duration_text(s) for s in (0.2, 10, 42.54, 185, 300, 7620, 7200)]
+    assert shown == ["0.2 s", "10 s", "42.5 s", "3 min 05 s", "5 min", "2 h 07 min", "2 h"]

@@ -2,7 +2,8 @@
 
 Measured over the stage itself (from StageRun's entry to its manifest), never estimated from the config
 alone: CPU time is getrusage of this process plus its children that have been waited for (torchrun and,
-through it, every rank it started on this host; a scorer or judge process the stage ran), and the GPUs
+through it, every rank it started on this host; a scorer or judge process the stage ran; not the ranks of a
+multi-node SLURM training, which srun starts through each node's slurmd), and the GPUs
 are the stage's own facts (see `stage_gpus`). Read by the report, `videogrpo trace` and `videogrpo diff`
 (provenance/trace.py); a manifest without the block (written before it existed) shows as unknown there.
 

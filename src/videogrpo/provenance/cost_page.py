@@ -15,7 +15,7 @@ from typing import Any
 
 STYLE = """
 .timeline { margin: 1em 0; font-size: 0.8em; }
-.tl-row { display: grid; grid-template-columns: 17em 1fr 6em; align-items: center; min-height: 1.4em; }
+.tl-row { display: grid; grid-template-columns: 19em 1fr 6em; align-items: center; min-height: 1.4em; }
 .tl-row:nth-child(even) { background: #f7f7f7; }
 .tl-label { overflow-wrap: anywhere; padding-right: 0.5em; }
 .tl-track { position: relative; height: 1em; }
@@ -40,14 +40,15 @@ def _seconds(iso: str) -> float:
 
 
 def duration_text(seconds: float) -> str:
-    """A duration as a reader says it: 42.5 s, 3 min 05 s, 2 h 07 min."""
+    """A duration as a reader says it: 42.5 s, 3 min 05 s, 2 h 07 min; a round one without its zeros (5 min, 2 h:
+    the axis's ticks)."""
     if seconds < 60:
         return f"{seconds:.0f} s" if seconds == int(seconds) else f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
     if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
+        return f"{minutes} min {secs:02d} s" if secs else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
 
 
 def tick_step(span_s: float, most: int = 8) -> float:

@@ -406,7 +406,8 @@ def render_html(
         "<p>One row per stage job, by start (UTC): <code>job id</code> is the SLURM job the stage ran in, "
         "<code>local</code> a stage that ran outside SLURM, on the host named; <code>state</code> is sacct's final "
         "state where sacct answered, else COMPLETED (a stage writes its manifest only when it succeeds). CPU-h: "
-        "the stage's processes on its first host and their children (torchrun's ranks); GPU-h: GPUs x wall "
+        "the stage's process and the children it waited for (torchrun's ranks; not those srun starts for a "
+        "multi-node SLURM training); GPU-h: GPUs x wall "
         "hours (training: nodes x GPUs per node). The timeline below puts every job on one time axis.</p>"
     )
     cost = provenance.get("cost") or {"jobs": [], "totals": None}
