@@ -100,6 +100,13 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     # every random draw is keyed by counters, and a two-rank all-reduce is a + b on either topology,
     # so the trained weights, the metrics and the evaluation must be bit-identical.
     assert final_state(cluster_run) == final_state(local_run)
+    # What the jobs cost: training's manifest counts its 2 nodes (no GPU on CPU), the trace names each job's id
+    # (sacct has no accounting storage here: the manifests' COMPLETED stands), a stage run outside SLURM none.
+    train = json.loads((cluster_run / "train.manifest.json").read_text())
+    assert train["slurm_job_id"] and (train["cost"]["nodes"], train["cost"]["gpus"]) == (2, 0), train["cost"]
+    lines = run(["videogrpo", "trace", str(cluster_run)], checkout).stdout.splitlines()
+    trace = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
+    assert trace["train"][1:3] == [train["slurm_job_id"], "COMPLETED"] and trace["fetch_model"][1] == "-"
 
 
 def squeue_train_job() -> str | None:

@@ -200,15 +200,21 @@ def test_the_learning_rate_column_shows_the_warm_up_and_the_decay():
 
 
 def test_a_stage_that_ran_outside_slurm_is_shown_as_local_not_none():
+    from videogrpo.provenance import trace
     from videogrpo.provenance.report import LOCAL_TITLE, render_html
 
-    timing = {"started_at": "t", "duration_s": 1.0, "host": "vm"}
-    page = render_html(
-        _provenance(train=dict(timing, slurm_job_id="4242"), report=dict(timing, slurm_job_id=None)), [], []
-    )
+    def manifest(second: int, job: str | None) -> dict:  # as written before manifests had a cost block
+        start, end = (f"2026-12-01T10:00:{s:02d}.000+00:00" for s in (second, second + 1))
+        return {"started_at": start, "ended_at": end, "duration_s": 1.0, "host": "vm", "slurm_job_id": job}
+
+    jobs = trace.rows_of({"train": manifest(0, "4242"), "report": manifest(5, None)}, sacct=False)
+    page = render_html(dict(_provenance(), cost={"jobs": jobs, "totals": trace.totals(jobs)}), [], [])
     (stages,) = [t for t in report_tables(page) if t[0][0] == "stage"]
-    assert [row[-1] for row in stages[1:]][0] == "4242"
-    assert stages[2][-1] == f"<span title='{html.escape(LOCAL_TITLE)}'>local</span>"
+    assert [row[:2] for row in stages[1:3]] == [
+        ["train", "4242"],
+        ["report", f"<span title='{html.escape(LOCAL_TITLE)}'>local</span>"],
+    ]
+    assert stages[1][6:] == ["–", "–", "–"]  # CPU-h, GPUs, GPU-h: unknown for a manifest without them
     assert ">None<" not in page and "SLURM_JOB_ID" in LOCAL_TITLE
 
 

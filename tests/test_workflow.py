@@ -262,6 +262,48 @@ def test_cli_commands_of_the_readme(demo, workdir):
     assert (workdir / "results/runs" / ident).is_dir()  # the run the README's --config override made
 
 
+def trace_of(workdir: Path, command: list[str]) -> list[dict[str, str]]:
+    """`videogrpo trace`'s TSV as rows of its columns."""
+    lines = run(command, workdir).stdout.splitlines()
+    header = lines[0].split("\t")
+    assert header == ["name", "job_id", "state", "host", "start", "end", "wall_s", "cpu_h", "gpus", "gpu_h"]
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+
+
+def test_the_trace_is_every_job_of_the_run_with_what_its_manifest_says_it_cost(demo, workdir):
+    run(["snakemake", "--cores", "2"], workdir)  # up to date, the report included
+    run_id = first_run_id(workdir)
+    rows = trace_of(workdir, ["bash", "-c", "videogrpo trace results/runs/$(videogrpo config --run-id)"])
+    listed = json.loads((workdir / f"results/.stage-config/{run_id}.stages.json").read_text())
+    assert [r["name"] for r in rows] != sorted(r["name"] for r in rows)  # by start, not by name
+    assert {r["name"] for r in rows} == PROVENANCE_STAGES | {"report"} == set(listed)
+    assert [r["start"] for r in rows] == sorted(r["start"] for r in rows)
+    for row in rows:
+        manifest = json.loads((workdir / listed[row["name"]]).read_text())
+        cost = manifest["cost"]
+        assert row == {
+            "name": row["name"],
+            "job_id": "-",  # the demo ran outside SLURM
+            "state": "COMPLETED",
+            "host": manifest["host"],
+            "start": manifest["started_at"],
+            "end": manifest["ended_at"],
+            "wall_s": row["wall_s"],
+            "cpu_h": row["cpu_h"],
+            "gpus": "0",
+            "gpu_h": "0",
+        }, row
+        assert float(row["wall_s"]) == cost["wall_s"] == manifest["duration_s"] > 0
+        assert float(row["cpu_h"]) == pytest.approx(cost["cpu_s"] / 3600, abs=1e-6) and cost["cpu_s"] > 0
+        assert (cost["gpus"], cost["gpu_h"], cost["nodes"], cost["state"]) == (0, 0, 1, "COMPLETED")
+    train = json.loads((workdir / listed["train"]).read_text())["cost"]
+    assert train["gpus_from"] == "parallel.device = cpu: no GPU" and train["nodes"] == 1
+    # The stage's own process waits on torchrun: most of its CPU time is the two ranks', its waited-for children.
+    assert train["cpu_children_s"] > train["cpu_s"] - train["cpu_children_s"], train
+    help_text = run(["videogrpo", "trace", "--help"], workdir).stdout
+    assert "--no-sacct" in help_text and "gpu_h" in help_text
+
+
 def test_readme_commands_are_all_exercised_here(repo):
     """Every command in the README's bash blocks is run by a test of the demo's modules (`make test` runs them
     all)."""
@@ -405,6 +447,19 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
     assert re.search(r"train\.lr \(contract\): (0\.0001  \|  0\.0002|0\.0002  \|  0\.0001)", text), text
     assert re.search(r"train\.max_steps \(contract\): (4  \|  2|2  \|  4)", text), text
     assert re.search(r"digests: \d+ differ", text) and "train.final:" in text
+    # The cost change, shown and not counted: the totals of the two traces, then each job whose figures differ.
+    cost = text.split("cost (run a | run b; times always differ, so not counted as a difference):\n")[1]
+    traces = [trace_of(workdir, ["videogrpo", "trace", "--no-sacct", side]) for side in pair]
+    walls = [sum(float(r["wall_s"]) for r in rows) for rows in traces]
+    cpus = [sum(float(r["cpu_h"]) for r in rows) for rows in traces]
+    assert cost.startswith(
+        f"  total: wall {walls[0]:.1f} | {walls[1]:.1f} s ({(walls[1] - walls[0]) / walls[0] * 100:+.1f} %), "
+        f"CPU {cpus[0]:.4f} | {cpus[1]:.4f} h"
+    ), cost
+    jobs = [line.split(":")[0].strip() for line in cost.splitlines()[1:]]
+    shared = {r["name"] for r in traces[0]} & {r["name"] for r in traces[1]}
+    assert {"train", "preflight", "evaluate", "report"} <= set(jobs) and "fetch_model" not in jobs, jobs
+    assert "fetch_model" in shared  # the same download for both: one manifest, left out
 
 
 def test_dag_inspection_commands_of_the_readme(demo, workdir):

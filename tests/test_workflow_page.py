@@ -13,6 +13,7 @@ import html
 import json
 import re
 import subprocess
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -167,9 +168,9 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     assert ">None<" not in dom and not re.search(
         r"\bNone\b", re.sub(r"<[^>]+>", " ", dom.split("<h2>Configuration")[0])
     )
-    stages = page.table(["stage", "started_at"])
-    assert {row[-1] for row in stages[1:]} == {"local"}  # the demo ran no stage under SLURM
-    assert sum(1 for title, cell in page.titles if cell == "local" and "SLURM" in title) == len(stages) - 1
+    jobs = page.table(["stage", "job id"])[1:-1]  # less the header and the totals
+    assert {row[1] for row in jobs} == {"local"}  # the demo ran no stage under SLURM
+    assert sum(1 for title, cell in page.titles if cell == "local" and "SLURM" in title) == len(jobs)
 
     # Layout, measured by the browser on a copy of the page with the probe (resolving paths from the report's folder).
     probed = tmp_path / "probed.html"
@@ -204,3 +205,78 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
         assert len(colours) > 200, len(colours)  # a blank or failed page has a handful
         white = sum(count for count, colour in colours if colour == (255, 255, 255))
         assert 0.05 < 1 - white / (1280 * 2000), white  # drawn on, not an empty sheet
+
+
+# Measures every bar of the timeline against its track, once the page has loaded.
+TIMELINE_PROBE = """
+window.addEventListener('load', () => {
+  const out = document.createElement('pre');
+  out.id = 'timeline-probe';
+  const timeline = document.querySelector('.timeline');
+  out.textContent = JSON.stringify({
+    span_s: parseFloat(timeline.dataset.spanS),
+    breaks: timeline.dataset.breaks || null,
+    bars: [...timeline.querySelectorAll('.tl-bar')].map((bar) => {
+      const track = bar.parentElement.getBoundingClientRect(), box = bar.getBoundingClientRect();
+      return {
+        name: bar.closest('.tl-row').dataset.name, title: bar.title, classes: bar.className,
+        start_s: parseFloat(bar.dataset.startS), length_s: parseFloat(bar.dataset.lengthS),
+        left: box.left - track.left, width: box.width, track: track.width, drawn: getComputedStyle(bar).backgroundColor,
+      };
+    }),
+  });
+  document.body.appendChild(out);
+});
+"""
+
+
+def test_the_report_page_shows_the_cost_of_every_job_and_their_timeline(demo, workdir, tmp_path):
+    run(["make", "chromium"], workdir)
+    run(["snakemake", "--cores", "2"], workdir)  # up to date
+    run_id = first_run_id(workdir)
+    report = workdir / "results/runs" / run_id / "report/report.html"
+    listed = json.loads((workdir / f"results/.stage-config/{run_id}.stages.json").read_text())
+    manifests = {name: json.loads((workdir / path).read_text()) for name, path in listed.items() if name != "report"}
+    order = sorted(manifests, key=lambda name: (manifests[name]["started_at"], name))
+
+    # The table, as the browser's DOM has it: one row per job by start, the manifest's figures, then the totals.
+    page = Page(chromium(tmp_path, f"--window-size={WINDOW}", "--dump-dom", report.as_uri()).stdout)
+    table = page.table(["stage", "job id", "state", "host", "start", "wall (s)", "CPU-h", "GPUs", "GPU-h"])
+    expected = []
+    for name in order:
+        m = manifests[name]
+        cost = m["cost"]
+        start = m["started_at"][:19].replace("T", " ")
+        expected.append(
+            [name, "local", "COMPLETED", m["host"], start, f"{cost['wall_s']:.1f}", f"{cost['cpu_h']:.4f}", "0"]
+            + [f"{cost['gpu_h']:.4f}"]
+        )
+    assert table[1:-1] == expected
+    walls = sum(manifests[name]["cost"]["wall_s"] for name in order)
+    cpus = sum(manifests[name]["cost"]["cpu_h"] for name in order)
+    total = table[-1]
+    assert total[0] == f"total ({len(order)} jobs)" and total[4].startswith("span ")
+    assert total[5:] == [f"{walls:.1f}", f"{cpus:.4f}", "", "0.0000"]
+
+    # The timeline: a bar per job in the table's order, placed on one linear axis (no gap of the demo is cut).
+    probed = tmp_path / "timeline.html"
+    probed.write_text(report.read_text().replace("</body>", f"<script>{TIMELINE_PROBE}</script></body>", 1))
+    dom = chromium(tmp_path, f"--window-size={WINDOW}", "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
+    found = re.findall(r'<pre id="timeline-probe">(.*?)</pre>', dom.stdout, re.S)
+    assert len(found) == 1, f"the probe did not report: {dom.stdout[-2000:]}"
+    timeline = json.loads(html.unescape(found[0]))
+    bars = timeline["bars"]
+    assert [bar["name"] for bar in bars] == order and timeline["breaks"] is None
+    t0 = min(datetime.fromisoformat(m["started_at"]).timestamp() for m in manifests.values())
+    ends = [datetime.fromisoformat(m["ended_at"]).timestamp() - t0 for m in manifests.values()]
+    assert timeline["span_s"] == pytest.approx(max(ends), abs=1e-3)
+    for bar in bars:
+        m = manifests[bar["name"]]
+        start = datetime.fromisoformat(m["started_at"]).timestamp() - t0
+        length = datetime.fromisoformat(m["ended_at"]).timestamp() - t0 - start
+        assert bar["start_s"] == pytest.approx(start, abs=1e-3) and bar["length_s"] == pytest.approx(length, abs=1e-3)
+        assert bar["track"] > 500  # the page's width, less the label and duration columns
+        assert bar["left"] == pytest.approx(bar["track"] * start / timeline["span_s"], abs=1.0), bar
+        assert bar["width"] == pytest.approx(max(bar["track"] * length / timeline["span_s"], 2), abs=1.0), bar
+        assert bar["title"].startswith(f"{bar['name']}: {m['started_at']} to {m['ended_at']}")
+        assert bar["classes"] == "tl-bar" and bar["drawn"] not in ("rgba(0, 0, 0, 0)", "transparent")

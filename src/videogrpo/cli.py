@@ -84,6 +84,14 @@ def _diff_command(args: argparse.Namespace) -> int:
     return diff_runs(*args.runs)
 
 
+def _trace_command(args: argparse.Namespace) -> int:
+    from videogrpo.provenance.trace import tsv
+    from videogrpo.provenance.verify import run_rows
+
+    sys.stdout.write(tsv(run_rows(args.run_dir, sacct=not args.no_sacct)))
+    return 0
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI; only the stage named `command` (None: every stage) is imported to declare its arguments, so a
     light stage never pays for importing torch."""
@@ -137,9 +145,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     verify.set_defaults(handler=_verify_command)
-    diff = sub.add_parser("diff", help="the config fields, output digests and final metrics two runs differ in")
+    diff = sub.add_parser(
+        "diff", help="the config fields, output digests and final metrics two runs differ in, and their cost"
+    )
     diff.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="the two run directories to compare")
     diff.set_defaults(handler=_diff_command)
+    trace = sub.add_parser(
+        "trace",
+        help="every stage job of a run as TSV: name, SLURM job id, state, host, start, end, wall, CPU-h, GPUs, GPU-h",
+        description="Print the run's trace as TSV, one line per stage job (the run's own stages and the shared "
+        "ones it used), by start time, from the stage manifests' cost blocks. Columns: name, job_id (the SLURM "
+        "job, '-' outside SLURM), state (sacct's final state when sacct answers, else the manifest's "
+        "COMPLETED), host, start and end (UTC, ISO 8601), wall_s, cpu_h (this host's processes), gpus, gpu_h "
+        "(gpus x wall hours); '-' where a manifest predates the cost block.",
+    )
+    trace.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
+    trace.add_argument("--no-sacct", action="store_true", help="never ask sacct; states as the manifests record")
+    trace.set_defaults(handler=_trace_command)
     return parser
 
 

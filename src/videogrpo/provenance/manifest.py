@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from videogrpo import atomic
 from videogrpo.errors import DigestMismatch, VideoGRPOError
-from videogrpo.provenance import digest
+from videogrpo.provenance import cost, digest
 
 MANIFEST_VERSION = 1
 SECRET_ENV_VARS = (
@@ -324,10 +324,15 @@ class StageRun:
         self.outputs: dict[str, Path] = {}
         self.summary: dict[str, Any] = {}
         self._known: dict[str, tuple[dict[str, tuple[str, int]], bool]] = {}
+        # (count, where it came from), set by a stage that knows its GPUs better than this process's view of
+        # them (train: nodes x GPUs per node); `nodes` likewise.
+        self.gpus: tuple[int, str] | None = None
+        self.nodes = 1
 
     def __enter__(self) -> StageRun:
         self.started_at = now_iso()
         self._t0 = time.monotonic()
+        self._cpu0 = cost.cpu_seconds()
         self.git = git_state()  # the checkout as it is when the stage starts, not when a report is made
         self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
         verify_inputs(self.input_records, self.upstream, self.external)
@@ -355,13 +360,17 @@ class StageRun:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             return
+        wall_s = time.monotonic() - self._t0
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "stage": self.stage,
             "command": sys.argv,
             "started_at": self.started_at,
             "ended_at": now_iso(),
-            "duration_s": round(time.monotonic() - self._t0, 3),
+            "duration_s": round(wall_s, 3),
+            "cost": cost.measure(
+                wall_s, tuple(b - a for a, b in zip(self._cpu0, cost.cpu_seconds())), self.gpus, self.nodes
+            ),
             "host": socket.gethostname(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "git": self.git,

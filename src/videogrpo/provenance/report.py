@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from videogrpo.provenance import cost_page, trace
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
 
 
@@ -73,6 +74,8 @@ def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[s
             }
             for name, m in stages.items()
         },
+        # The jobs' final states from sacct where it answers: every job this report reads has ended.
+        "cost": {"jobs": (jobs := trace.rows_of(stages)), "totals": trace.totals(jobs)},
         "stages": stages,
     }
 
@@ -351,7 +354,7 @@ def render_html(
     dirty = ' <span class="warn">(uncommitted changes)</span>' if git.get("dirty") else ""
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>videogrpo {html.escape(provenance['run_id'])}"
-        f"</title><style>{STYLE}</style></head><body>",
+        f"</title><style>{STYLE}{cost_page.STYLE}</style></head><body>",
         f"<h1>Run {html.escape(provenance['run_id'])}</h1>",
         f"<p>Workflow commit {commit_text(git.get('commit'))}{dirty}; "
         f"report generated {html.escape(provenance['generated_at'])}.</p>",
@@ -398,18 +401,20 @@ def render_html(
         parts.append(_table(pivot, columns))
         parts.append(f"<img alt='evaluation matrix' src='data:image/png;base64,{matrix_png(matrix)}'>")
         parts.append(_table(matrix, list(matrix[0].keys())))
-    parts.append("<h2>Stages</h2>")
+    parts.append("<h2>Stages: what each job cost</h2>")
     parts.append(
-        "<p><code>slurm_job_id</code>: the SLURM job the stage ran in; <code>local</code>: it ran outside SLURM, "
-        "on the host named.</p>"
+        "<p>One row per stage job, by start (UTC): <code>job id</code> is the SLURM job the stage ran in, "
+        "<code>local</code> a stage that ran outside SLURM, on the host named; <code>state</code> is sacct's final "
+        "state where sacct answered, else COMPLETED (a stage writes its manifest only when it succeeds). CPU-h: "
+        "the stage's process and the children it waited for (torchrun's ranks; not those srun starts for a "
+        "multi-node SLURM training); GPU-h: GPUs x wall "
+        "hours (training: nodes x GPUs per node). The timeline below puts every job on one time axis.</p>"
     )
-    parts.append(
-        _table(
-            [{"stage": name, **t} for name, t in provenance["timings"].items()],
-            ["stage", "started_at", "duration_s", "host", "slurm_job_id"],
-            {"slurm_job_id": slurm_job_cell},
-        )
-    )
+    cost = provenance.get("cost") or {"jobs": [], "totals": None}
+    if cost["jobs"]:
+        parts.append(cost_page.cost_table(cost["jobs"], cost["totals"], slurm_job_cell))
+        parts.append("<h3>Timeline</h3>")
+        parts.append(cost_page.timeline(cost["jobs"]))
     parts.append("<h2>Artifact digests (SHA-256)</h2>")
     parts.append(
         _table(

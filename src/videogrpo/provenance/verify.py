@@ -4,7 +4,7 @@ verify starts from the manifests in a run directory, follows each manifest's ups
 shared downloads, dataset and EvalKit records), re-hashes every output they name and lists what
 changed, is missing or was added; then it checks the external inputs the run pinned in its config (the
 EvalKit checkout, the judge's rubric and protocol files, an external evaluation tree: `pins`). diff
-compares two runs' config fields (by class), output digests and final metrics.
+compares two runs' config fields (by class), output digests and final metrics, and shows their cost.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from videogrpo import layout
 from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
-from videogrpo.provenance import digest, pins
+from videogrpo.provenance import digest, pins, trace
 from videogrpo.provenance.manifest import read_manifest
 
 
@@ -49,6 +50,30 @@ def run_manifests(
             continue
         todo += [Path(p) for p in found[path].get("upstream", [])]
     return found
+
+
+def named_manifests(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The manifests of a run and of the stages it used (run_manifests), named as the report names
+    them: the workflow's stage list where it has the manifest, else the stage, and `<stage>:<model>:<sampler>`
+    (the two folders above it) for a stage with several manifests (the matrix cells)."""
+    listed = layout.stage_list(run_dir.parent.parent, run_dir.name)
+    names = {}
+    if listed.is_file():
+        names = {os.path.abspath(path): name for name, path in json.loads(listed.read_text()).items()}
+    manifests = run_manifests(run_dir)
+    repeated = Counter(m["stage"] for p, m in manifests.items() if os.path.abspath(p) not in names)
+    found: dict[str, dict[str, Any]] = {}
+    for path, manifest in sorted(manifests.items()):
+        name = names.get(os.path.abspath(path), manifest["stage"])
+        if os.path.abspath(path) not in names and repeated[name] > 1:
+            name = f"{manifest['stage']}:{path.parent.parent.name}:{path.parent.name}"
+        found[name] = manifest
+    return found
+
+
+def run_rows(run_dir: Path, sacct: bool = True) -> list[dict[str, Any]]:
+    """The trace of a run directory (`videogrpo trace`): a row per stage job (provenance/trace.py)."""
+    return trace.rows_of(named_manifests(run_dir), sacct)
 
 
 @dataclass
@@ -130,7 +155,8 @@ def _final_metrics(run_dir: Path) -> dict[str, Any]:
 
 
 def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
-    """Print the config fields (with their class), output digests and final metrics that differ; 1 if any."""
+    """Print the config fields (with their class), output digests and final metrics that differ; 1 if any. Then
+    the cost change (provenance/trace.py), which does not count."""
     from videogrpo.config import field_class
 
     sides = [run_manifests(run) for run in (run_a, run_b)]
@@ -155,4 +181,8 @@ def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
         for key in keys:
             log(f"  {label(key)}: {a.get(key, '-')}  |  {b.get(key, '-')}")
         differences += len(keys)
+    # Shown, never counted: two runs' times always differ, and diff(1)'s exit status says whether they do.
+    log("cost (run a | run b; times always differ, so not counted as a difference):")
+    for line in trace.cost_lines(run_rows(run_a, sacct=False), run_rows(run_b, sacct=False)):
+        log(line)
     return 1 if differences else 0

@@ -36,6 +36,7 @@ SHARED_CODE = (
     "provenance/__init__.py",
     "provenance/digest.py",
     "provenance/manifest.py",
+    "provenance/cost.py",
     "stages/__init__.py",
     "stages/common.py",
     "data/__init__.py",
@@ -152,5 +153,12 @@ CODE_PARTS = {
         "data/video.py",
     ),
     "matrix": ("stages/matrix.py", "matrix/aggregate.py", "matrix/evalset.py", "data/video.py", "mlflow_run.py"),
-    "report": ("stages/report.py", "provenance/report.py", "provenance/crate.py", "mlflow_run.py"),
+    "report": (
+        "stages/report.py",
+        "provenance/report.py",
+        "provenance/crate.py",
+        "provenance/cost_page.py",
+        "provenance/trace.py",
+        "mlflow_run.py",
+    ),
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from videogrpo import attention_kernel, checkpoint, launch, node_preflight, pref
 from videogrpo.config import Config, canonical_json
 from videogrpo.config.checks import uses_hub_kernel
 from videogrpo.errors import VideoGRPOError
+from videogrpo.provenance import cost
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
@@ -225,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
         "train", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
     ) as stage:
         digests = input_digests(args, stage.input_records)
+        stage.nodes = cfg.parallel.nodes
+        parallel = cfg.parallel
+        stage.gpus = cost.training_gpus(parallel.nodes, parallel.procs_per_node, parallel.device, os.environ)
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         with checkpoint_mirror(args.checkpoint_store, args.checkpoint_store_endpoint, checkpoints):
