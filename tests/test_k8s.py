@@ -121,6 +121,18 @@ def test_amd_gpus_and_privileged_containers(tmp_path):
     assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
     assert pod["tolerations"][0]["key"] == "amd.com/gpu" and pod["containers"][0]["securityContext"]["privileged"]
     assert job["spec"]["backoffLimitPerIndex"] == 3
+    assert "envFrom" not in pod["containers"][0]  # no secret named, none referenced
+
+
+def test_the_pods_environment_comes_from_the_named_secret_never_from_the_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:hunter2@mlflow.example.org")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter3")
+    cfg = five_b(tmp_path, env_secret="videogrpo-env")
+    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    k8s_job.validate([service, job])
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["envFrom"] == [{"secretRef": {"name": "videogrpo-env"}}]
+    assert "hunter" not in yaml.safe_dump([service, job])
 
 
 @pytest.mark.parametrize(
@@ -150,6 +162,12 @@ def test_topologies_that_cannot_run_as_a_job_are_refused_naming_the_fields(tmp_p
     ]
     (mismatch,) = k8s_job.problems(five_b(tmp_path, gpus_per_node=4), tmp_path)
     assert "kubernetes.gpus_per_node = 4 but parallel.procs_per_node = 8" in mismatch
+    tracked = five_b(tmp_path)
+    tracked.logging.tracker = ["mlflow"]
+    (untracked,) = k8s_job.problems(tracked, tmp_path)
+    assert untracked.startswith("logging.tracker has mlflow but kubernetes.env_secret is empty")
+    tracked.kubernetes.env_secret = "videogrpo-env"
+    assert k8s_job.problems(tracked, tmp_path) == []
     (single,) = k8s_job.problems(recipe("rl_a14b_rule", image=IMAGE, volume_claim="c", volume_path="/"), tmp_path)
     assert single.startswith("parallel.nodes = 1: one node trains in one pod of the executor plugin, not a Job")
     with pytest.raises(ConfigError, match="kubernetes.gpu_manufacturer = 'intel': must be one of nvidia, amd"):
@@ -210,10 +228,10 @@ def s3_endpoint():
 S3_ARGS = ["--storage-s3-access-key", "test", "--storage-s3-secret-key", "test"]
 
 
-def k8s_dry_run(cwd: Path, endpoint: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def k8s_dry_run(cwd: Path, endpoint: str, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
     argv = ["snakemake", "-n", "-p", "--profile", "profiles/kubernetes", "--container-image", IMAGE]
     argv += ["--default-storage-prefix", "s3://videogrpo/runs", "--storage-s3-endpoint-url", endpoint, *S3_ARGS]
-    return run([*argv, *args], cwd, check=check, PYTHONPATH=str(REPO / "src"))
+    return run([*argv, *args], cwd, check=check, PYTHONPATH=str(REPO / "src"), **env)
 
 
 def rule_block(text: str, rule: str) -> str:
@@ -260,7 +278,10 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
 
 def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
     checkout = copy_checkout(tmp_path / "videogrpo")
-    out = k8s_dry_run(checkout, s3_endpoint, "--configfile", "config/recipes/rl_a14b_rule.yaml", "--", "train")
+    # With MLflow: the plugin's pods are handed the driver's MLFLOW_* variables (workflow.register_envvars).
+    tracked = ["--config", "logging={tracker: [mlflow]}"]
+    recipe = ["--configfile", "config/recipes/rl_a14b_rule.yaml"]
+    out = k8s_dry_run(checkout, s3_endpoint, *recipe, *tracked, "--", "train", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
     text = out.stdout + out.stderr
     train = rule_block(text, "train")
     assert "gpu=8, gpu_manufacturer=nvidia" in train and "mem_mb=512000" in train

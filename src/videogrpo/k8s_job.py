@@ -110,6 +110,12 @@ def problems(cfg: Config, workdir: str | os.PathLike) -> list[str]:
             f"the workflow directory {os.path.abspath(workdir)} is not under kubernetes.volume_path = "
             f"{k.volume_path!r}: the Job's pods see only the volume; run Snakemake from a directory on it"
         )
+    if "mlflow" in cfg.logging.tracker and not k.env_secret:
+        found.append(
+            "logging.tracker has mlflow but kubernetes.env_secret is empty: the training Job's pods get the "
+            "driver's MLFLOW_TRACKING_URI only from a Secret; create one with it (and its credentials) and name it "
+            "in kubernetes.env_secret"
+        )
     gpus = gpus_per_node(cfg)
     if cfg.parallel.device == "cuda" and gpus != cfg.parallel.procs_per_node:
         found.append(
@@ -173,6 +179,7 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
         "command": list(command),
         "workingDir": os.path.abspath(workdir),
         "env": env,
+        **({"envFrom": [{"secretRef": {"name": k.env_secret}}]} if k.env_secret else {}),
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "volumeMounts": [
             {"name": "workflow", "mountPath": k.volume_path},

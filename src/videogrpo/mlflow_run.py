@@ -21,6 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 from videogrpo.errors import VideoGRPOError
 
 URI_VAR = "MLFLOW_TRACKING_URI"
+# What a job on another machine needs of the driver's environment to reach the server (a Kubernetes pod of the
+# executor plugin gets only what the workflow names).
+ENVIRONMENT = (URI_VAR, "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 IDENTITY_TAG = "videogrpo.run_identity"
 # A param is written once (MLflow refuses a changed value): a resume that runs with another execution
 # setting (the contract is the run identity, so only those can differ) records the new value as this tag.

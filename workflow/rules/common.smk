@@ -128,6 +128,10 @@ if K8S_TRAIN_JOB and not workflow.remote_exec and k8s_job.problems(CFG, os.getcw
         f"here:\n  - " + "\n  - ".join(k8s_job.problems(CFG, os.getcwd()))
     )
 
+if KUBERNETES and "mlflow" in CFG.logging.tracker:
+    # A plugin pod gets only the driver's variables the workflow names (the plugin hands them over as a Secret).
+    workflow.register_envvars(*(name for name in mlflow_run.ENVIRONMENT if name in os.environ))
+
 
 onstart:
     # The executor's settings are known only now (after the Snakefile was read): refuse before any pod starts.

@@ -473,6 +473,9 @@ class KubernetesConfig:
     train_as_job: bool = False
     """Train a one-node run as a training Job of one pod too (its /dev/shm sized by shm_mb; the executor
     plugin's pods have the container runtime's default); runs of several nodes always are one."""
+    env_secret: str = ""
+    """Secret in the namespace whose keys become the training Job's pods' environment (envFrom): the tracker's
+    (MLFLOW_TRACKING_URI and its credentials, WANDB_API_KEY) and the bucket's (AWS_*), which no spec records."""
     train_retries: int = 1
     """Times each node's pod of the training Job is started again after a failure (it resumes from the last
     checkpoint); a configuration, digest or data error (exit 3, 4, 5) fails the Job at once, and an eviction
