@@ -15,6 +15,7 @@ from videogrpo.grpo.trainer import run_plan
 
 from harness import (
     adam_tolerance,
+    launch,
     layout,
     metrics,
     solo_config,
@@ -99,6 +100,31 @@ def test_the_ppo_ratio_is_exactly_one_on_policy_and_only_then(uninterrupted):
         assert m["policy_loss"] == pytest.approx(-m["advantage_mean"], abs=1e-6)
     for m in stale:
         assert m["ppo_ratio_abs_max"] > 0.0 and m["ppo_ratio_mean"] != 1.0
+
+
+def test_the_workers_die_with_a_sigkilled_torchrun(tiny_model, dataset, tmp_path):
+    """torchrun puts each worker in a session of its own: killed alone (the OOM killer), it must not leave them
+    training and writing checkpoints beside the next attempt's."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    proc = launch(trainer_config(**DELAYED_FSDP), tmp_path, tiny_model, dataset)
+    deadline = time.monotonic() + 300
+    while not metric_lines_at_least(1)(tmp_path):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
+        time.sleep(0.05)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert len(workers) >= 2  # the two ranks
+    os.kill(proc.pid, signal.SIGKILL)  # torchrun only, not its process group or the workers' sessions
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    for worker in alive:
+        worker.kill()
+    assert not alive, [w.pid for w in alive]
+    assert not (tmp_path / "final").exists()
 
 
 @pytest.mark.parametrize(

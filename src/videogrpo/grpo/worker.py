@@ -15,7 +15,25 @@ from videogrpo.errors import VideoGRPOError, disk_full_message
 from videogrpo.rewards.judge_service import cap_training_memory
 
 
+def die_with_the_launcher() -> None:
+    """torchrun starts each worker in a session of its own, so a SIGKILLed torchrun (the OOM killer, kill -9 of
+    the stage) would leave its workers training, writing checkpoints beside the next attempt's: on Linux the
+    kernel kills a worker whose launcher is gone (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+        print(f"[worker] prctl(PR_SET_PDEATHSIG) failed: errno {ctypes.get_errno()}", file=sys.stderr)
+    elif os.getppid() != launcher:  # it died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_the_launcher()
     parser = argparse.ArgumentParser(prog="videogrpo.grpo.worker")
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--run-id", required=True)
