@@ -54,8 +54,17 @@ demo: env
 	snakemake --cores 2
 	@echo "report: $(CURDIR)/results/runs/$$(videogrpo config --run-id)/report/report.html"
 
-test: env   # two workers: the pipeline's tests on one, in order; the rest beside them (tests/conftest.py)
-	pytest -n 2 --dist loadgroup
+# Two pytest runs side by side: the pipeline's tests (e2e and cluster: one demo, in file order, each rerun
+# test seeing the state the one before left) and the rest, which use the CPU the pipeline leaves idle. The
+# rest's report follows the pipeline's; the exit status fails if either failed.
+UNIT_LOG ?= .pytest-unit.log
+test: env
+	pytest -m "not e2e and not cluster" -p no:cacheprovider > $(UNIT_LOG) 2>&1 & unit=$$!; \
+	pipeline=0; pytest -m "e2e or cluster" || pipeline=$$?; \
+	rest=0; wait $$unit || rest=$$?; \
+	cat $(UNIT_LOG); \
+	echo "make test: pipeline tests exit $$pipeline, the other tests exit $$rest"; \
+	test $$pipeline -eq 0 && test $$rest -eq 0
 
 lint: env   # also run by `make test` (tests/test_lint.py)
 	ruff check .

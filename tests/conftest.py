@@ -107,14 +107,7 @@ def demo(workdir):
 
 def pytest_collection_modifyitems(config, items):
     """The GPU tier (tests/gpu/): every test there needs CUDA and is skipped without it (CI has none). On a GPU
-    node, from the GPU environment: `pytest tests/gpu -q`, or `bash bench/gpu_smoke.sh`.
-
-    Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) every end-to-end and cluster test runs on one
-    worker, in file order, so the session's demo is made once and the reruns see each other's state; the other
-    tests go module by module to the other worker, which then uses the CPU the pipeline leaves idle."""
-    for item in items:
-        pipeline = item.get_closest_marker("e2e") or item.get_closest_marker("cluster")
-        item.add_marker(pytest.mark.xdist_group("pipeline" if pipeline else item.module.__name__))
+    node, from the GPU environment: `pytest tests/gpu -q`, or `bash bench/gpu_smoke.sh`."""
     import torch
 
     if torch.cuda.is_available():
