@@ -42,7 +42,8 @@ STAGES = {
 }
 # What differs between any two runs of a stage (when, where, how it was called), and the git state of a
 # checkout copy; every digest, size, param and summary value must not.
-VARYING = ("started_at", "ended_at", "duration_s", "host", "command", "git", "slurm", "slurm_job_id")
+# What differs between two runs of the same stage: when, where, how it was invoked, and what it cost (measured).
+VARYING = ("started_at", "ended_at", "duration_s", "host", "command", "git", "slurm", "slurm_job_id", "cost")
 LOCAL_COPIES = f".snakemake/storage/s3/{BUCKET}/{PREFIX}/"
 
 
