@@ -83,7 +83,8 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in rows]
         return None if not values or any(v is None for v in values) else round(sum(values), 6)
 
-    span = max(map(_seconds, (r["end"] for r in rows))) - min(map(_seconds, (r["start"] for r in rows)))
+    # No jobs (a report of stages that recorded no start and end): nothing spanned, not an error.
+    span = max(map(_seconds, (r["end"] for r in rows))) - min(map(_seconds, (r["start"] for r in rows))) if rows else 0
     return {
         "jobs": len(rows),
         "wall_s": total("wall_s"),
