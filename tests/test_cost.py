@@ -15,6 +15,12 @@ from videogrpo.provenance.manifest import StageRun, read_manifest
 from videogrpo.provenance.verify import run_rows
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
+# The manifest rounds wall_s to 3 decimals and gpu_h to 6, each from the unrounded wall time: a gpu_h
+# recomputed from the rounded wall_s may differ by half a unit of each rounding, whatever the wall time.
+def gpu_h_tolerance(gpus: int) -> float:
+    return 0.5e-6 + gpus * 0.5e-3 / 3600 + 1e-12
+
+
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
 
 
@@ -48,7 +54,7 @@ def test_a_stage_in_a_slurm_job_counts_the_gpus_of_its_allocation(tmp_path, monk
     manifest = read_manifest(tmp_path / "m.json")
     block = manifest["cost"]
     assert manifest["slurm_job_id"] == "4242" and block["gpus"] == 2
-    assert block["gpu_h"] == pytest.approx(2 * block["wall_s"] / 3600, abs=1e-6)
+    assert block["gpu_h"] == pytest.approx(2 * block["wall_s"] / 3600, abs=gpu_h_tolerance(2))
     assert block["gpus_from"] == "the SLURM allocation of the job"
 
 
@@ -58,7 +64,14 @@ def test_a_stage_that_declares_its_gpus_records_them(tmp_path, outside_slurm):
         time.sleep(0.1)
     block = read_manifest(tmp_path / "m.json")["cost"]
     assert (block["nodes"], block["gpus"]) == (2, 8)
-    assert block["gpu_h"] == pytest.approx(8 * block["wall_s"] / 3600, abs=1e-6)
+    assert block["gpu_h"] == pytest.approx(8 * block["wall_s"] / 3600, abs=gpu_h_tolerance(8))
+
+
+@pytest.mark.parametrize("wall_s", [0.0, 0.1, 0.1004999, 0.1005, 3599.9995, 12345.6785])
+def test_gpu_hours_come_from_the_unrounded_wall_time_within_both_roundings(wall_s):
+    block = cost.cost_block(wall_s, (1.0, 0.5), 8, "declared")
+    assert block["gpu_h"] == round(8 * wall_s / 3600, 6)  # not from the rounded wall_s
+    assert block["gpu_h"] == pytest.approx(8 * block["wall_s"] / 3600, abs=gpu_h_tolerance(8))
 
 
 @pytest.mark.parametrize(

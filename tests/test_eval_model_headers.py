@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -126,7 +125,16 @@ def write_sparse_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dty
     return offset
 
 
-def test_the_5b_transformers_real_shapes_validate_from_headers_in_seconds(model, no_weight_loads):
+def bytes_read() -> int:
+    """Bytes this process has read through read(2) and its kind so far (Linux /proc/self/io `rchar`): a count
+    of work done, unlike a time, whatever the machine's load."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no rchar line")
+
+
+def test_the_5b_transformers_real_shapes_validate_from_headers_alone(model, no_weight_loads):
     from diffusers import WanTransformer3DModel
 
     with torch.device("meta"):
@@ -136,9 +144,9 @@ def test_the_5b_transformers_real_shapes_validate_from_headers_in_seconds(model,
     config = json.loads((model / "transformer" / "config.json").read_text())
     (model / "transformer" / "config.json").write_text(json.dumps(dict(config, **WAN_5B)))
     assert size > 9.9e9  # 5B parameters of bf16
-    t0 = time.monotonic()
+    read_before = bytes_read()
     record = validate_pipeline(model, "0" * 64)
-    assert time.monotonic() - t0 < 30
+    assert bytes_read() - read_before < 64 << 20  # the headers, not 10 GB of weights
     assert record["shapes"]["transformer"] == {
         "tensors": len(shapes),
         "dtypes": ["BF16"],
