@@ -339,3 +339,20 @@ def test_stage_params_are_the_contract_and_evaluation_fields_only(repo, monkeypa
     train = config.identity_fields(config.stage_view(cfg, "train"))
     assert "train.lr" in train and "evalkit.workers" not in train and "parallel.master_port" not in train
     assert "logging.wandb_project" not in train and "train.keep_checkpoints" not in train
+
+
+# The run identities of the released recipes and of the tiny default, pinned: a refactoring that moves code or
+# renames a module must not turn a user's run into a new one (its checkpoints would no longer resume).
+PINNED_RUN_IDENTITIES = {
+    (): "tiny-7eb8e331ee87",
+    ("config/recipes/rl_5b_cps.yaml",): "rl_5b_cps-d2a1b25d7a25",
+    ("config/recipes/rl_5b_sde.yaml",): "rl_5b_sde-07df3930adf5",
+    ("config/recipes/rl_5b_vlm.yaml",): "rl_5b_vlm-061d22cecaf7",
+    ("config/recipes/rl_a14b_rule.yaml",): "rl_a14b_rule-a5cdf36e9356",
+}
+
+
+@pytest.mark.parametrize("layers", list(PINNED_RUN_IDENTITIES), ids=lambda layers: layers[0] if layers else "tiny")
+def test_the_run_identities_of_the_recipes_and_the_tiny_default_are_pinned(repo, layers):
+    cfg = config.load([repo / "config/config.yaml", *(repo / layer for layer in layers)], {})
+    assert config.run_identity(cfg) == PINNED_RUN_IDENTITIES[layers]
