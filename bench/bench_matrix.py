@@ -54,10 +54,10 @@ def main() -> None:
     import torch
 
     from videogrpo.config import from_dict
-    from videogrpo.matrix.evalset import load_samples
-    from videogrpo.matrix.generate import generate_rank
-    from videogrpo.matrix.synthetic_tree import write_synthetic_tree
-    from videogrpo.models.tiny import save_tiny_pipeline
+    from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
+    from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
+    from videogrpo.evaluation.evalset import load_samples
+    from videogrpo.evaluation.generate import generate_rank
     from videogrpo.provenance.digest import tree_digest
 
     matrix = {
@@ -90,7 +90,7 @@ def main() -> None:
             "runtime": [],
         }
     }
-    evalkit = REPO / "src/videogrpo/rewards/reference_evalkit"
+    evalkit = REPO / "src/videogrpo/demo/stand_in_evalkit"
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="videogrpo-matrix-") as tmp:
         root = Path(tmp)

@@ -34,17 +34,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="scorer worker counts")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every measurement")
     args = parser.parse_args()
-    from videogrpo.data import synthetic
     from videogrpo.data.dataset import load_split
     from videogrpo.data.materialize import materialize
     from videogrpo.data.video import fit_square, playback_fps, read_video, write_mp4
+    from videogrpo.demo import synthetic_dataset
     from videogrpo.rewards.rule import RuleScorer, ScoreRequest
 
-    evalkit = REPO / "src/videogrpo/rewards/reference_evalkit"
+    evalkit = REPO / "src/videogrpo/demo/stand_in_evalkit"
     with tempfile.TemporaryDirectory(prefix="videogrpo-scorer-") as tmp:
         root = Path(tmp)
-        tasks = list(synthetic.TASKS)
-        synthetic.generate(root / "archives", tasks, 4, seed=0, frames=81, height=128, width=128, fps=16)
+        tasks = list(synthetic_dataset.TASKS)
+        synthetic_dataset.generate(root / "archives", tasks, 4, seed=0, frames=81, height=128, width=128, fps=16)
         archives = sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz"))
         materialize(archives, root / "data", tasks, 4, 0, 42, "bench", {}, log=lambda _: None)
         samples = load_split(root / "data", "rl")

@@ -33,14 +33,14 @@ LATENCY_VAR = "VIDEOGRPO_BENCH_REWARD_LATENCY"
 
 
 def build_inputs(root: Path) -> tuple[Path, Path, Path]:
-    from videogrpo.data import synthetic
     from videogrpo.data.materialize import materialize
-    from videogrpo.models.tiny import save_tiny_pipeline
+    from videogrpo.demo import synthetic_dataset
+    from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
 
     model = root / "model"
     save_tiny_pipeline(model, seed=0)
-    tasks = list(synthetic.TASKS)
-    synthetic.generate(root / "archives", tasks, 6, seed=0, frames=17, height=64, width=64, fps=16)
+    tasks = list(synthetic_dataset.TASKS)
+    synthetic_dataset.generate(root / "archives", tasks, 6, seed=0, frames=17, height=64, width=64, fps=16)
     dataset = root / "dataset"
     materialize(
         sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz")),
@@ -55,7 +55,7 @@ def build_inputs(root: Path) -> tuple[Path, Path, Path]:
     )
     # The reference EvalKit with a known, CPU-free latency in front of every score.
     kit = root / "evalkit"
-    shutil.copytree(REPO / "src/videogrpo/rewards/reference_evalkit", kit)
+    shutil.copytree(REPO / "src/videogrpo/demo/stand_in_evalkit", kit)
     entry = kit / "run_evaluation.py"
     entry.write_text(
         entry.read_text().replace(

@@ -7,7 +7,7 @@ Every part prints one table; nothing is asserted about speed. Parts:
 1. the node: torch, CUDA, device, driver, compute capability, NCCL, the peak bf16 FLOP/s used for MFU;
 2. attention backends: each diffusers backend on a Wan-shaped attention (bf16, 24 heads x 128): runs or
    why not, largest difference from `native`, milliseconds per call;
-3. torch.compile on the transformer blocks (`parallelize.compile_blocks`): the compiled and eager
+3. torch.compile on the transformer blocks (`fsdp.compile_blocks`): the compiled and eager
    velocity agree, time per forward of each;
 4. GRPO updates through the real trainer (`videogrpo.grpo.worker` under torchrun, one process, FSDP2 with
    bf16 compute and float32 master weights, one-step-delayed replay, the rule reward through the
@@ -137,7 +137,7 @@ def compiled_blocks(device: torch.device, dtype: torch.dtype, transformer_cfg: d
     """Eager against compiled blocks on one forward (inductor), on the mid-size shape."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo import parallelize
+    from videogrpo.parallel import fsdp
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(**transformer_cfg).to(device, dtype).eval()
@@ -159,7 +159,7 @@ def compiled_blocks(device: torch.device, dtype: torch.dtype, transformer_cfg: d
 
     eager, t_eager = forward()
     start = time.perf_counter()
-    parallelize.compile_blocks(model)
+    fsdp.compile_blocks(model)
     compiled, t_compiled = forward()
     compile_s = time.perf_counter() - start
     diff = (compiled - eager).abs().max().item() / max(eager.abs().max().item(), 1e-12)
@@ -176,7 +176,7 @@ def build_model(root: Path, transformer_cfg: dict, text_width: int) -> Path:
     from diffusers import WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from videogrpo.models.tiny import TEXT_ENCODER, save_tiny_pipeline
+    from videogrpo.demo.tiny_ti2v import TEXT_ENCODER, save_tiny_pipeline
 
     model = root / "model"
     save_tiny_pipeline(model, seed=0)
@@ -199,16 +199,16 @@ def build_model(root: Path, transformer_cfg: dict, text_width: int) -> Path:
 
 
 def build_data(root: Path) -> tuple[Path, Path]:
-    from videogrpo.data import synthetic
     from videogrpo.data.materialize import materialize
+    from videogrpo.demo import synthetic_dataset
 
-    tasks = list(synthetic.TASKS)
-    synthetic.generate(root / "archives", tasks, 2, seed=0, frames=17, height=64, width=64, fps=16)
+    tasks = list(synthetic_dataset.TASKS)
+    synthetic_dataset.generate(root / "archives", tasks, 2, seed=0, frames=17, height=64, width=64, fps=16)
     dataset = root / "dataset"
     archives = sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz"))
     materialize(archives, dataset, tasks, 2, 0, 42, "smoke", {"repo": "synthetic"}, log=lambda _: None)
     kit = root / "evalkit"
-    shutil.copytree(REPO / "src/videogrpo/rewards/reference_evalkit", kit, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "src/videogrpo/demo/stand_in_evalkit", kit, ignore=shutil.ignore_patterns("__pycache__"))
     return dataset, kit
 
 
@@ -230,8 +230,8 @@ def run_config(kit: Path, frames: int, height: int, width: int, group: int, step
 
 def planned_peak(cfg: dict, model: Path) -> int:
     """The peak preflight's memory plan gives this run (compared with the trainer's measured one)."""
-    from videogrpo import memory_plan
     from videogrpo.config import from_dict
+    from videogrpo.preflight import memory_plan
 
     return memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model)).peak
 

@@ -19,7 +19,7 @@ import torch
 
 
 def main() -> None:
-    from videogrpo import config, distributed
+    from videogrpo import config
     from videogrpo.data.dataset import batch_for_step, load_split, training_order
     from videogrpo.grpo.advantages import group_advantages
     from videogrpo.grpo.loss import ppo_loss
@@ -27,6 +27,7 @@ def main() -> None:
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.grpo.trainer import waves
     from videogrpo.models.wan import WanTI2V, flow_shift
+    from videogrpo.parallel import process_groups
     from videogrpo.rewards.rule import RuleScorer, score_request
 
     parser = argparse.ArgumentParser()
@@ -38,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.from_dict(json.loads(args.config_json))
     g, seed = cfg.grpo, cfg.train.seed
-    ctx = distributed.init("cpu", "gloo", cfg.parallel.cpu_threads)
+    ctx = process_groups.init("cpu", "gloo", cfg.parallel.cpu_threads)
     model = WanTI2V.from_config(args.model, ctx.device, cfg)
     params = list(model.transformer.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -78,7 +79,7 @@ def main() -> None:
             t1 = time.monotonic()
             mine = [(j, m, r["score"]) for (j, m), r in zip(rows, scorer.collect(futures))]
             table = torch.zeros(g.prompts_per_step, g.group_size)
-            for part in distributed.all_gather_objects(mine):
+            for part in process_groups.all_gather_objects(mine):
                 for j, m, score in part:
                     table[j, m] = score
             advantages = group_advantages(table)
@@ -90,7 +91,7 @@ def main() -> None:
                 new = replay_log_prob(model, model.transformer, traj, index, sigmas, g.sampler, embeds)
                 loss, _ = ppo_loss(new.log_prob, traj.log_probs[:, index], advantages, g.clip_range)
                 (loss * len(rows) * scale).backward()
-            distributed.average_gradients(params)
+            process_groups.average_gradients(params)
             torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -109,7 +110,7 @@ def main() -> None:
                 )
     finally:
         scorer.close()
-        distributed.shutdown()
+        process_groups.shutdown()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # The judge's stand-in pinned sources shipped for the tiny default, and the fields of their rubrics.
-PROTOCOL_FILE = REPO / "src/videogrpo/rewards/reference_judge_protocol.py"
-RUBRIC_FILE = REPO / "src/videogrpo/rewards/reference_judge_prompts.py"
+PROTOCOL_FILE = REPO / "src/videogrpo/demo/stand_in_judge_protocol.py"
+RUBRIC_FILE = REPO / "src/videogrpo/demo/stand_in_judge_prompts.py"
 JUDGE_FIELDS = ["goal_score", "quality_score", "goal_weight", "quality_weight", "total_score", "reason"]
 TASKS = [
     "S-1_move_red_square_data-generator",
@@ -30,7 +30,7 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from videogrpo.models.tiny import save_tiny_pipeline
+    from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
 
     out = tmp_path_factory.mktemp("model") / "pipeline"
     save_tiny_pipeline(out, seed=0)
@@ -39,10 +39,10 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def archives(tmp_path_factory) -> Path:
-    from videogrpo.data import synthetic
+    from videogrpo.demo import synthetic_dataset
 
     out = tmp_path_factory.mktemp("archives")
-    synthetic.generate(out, TASKS, SAMPLES, seed=0, frames=FRAMES, height=SIDE, width=SIDE, fps=16)
+    synthetic_dataset.generate(out, TASKS, SAMPLES, seed=0, frames=FRAMES, height=SIDE, width=SIDE, fps=16)
     return out
 
 
@@ -83,7 +83,7 @@ def small_disk(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def evalkit(repo) -> Path:
-    return repo / "src/videogrpo/rewards/reference_evalkit"
+    return repo / "src/videogrpo/demo/stand_in_evalkit"
 
 
 @pytest.fixture(scope="session")

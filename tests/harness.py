@@ -139,11 +139,12 @@ def trainer_in_process(
     """
     import torch
 
-    from videogrpo import config, distributed
+    from videogrpo import config
     from videogrpo.grpo.trainer import Trainer, TrainPaths
+    from videogrpo.parallel import process_groups
 
     resolved = config.from_dict(cfg)
-    torch.set_num_threads(resolved.parallel.cpu_threads)  # what distributed.init does in a worker
+    torch.set_num_threads(resolved.parallel.cpu_threads)  # what process_groups.init does in a worker
     paths = TrainPaths(
         tiny_model,
         dataset,
@@ -154,7 +155,7 @@ def trainer_in_process(
         out,
         inputs or {},
     )
-    return Trainer(resolved, paths, distributed.Context(0, world_size, 0, torch.device("cpu")), "test")
+    return Trainer(resolved, paths, process_groups.Context(0, world_size, 0, torch.device("cpu")), "test")
 
 
 def model_with_scheduler(model: Path, out: Path, scheduler: dict | None) -> Path:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from diffusers import WanTransformer3DModel
 
-from videogrpo.models.tiny_i2v import TRANSFORMER
+from videogrpo.demo.tiny_i2v import TRANSFORMER
 
 REFERENCE_SUBDIRS = {"transformer": "high", "transformer_2": "low"}
 

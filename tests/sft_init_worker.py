@@ -20,7 +20,8 @@ from sft_ckpt import cloned, tiny_expert
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from videogrpo import checkpoint, distributed, parallelize, sft_init, tensor_parallel
+from videogrpo.grpo import checkpoint, sft_init
+from videogrpo.parallel import fsdp, process_groups, tensor_parallel
 
 
 def gathered(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -35,12 +36,12 @@ def largest_difference(model: torch.nn.Module, expected: dict[str, torch.Tensor]
 
 def main() -> None:
     source, expected_file, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    ctx = distributed.init("cpu", "gloo", 1)
+    ctx = process_groups.init("cpu", "gloo", 1)
     expected = torch.load(expected_file)
     dp_mesh = init_device_mesh("cpu", (ctx.world_size,))
     tp_mesh = tensor_parallel.device_mesh(tensor_parallel.MeshDims(ctx.world_size, 2), "cpu", "gloo")["tp"]
 
-    high = parallelize.fully_shard_model(tiny_expert(11), dp_mesh, torch.float32, torch.float32)
+    high = fsdp.fully_shard_model(tiny_expert(11), dp_mesh, torch.float32, torch.float32)
     low = tensor_parallel.apply_tensor_parallel(tiny_expert(12), tp_mesh)
     lines = []
     report = sft_init.load_initial_weights(source, {"high": high, "low": low}, log=lines.append)
@@ -48,14 +49,14 @@ def main() -> None:
         "rank": ctx.rank,
         "summary": report.summary(),
         "sources": {n: e.source for n, e in report.experts.items()},
-        "high_sharded": parallelize.is_sharded(high),
+        "high_sharded": fsdp.is_sharded(high),
         "low_dtensors": sum(hasattr(p, "full_tensor") for p in low.parameters()),
         "high_diff": largest_difference(high, expected["transformer"]),
         "low_diff": largest_difference(low, expected["transformer_2"]),
         "warnings": lines,
     }
 
-    written = parallelize.fully_shard_model(tiny_expert(13), dp_mesh, torch.float32, torch.float32)
+    written = fsdp.fully_shard_model(tiny_expert(13), dp_mesh, torch.float32, torch.float32)
     optimizer = torch.optim.AdamW(written.parameters(), lr=1e-3)
     own = checkpoint.save(out / "own", 3, written, optimizer, {"update": 3}, rank=ctx.rank, keep=1)
     want = gathered(written)
@@ -70,7 +71,7 @@ def main() -> None:
         own_tensors=len(cloned(tiny_expert(0))),
     )
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(result))
-    distributed.shutdown()
+    process_groups.shutdown()
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ import torch
 import yaml
 from demo import RULES, jobs_run
 
-from videogrpo import cli, config, layout, memory_plan, preflight
+from videogrpo import cli, config
 from videogrpo.errors import ConfigError
-from videogrpo.memory_plan import ModelShape, ParamCounts
+from videogrpo.pipeline import layout
+from videogrpo.preflight import checks as preflight
+from videogrpo.preflight import memory_plan
+from videogrpo.preflight.memory_plan import ModelShape, ParamCounts
 from videogrpo.provenance.digest import tree_digest
 
 from conftest import REPO
@@ -105,7 +108,7 @@ def test_fetch_model_builds_the_two_expert_pipeline_model_kind_names(fetched, tm
     assert record["summary"] == {"source": "tiny", "kind": "i2v_a14b", "seed": 0}
     assert record["outputs"]["model"]["tree_sha256"] == tree_digest(model_dir)
     # models/tiny_i2v.py's pipeline, seeded by model.tiny_seed: the same seed the same bytes, another seed others.
-    from videogrpo.models.tiny_i2v import save_tiny_i2v_pipeline
+    from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
 
     save_tiny_i2v_pipeline(tmp_path / "again", 0)
     assert tree_digest(tmp_path / "again") == tree_digest(model_dir)

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from videogrpo import config, layout, sampling
+from videogrpo import config, models
+from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
+from videogrpo.demo.tiny_ti2v import FLOW_SHIFT
 from videogrpo.errors import ConfigError
+from videogrpo.evaluation import sampling
+from videogrpo.evaluation.generate import SEED_TAG, Settings, generate_video, ode_scheduler, parse_sampler
 from videogrpo.grpo.rollout import seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
-from videogrpo.matrix.generate import SEED_TAG, Settings, generate_video, ode_scheduler, parse_sampler
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, expert_schedule, route, timestep_of
-from videogrpo.models.tiny import FLOW_SHIFT
-from videogrpo.models.tiny_i2v import save_tiny_i2v_pipeline
 from videogrpo.provenance.manifest import StageRun
 
 from conftest import TASKS
@@ -136,7 +137,7 @@ def test_the_matrix_ode_sampling_equals_the_diffusers_i2v_pipeline(tiny_i2v, pip
 
 
 def _sample(index: int):
-    from videogrpo.matrix.evalset import EvalSample
+    from videogrpo.evaluation.evalset import EvalSample
 
     return EvalSample(index, "In-Domain_50", TASKS[0], "00000", "x")
 
@@ -184,9 +185,9 @@ def test_the_trained_model_is_the_base_with_the_exported_experts_substituted(tin
     from diffusers import WanTransformer3DModel
 
     from videogrpo.data.dataset import load_split
-    from videogrpo.evaluate import sample_batch
+    from videogrpo.evaluation.heldout import sample_batch
 
-    trained = layout.EXPORTED_EXPERTS[experts]
+    trained = models.EXPORTED_EXPERTS[experts]
     names = tuple(name for name, folder in EXPERT_FOLDERS.items() if folder in trained)
     perturbed_export(tiny_i2v, tmp_path / "final", names)
     cfg = i2v_config(evaluate={"split": "heldout", "sampling_steps": 8})
@@ -234,16 +235,16 @@ def test_an_export_that_disagrees_with_train_experts_is_refused(tiny_i2v, tmp_pa
 
 def test_the_workflow_names_the_exported_folders_of_the_trained_experts():
     cfg = i2v_config()
-    assert layout.trained_folders(cfg) == ("transformer", "transformer_2")
-    assert set(layout.EXPORTED_EXPERTS["both"]) == set(EXPERT_FOLDERS.values())
+    assert models.trained_folders(cfg) == ("transformer", "transformer_2")
+    assert set(models.EXPORTED_EXPERTS["both"]) == set(EXPERT_FOLDERS.values())
     for expert in ("high", "low"):
         cfg.train.experts = expert
-        assert layout.trained_folders(cfg) == (EXPERT_FOLDERS[expert],)
-    assert layout.trained_folders(config.from_dict(trainer_config())) == ("transformer",)
+        assert models.trained_folders(cfg) == (EXPERT_FOLDERS[expert],)
+    assert models.trained_folders(config.from_dict(trainer_config())) == ("transformer",)
 
 
 def test_evaluate_runs_an_i2v_run_and_scores_trained_against_base(tiny_i2v, dataset, tmp_path):
-    from videogrpo.evaluate import evaluate
+    from videogrpo.evaluation.heldout import evaluate
 
     perturbed_export(tiny_i2v, tmp_path / "final", ("high", "low"))
     cfg = i2v_config(evaluate={"split": "heldout", "max_samples_per_task": None, "sampling_steps": 4})
@@ -283,7 +284,7 @@ def stage(name: str, sections: dict, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def upstream(tiny_i2v, tmp_path_factory) -> tuple[Path, list[str]]:
     """eval_set's samples.json (synthetic tree) and the manifests of fetch_model and train (the export)."""
-    from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+    from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
     from videogrpo.provenance.digest import tree_digest
 
     root = tmp_path_factory.mktemp("a14b-matrix")
@@ -351,7 +352,7 @@ def test_a_two_expert_pipeline_validates_with_both_experts_loaded(tiny_i2v, monk
     """fetch_eval_model's full load of an I2V pipeline (validate_pipeline with load) reads both experts."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo.matrix.models import validate_pipeline
+    from videogrpo.evaluation.pipelines import validate_pipeline
 
     loads = []
     original = WanTransformer3DModel.from_pretrained.__func__

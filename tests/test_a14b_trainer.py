@@ -17,7 +17,7 @@ from harness import metrics, solo_config, train, train_in_process, trainer_in_pr
 
 @pytest.fixture(scope="module")
 def tiny_i2v(tmp_path_factory):
-    from videogrpo.models.tiny_i2v import save_tiny_i2v_pipeline
+    from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
 
     out = tmp_path_factory.mktemp("tiny_i2v") / "pipeline"
     save_tiny_i2v_pipeline(out, 0)
@@ -283,7 +283,7 @@ def test_the_trainers_two_expert_checkpoint_initialises_another_run(tiny_i2v, da
     train.resume_from does: each expert gets its own weights."""
     from sft_ckpt import tiny_expert
 
-    from videogrpo import sft_init
+    from videogrpo.grpo import sft_init
 
     trainer_in_process(a14b(train={"save_steps": 2}), tmp_path, tiny_i2v, dataset).run()
     fresh = {"high": tiny_expert(7), "low": tiny_expert(8)}

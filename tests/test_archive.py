@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from videogrpo.data import synthetic
 from videogrpo.data.materialize import materialize
+from videogrpo.demo import synthetic_dataset
 from videogrpo.errors import DataError
 from videogrpo.provenance.digest import sha256_file
 
@@ -24,7 +24,7 @@ INFLATERS = ("isal", "zlib")
 
 
 def sample(index=0, task=TASK) -> dict[str, bytes]:
-    return synthetic.sample_members(task, index, 0, FRAMES, SIDE, SIDE, 16)
+    return synthetic_dataset.sample_members(task, index, 0, FRAMES, SIDE, SIDE, 16)
 
 
 def renamed(members: dict[str, bytes], sample_id: str) -> dict[str, bytes]:

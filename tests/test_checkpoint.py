@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from videogrpo import checkpoint
 from videogrpo.errors import VideoGRPOError
+from videogrpo.grpo import checkpoint
 
 
 def model_and_optimizer(seed):

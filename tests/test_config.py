@@ -236,7 +236,7 @@ def test_only_contract_fields_change_the_run_identity(repo, monkeypatch, kind):
 
 def test_download_params_are_what_they_download(repo, monkeypatch):
     """Other fields of the model and data sections never download again (nor rename the download directory)."""
-    from videogrpo import layout
+    from videogrpo.pipeline import layout
 
     monkeypatch.chdir(repo)
     tasks = (repo / "config/tasks/synthetic.txt").read_text()

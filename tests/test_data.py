@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from videogrpo.data import synthetic
 from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.data.materialize import FIELDS, materialize
 from videogrpo.data.validate import validate
 from videogrpo.data.video import read_video
+from videogrpo.demo import synthetic_dataset
 from videogrpo.errors import DataError
 
 from conftest import FRAMES, SAMPLES, SIDE, TASKS
@@ -35,7 +35,7 @@ def write_tar(path: Path, members: dict[str, bytes], kinds: dict[str, bytes] | N
 
 
 def one_sample(index=0) -> dict[str, bytes]:
-    return synthetic.sample_members(TASK, index, 0, FRAMES, SIDE, SIDE, 16)
+    return synthetic_dataset.sample_members(TASK, index, 0, FRAMES, SIDE, SIDE, 16)
 
 
 def unpack(tmp_path, archives, tasks=(TASK,), per_task=1, **kw):
@@ -56,8 +56,8 @@ def test_archives_hold_exactly_the_vbvr_member_layout(archives):
 
 
 def test_archives_are_byte_reproducible(tmp_path):
-    a = synthetic.generate(tmp_path / "a", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
-    b = synthetic.generate(tmp_path / "b", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
+    a = synthetic_dataset.generate(tmp_path / "a", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
+    b = synthetic_dataset.generate(tmp_path / "b", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
 
 

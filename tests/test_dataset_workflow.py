@@ -18,8 +18,8 @@ import yaml
 from demo import VENV, copy_checkout, run
 
 from videogrpo.config import read_task_list
-from videogrpo.data import synthetic
 from videogrpo.data.materialize import materialize
+from videogrpo.demo import synthetic_dataset
 
 from hub_server import HubServer
 
@@ -49,7 +49,7 @@ def hub_archives(workdir) -> dict[str, bytes]:
     members = [{}, {}]
     for i, task in enumerate(tasks):
         for index in range(2):
-            members[min(i, 1)].update(synthetic.sample_members(task, index, 0, 17, 64, 64, 16))
+            members[min(i, 1)].update(synthetic_dataset.sample_members(task, index, 0, 17, 64, 64, 16))
     some_sample = next(iter(members[1])).rsplit("/", 1)[0]
     rng = __import__("numpy").random.default_rng(0)
     for n in range(2):

@@ -98,7 +98,7 @@ def test_reference_evalkit_digest_is_the_one_pinned_in_the_default_config(repo):
     import yaml
 
     pinned = yaml.safe_load((repo / "config/config.yaml").read_text())["evalkit"]["digest"]
-    assert digest.evalkit_source_digest(repo / "src/videogrpo/rewards/reference_evalkit") == pinned
+    assert digest.evalkit_source_digest(repo / "src/videogrpo/demo/stand_in_evalkit") == pinned
 
 
 def test_code_digest_ignores_comments_docstrings_and_layout(tmp_path):

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 from test_flops import WAN_5B
 
-from videogrpo.matrix.models import ModelRefused, validate_pipeline
-from videogrpo.weights import read_header
+from videogrpo.artifacts.weights import read_header
+from videogrpo.evaluation.pipelines import ModelRefused, validate_pipeline
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 

@@ -20,7 +20,7 @@ def evaluated(tiny_model, dataset, tmp_path_factory):
     """evaluate() with a 'trained' transformer that is the base one perturbed, and with the base itself."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo.evaluate import evaluate
+    from videogrpo.evaluation.heldout import evaluate
 
     root = tmp_path_factory.mktemp("evaluate")
     cfg = config.from_dict(trainer_config(evaluate={"split": "heldout", "max_samples_per_task": None}))
@@ -66,7 +66,7 @@ def test_the_base_against_itself_is_a_delta_of_exactly_zero(evaluated):
 
 
 def test_the_report_shows_the_evaluation_csv_as_it_is(evaluated, tmp_path):
-    from videogrpo.provenance.report import render_html
+    from videogrpo.provenance.report_page import render_html
 
     _, table = evaluated["perturbed"]
     table.to_csv(tmp_path / "per_task.csv", index=False)
@@ -90,7 +90,7 @@ def test_the_report_shows_the_evaluation_csv_as_it_is(evaluated, tmp_path):
 def test_an_interrupted_evaluation_resumes_with_the_batches_it_had_not_scored(
     tiny_model, dataset, tmp_path, monkeypatch
 ):
-    from videogrpo import evaluate as evaluation
+    from videogrpo.evaluation import heldout as evaluation
 
     cfg = config.from_dict(trainer_config(evaluate={"split": "rl", "max_samples_per_task": 2}))  # 6: two batches
     kit = config.from_dict(trainer_config()).evalkit.path
@@ -118,7 +118,7 @@ def test_a_batch_whose_record_holds_an_error_is_scored_again(tiny_model, dataset
     """Under fail_on_error: false an evaluator error is recorded (scored 0); the next attempt scores it again."""
     import json
 
-    from videogrpo import evaluate as evaluation
+    from videogrpo.evaluation import heldout as evaluation
 
     cfg = config.from_dict(trainer_config(evaluate={"split": "rl", "max_samples_per_task": 2}))  # 6: two batches
     kit = config.from_dict(trainer_config()).evalkit.path
@@ -152,7 +152,7 @@ def _provenance(**timings) -> dict:
 
 
 def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
-    from videogrpo.provenance.report import fixed, render_html
+    from videogrpo.provenance.report_page import fixed, render_html
 
     assert [fixed(v) for v in (-2.9e-05, -0.0, 2.9e-05, -0.00009, -0.0009)] == [
         "0.0000",
@@ -187,7 +187,7 @@ def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
 
 def test_the_learning_rate_column_shows_the_warm_up_and_the_decay():
     from videogrpo.grpo.lr_schedule import learning_rate
-    from videogrpo.provenance.report import learning_rate_text, render_html
+    from videogrpo.provenance.report_page import learning_rate_text, render_html
 
     rates = [learning_rate(k, 3, 8, 1e-4) for k in range(8)]
     metrics = [{"step": k + 1, "reward_mean": 0.5, "reward_std": 0.1, "learning_rate": r} for k, r in enumerate(rates)]
@@ -201,7 +201,7 @@ def test_the_learning_rate_column_shows_the_warm_up_and_the_decay():
 
 def test_a_stage_that_ran_outside_slurm_is_shown_as_local_not_none():
     from videogrpo.provenance import trace
-    from videogrpo.provenance.report import LOCAL_TITLE, render_html
+    from videogrpo.provenance.report_page import LOCAL_TITLE, render_html
 
     def manifest(second: int, job: str | None) -> dict:  # as written before manifests had a cost block
         start, end = (f"2026-12-01T10:00:{s:02d}.000+00:00" for s in (second, second + 1))
@@ -219,7 +219,7 @@ def test_a_stage_that_ran_outside_slurm_is_shown_as_local_not_none():
 
 
 def test_the_videos_pair_base_and_trained_of_the_same_sample():
-    from videogrpo.provenance.report import render_html, video_pairs
+    from videogrpo.provenance.report_page import render_html, video_pairs
 
     tasks = ["S-1_move", "S-2_fill"]
 
@@ -250,7 +250,7 @@ def test_the_videos_pair_base_and_trained_of_the_same_sample():
 
 
 def test_update_axes_have_integer_ticks_and_task_titles_show_the_whole_name():
-    from videogrpo.provenance.report import per_task_curves_figure, reward_curve_figure
+    from videogrpo.provenance.report_page import per_task_curves_figure, reward_curve_figure
 
     long = [
         "G-134_select_next_figure_large_small_alternating_sequence_data-generator",

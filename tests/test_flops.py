@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from videogrpo.demo.tiny_ti2v import TRANSFORMER
 from videogrpo.grpo import flops, tracking
-from videogrpo.models.tiny import TRANSFORMER
 
 from harness import metrics, solo_config, trainer_in_process
 

@@ -286,7 +286,7 @@ def test_a_model_without_a_scheduler_config_samples_at_five_and_a_bad_value_is_r
 @pytest.mark.parametrize("override", [None, 2.5])
 def test_preflight_says_which_flow_shift_is_used(tmp_path, override):
     from videogrpo import config
-    from videogrpo.preflight import check_flow_shift
+    from videogrpo.preflight.checks import check_flow_shift
 
     model = scheduler_dir(tmp_path, {"shift": 3.0})
     check = check_flow_shift(config.from_dict({"grpo": {"shift": override}}, partial=True), model)
@@ -307,10 +307,11 @@ def test_evaluate_and_the_matrix_sample_with_the_models_flow_shift(tiny_model, d
     """`evaluate` samples as training does (grpo.shift, else the model's); matrix cells as their model says."""
     import yaml
 
-    from videogrpo import config, evaluate
+    from videogrpo import config
     from videogrpo.data.dataset import load_split
-    from videogrpo.matrix import generate
-    from videogrpo.matrix.evalset import EvalSample
+    from videogrpo.evaluation import generate
+    from videogrpo.evaluation import heldout as evaluate
+    from videogrpo.evaluation.evalset import EvalSample
     from videogrpo.models.wan import WanTI2V
 
     from harness import model_with_scheduler

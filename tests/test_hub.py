@@ -71,7 +71,7 @@ def test_unknown_revision_is_a_clear_error(tiny_model, tmp_path):
 
 @pytest.mark.parametrize("revision", ["main", "v1.0", "0123abc"])
 def test_branch_and_tag_names_are_refused_before_any_request(tmp_path, revision):
-    from videogrpo import hub
+    from videogrpo.artifacts import hub
 
     with pytest.raises(ConfigError, match="must be a lower-case 40-hex commit id"):
         hub.snapshot("org/x", revision, tmp_path / "m")

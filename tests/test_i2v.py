@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from videogrpo.demo.tiny_i2v import build_tiny_i2v_pipeline, save_tiny_i2v_pipeline
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.models.i2v import WanI2VA14B, boundary_of, expert_schedule, route, timestep_of
-from videogrpo.models.tiny_i2v import build_tiny_i2v_pipeline, save_tiny_i2v_pipeline
 from videogrpo.provenance.digest import tree_digest
 
 FRAMES, HEIGHT, WIDTH = 9, 32, 48  # 3 latent frames of 4 x 6: height != width catches a transposed layout

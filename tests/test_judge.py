@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from judge_server import JudgeServer, video_frames
 
+from videogrpo.demo import stand_in_judge_protocol as stand_in_protocol
 from videogrpo.errors import VideoGRPOError
-from videogrpo.rewards import reference_judge_protocol as stand_in_protocol
 from videogrpo.rewards.judge import JudgeScorer, JudgeSettings, judge
 from videogrpo.rewards.judge_protocol import (
     JudgeAnswerError,
@@ -412,7 +412,7 @@ def test_a_dead_judge_endpoint_names_the_field_to_fix(tmp_path):
 
 def test_preflight_checks_the_rubric_and_protocol_sources_against_the_dataset(dataset, tmp_path):
     from videogrpo import config
-    from videogrpo.preflight import check_judge_rubrics
+    from videogrpo.preflight.checks import check_judge_rubrics
 
     def cfg(path, digest, protocol_digest=None):
         protocol_digest = protocol_digest or sha(PROTOCOL_FILE)

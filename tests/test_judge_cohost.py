@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from videogrpo import config, launch
+from videogrpo import config
 from videogrpo.errors import VideoGRPOError
+from videogrpo.launch import torchrun
 from videogrpo.rewards import judge_service
 
 STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--port", "{port}", "--name", "{name}"]
@@ -132,9 +133,9 @@ def test_the_training_share_is_what_the_judge_leaves_and_only_where_it_shares_th
 def test_the_rendezvous_waits_as_long_as_a_judge_may_take_to_start():
     cfg = vlm_config(STAND_IN, nodes=2)
     cfg.reward.judge_ready_timeout_s = 1800
-    where = launch.Launch(2, 1, "10.0.0.1", 29500, 8, "slurm")
-    argv = launch.torchrun_argv(where, "m", [], judge_service.rendezvous_join_timeout(cfg))
+    where = torchrun.Launch(2, 1, "10.0.0.1", 29500, 8, "slurm")
+    argv = torchrun.torchrun_argv(where, "m", [], judge_service.rendezvous_join_timeout(cfg))
     assert "--rdzv-conf=is_host=false,join_timeout=2400" in argv
     cfg.reward.judge_endpoint = "http://judge:18080"  # nothing to wait for on the nodes
     assert judge_service.rendezvous_join_timeout(cfg) is None
-    assert "--rdzv-conf=is_host=false" in launch.torchrun_argv(where, "m", [], None)
+    assert "--rdzv-conf=is_host=false" in torchrun.torchrun_argv(where, "m", [], None)

@@ -15,8 +15,9 @@ import pytest
 import yaml
 from demo import copy_checkout, jobs_run, run
 
-from videogrpo import cli, config, k8s_job, launch
+from videogrpo import cli, config
 from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.launch import k8s_job, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "registry.example.org/videogrpo:0.1"
@@ -101,8 +102,8 @@ def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_la
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     # Every pod's place in the run, as the launcher reads it from the pod's environment.
     for index in (0, 1, 15):
-        where = launch.from_environment(cfg, pod_env(container, index))
-        assert where == launch.Launch(16, index, f"{name}-0.{name}", 29500, 8, "manual")
+        where = torchrun.from_environment(cfg, pod_env(container, index))
+        assert where == torchrun.Launch(16, index, f"{name}-0.{name}", 29500, 8, "manual")
 
 
 def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
@@ -290,7 +291,8 @@ def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
 
 def test_the_module_imports_nothing_heavy():
     code = (
-        "import sys, videogrpo.k8s_job; print(sorted(m for m in ('torch', 'kubernetes', 'yaml') if m in sys.modules))"
+        "import sys, videogrpo.launch.k8s_job; "
+        "print(sorted(m for m in ('torch', 'kubernetes', 'yaml') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # the Snakefile imports it: a dry run must not pay for them

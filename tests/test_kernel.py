@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from videogrpo import attention_kernel as ak
+from videogrpo.artifacts import attention_kernel as ak
 from videogrpo.config import Config, ParallelConfig, problems
-from videogrpo.preflight import check_attention_kernel
+from videogrpo.preflight.checks import check_attention_kernel
 
 from hub_server import HubServer
 
@@ -427,7 +427,7 @@ def test_only_a_cuda_machine_with_kernels_can_refuse_the_build_variants_and_it_d
 def test_preflight_on_a_gpu_node_refuses_a_kernel_without_a_variant_for_its_torch(copy, monkeypatch):
     """What a GPU node with kernels installed sees when the pinned revision has no build for its torch/CUDA
     (kernels' own variant choice, probed on that node, made to find none here)."""
-    import videogrpo.preflight as pf
+    import videogrpo.preflight.checks as pf
 
     cache, manifest = copy
     monkeypatch.setattr(pf, "_cuda_visible", lambda: True)

@@ -17,12 +17,12 @@ import pandas as pd
 import pytest
 
 from videogrpo.data.video import write_mp4
+from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
 from videogrpo.errors import DigestMismatch
-from videogrpo.matrix.aggregate import bootstrap_interval, matrix_table, summarize
-from videogrpo.matrix.evalset import EvalSample, EvalSetError, eval_samples, load_samples
-from videogrpo.matrix.generate import Settings, output_problems, parse_sampler
-from videogrpo.matrix.models import ModelRefused, validate_pipeline
-from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+from videogrpo.evaluation.aggregate import bootstrap_interval, matrix_table, summarize
+from videogrpo.evaluation.evalset import EvalSample, EvalSetError, eval_samples, load_samples
+from videogrpo.evaluation.generate import Settings, output_problems, parse_sampler
+from videogrpo.evaluation.pipelines import ModelRefused, validate_pipeline
 from videogrpo.provenance.digest import evalkit_source_digest, sha256_file, tree_digest
 
 from conftest import TASKS
@@ -569,7 +569,7 @@ def test_aggregates_are_plain_means_and_the_delta_pairs_samples():
 
 def test_the_report_shows_a_matrix_whose_interval_is_undefined():
     """One sample in a domain has no interval (empty in the CSV): shown as nan, not a crash."""
-    from videogrpo.provenance.report import render_html
+    from videogrpo.provenance.report_page import render_html
 
     provenance = {
         "git": {"commit": None},

@@ -16,8 +16,10 @@ import pytest
 import torch
 from test_flops import MID, WAN_5B
 
-from videogrpo import config, memory_plan, preflight
-from videogrpo.memory_plan import GIB, ModelShape, ParamCounts
+from videogrpo import config
+from videogrpo.preflight import checks as preflight
+from videogrpo.preflight import memory_plan
+from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
 
 from conftest import REPO
 from harness import trainer_config
@@ -133,7 +135,7 @@ def test_the_activation_formula_is_what_autograd_saves(name, transformer):
     """One block's saved tensors, and a checkpointed forward's, measured on CPU in bf16, within 10 % of the plan."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo.models.tiny import TRANSFORMER
+    from videogrpo.demo.tiny_ti2v import TRANSFORMER
 
     transformer = transformer or TRANSFORMER
     logging.disable(logging.WARNING)  # diffusers' note on casting a model's float32 modules

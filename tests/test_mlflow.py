@@ -18,8 +18,10 @@ import pandas as pd
 import pytest
 from demo import run as run_in
 
-from videogrpo import cli, config, mlflow_run, preflight
+from videogrpo import cli, config
 from videogrpo.errors import VideoGRPOError
+from videogrpo.grpo import mlflow_run
+from videogrpo.preflight import checks as preflight
 from videogrpo.provenance.manifest import assert_no_secrets
 
 from harness import metrics, solo_config, train
@@ -166,7 +168,7 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
         }
     )
     table = pd.DataFrame({"task": ["a", "ALL"], "reward_trained": [0.3, 0.55]})
-    monkeypatch.setattr("videogrpo.evaluate.evaluate", lambda *args: (frame, table))
+    monkeypatch.setattr("videogrpo.evaluation.heldout.evaluate", lambda *args: (frame, table))
     for name in ("model", "final", "dataset/raw", "evalkit"):
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / "x").write_text(name)

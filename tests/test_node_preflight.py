@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from videogrpo import config, distributed, node_preflight, preflight
+from videogrpo import config
 from videogrpo.errors import ConfigError
-from videogrpo.node_preflight import NodeFacts, decide
+from videogrpo.parallel import process_groups
+from videogrpo.preflight import checks as preflight
+from videogrpo.preflight import node as node_preflight
+from videogrpo.preflight.node import NodeFacts, decide
 
 HOST = "gpu-node-07"
 
@@ -132,9 +135,9 @@ def test_without_a_device_the_device_checks_do_not_run():
 
 
 def test_a_failed_probe_is_the_one_finding():
-    checks = decide(hopper(probe_error="python -m videogrpo.node_preflight exited -11: ..."), "cuda", "nccl", "x", 8)
+    checks = decide(hopper(probe_error="python -m videogrpo.preflight.node exited -11: ..."), "cuda", "nccl", "x", 8)
     assert [(c.name, c.ok) for c in checks] == [("devices", False)]
-    assert "gpu-node-07: probing the node failed: python -m videogrpo.node_preflight exited -11" in checks[0].detail
+    assert "gpu-node-07: probing the node failed: python -m videogrpo.preflight.node exited -11" in checks[0].detail
 
 
 @pytest.mark.parametrize(
@@ -280,9 +283,9 @@ def test_the_real_probe_reports_no_cuda_cleanly_on_this_machine(monkeypatch, tmp
 def test_the_process_group_waits_240_minutes_as_the_reference(monkeypatch):
     seen = {}
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: seen.update(kw))
-    distributed.init("cpu", "gloo", 1)
+    monkeypatch.setattr(process_groups.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(process_groups.dist, "init_process_group", lambda **kw: seen.update(kw))
+    process_groups.init("cpu", "gloo", 1)
     assert seen["timeout"] == datetime.timedelta(minutes=240) and seen["backend"] == "gloo"
 
 

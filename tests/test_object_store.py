@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from videogrpo.checkpoint import MARKER
-from videogrpo.object_store import CheckpointMirror, client, split_url, stored_checkpoints
+from videogrpo.grpo.checkpoint import MARKER
+from videogrpo.grpo.checkpoint_mirror import CheckpointMirror, client, split_url, stored_checkpoints
 
 BUCKET = "videogrpo-ckpt"
 

@@ -8,18 +8,19 @@ from pathlib import Path
 
 PROBE = """
 import json, torch, torch.distributed as dist
-from videogrpo import distributed, parallelize
+from videogrpo.parallel import process_groups
+from videogrpo.parallel import fsdp
 from videogrpo.config import from_dict
 
-ctx = distributed.init("cpu", "gloo", 1)
+ctx = process_groups.init("cpu", "gloo", 1)
 cfg = from_dict({"parallel": {"data_parallel": "hsdp", "shard_group_size": 2, "backend": "gloo"}}, partial=True)
-mesh = parallelize.device_mesh(cfg, ctx.world_size, "cpu")
+mesh = fsdp.device_mesh(cfg, ctx.world_size, "cpu")
 def minutes(group):
     return group._get_backend(torch.device("cpu")).options._timeout.total_seconds() / 60
 if ctx.rank == 0:
     print(json.dumps({"default": minutes(dist.group.WORLD), "shard": minutes(mesh.get_group("shard")),
                       "replicate": minutes(mesh.get_group("replicate"))}))
-distributed.shutdown()
+process_groups.shutdown()
 """
 
 

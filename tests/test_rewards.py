@@ -295,7 +295,7 @@ def test_the_reference_evalkit_reads_its_annotations_from_the_working_directory(
 
 def test_preflight_names_the_tasks_without_an_evaluator_and_fails_when_none_is_scorable(evalkit, dataset, tmp_path):
     from videogrpo import config
-    from videogrpo.preflight import check_evalkit_tasks
+    from videogrpo.preflight.checks import check_evalkit_tasks
 
     def kit_config(path):
         return config.from_dict({"evalkit": {"path": str(path), "digest": evalkit_source_digest(path)}}, partial=True)
@@ -485,7 +485,7 @@ def test_scorer_workers_import_the_scorer_interpreters_packages(scorer_python, e
 def test_preflight_lists_the_tasks_with_the_scorer_interpreter(scorer_python, evalkit, dataset, tmp_path, monkeypatch):
     """Preflight imports the evaluators as a scorer worker does: evalkit.python, in the checkout, CUDA hidden."""
     from videogrpo import config
-    from videogrpo.preflight import check_evalkit_tasks
+    from videogrpo.preflight.checks import check_evalkit_tasks
 
     kit = scorer_env_kit(evalkit, tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the driver sees a GPU; the evaluators must not

@@ -1,4 +1,4 @@
-"""SFT initialisation from the reference's DCP checkpoints and this project's own (videogrpo.sft_init).
+"""SFT initialisation from the reference's DCP checkpoints and this project's own (videogrpo.grpo.sft_init).
 
 Checkpoints are written with torch.distributed.checkpoint in each layout (tests/sft_ckpt.py) from the tiny I2V
 expert, then read into freshly built experts of other seeds and compared tensor by tensor, exactly. One case
@@ -16,8 +16,8 @@ import pytest
 import torch
 from sft_ckpt import cloned, shifted, tiny_expert, write_own_experts, write_reference, write_reference_root
 
-from videogrpo import checkpoint, sft_init
 from videogrpo.errors import ConfigError
+from videogrpo.grpo import checkpoint, sft_init
 
 REPO = Path(__file__).parents[1]
 

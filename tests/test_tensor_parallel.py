@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from videogrpo import tensor_parallel
 from videogrpo.errors import ConfigError
+from videogrpo.parallel import tensor_parallel
 
 REPO = Path(__file__).parents[1]
 TOL = 2e-5

@@ -174,8 +174,8 @@ def test_auto_resume_refuses_other_inputs_naming_both_digests(guarded, tiny_mode
 
 
 def test_a_change_of_the_trainer_math_needs_the_users_word(guarded, tiny_model, dataset, monkeypatch):
-    from videogrpo import checkpoint
     from videogrpo.errors import ConfigError
+    from videogrpo.grpo import checkpoint
 
     real = checkpoint.trainer_math()
     assert "grpo/loss.py" in real and "grpo/tracking.py" not in real  # logging is not math

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from videogrpo import cli
+from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
 from videogrpo.errors import DigestMismatch
-from videogrpo.matrix.evalset import load_samples, recheck_samples
-from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+from videogrpo.evaluation.evalset import load_samples, recheck_samples
 from videogrpo.provenance.digest import evalkit_source_digest, sha256_file, tree_digest
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.provenance.verify import verify_run

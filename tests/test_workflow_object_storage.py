@@ -52,7 +52,7 @@ def s3(tmp_path_factory):
     """moto's S3 server on a free loopback port, the bucket, and the environment a user would set."""
     from moto.server import ThreadedMotoServer
 
-    from videogrpo.object_store import client
+    from videogrpo.grpo.checkpoint_mirror import client
 
     env = {"AWS_ACCESS_KEY_ID": "moto-dummy-key-id", "AWS_SECRET_ACCESS_KEY": "moto-dummy-secret-key"}
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)

@@ -211,7 +211,7 @@ def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir
     env = {"PYTHONPATH": str(workdir / "src")}
     table = workdir / "results/runs" / first_run_id(workdir) / "evaluate/per_task.csv"
     original_table = table.read_bytes()
-    source = workdir / "src/videogrpo/evaluate.py"
+    source = workdir / "src/videogrpo/evaluation/heldout.py"
     original = source.read_text()
     decode = "    return model.decode(trajectory.latents[:, -1])\n"
     assert decode in original
@@ -300,7 +300,7 @@ def test_a_failed_experiment_costs_no_shared_output(demo, workdir):
 def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
     """Last: it leaves the checkout's EvalKit edited. Refused ahead of the stage: the fingerprint of the
     pinned checkout is kept."""
-    kit = workdir / "src/videogrpo/rewards/reference_evalkit/vbvr_bench/evaluators/synthetic.py"
+    kit = workdir / "src/videogrpo/demo/stand_in_evalkit/vbvr_bench/evaluators/synthetic.py"
     kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
     out = run(["snakemake", "--cores", "2"], workdir, check=False)
     assert out.returncode != 0

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from diffusers import WanTransformer3DModel
 
-from videogrpo import distributed, tensor_parallel
+from videogrpo.parallel import process_groups, tensor_parallel
 
 TP = 2
 LR = 1e-3
@@ -96,7 +96,7 @@ def norm_check(tp_mesh, tp_rank: int) -> dict:
 
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
-    ctx = distributed.init("cpu", "gloo", 1)
+    ctx = process_groups.init("cpu", "gloo", 1)
     data_parallel = "replicate" if mode == "tp" else "fsdp"
     dims = tensor_parallel.mesh_dims(ctx.world_size, TP, data_parallel)
     dp_rank, tp_rank = dims.dp_rank(ctx.rank), dims.tp_rank(ctx.rank)
@@ -170,7 +170,7 @@ def main() -> None:
         report.update(dcp_round_trip(model, dims, out / "checkpoint"))
         report.update(bf16_check(dims, dp_rank, ref_outputs[dp_rank]))
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
-    distributed.shutdown()
+    process_groups.shutdown()
 
 
 def variants_check(dims, ref_output: torch.Tensor, ref_grads: dict) -> dict:

@@ -134,14 +134,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "check-inputs", help="a stage's inputs against their manifests and pins, before its job starts"
     )
     if command in (None, "check-inputs"):
-        importlib.import_module("videogrpo.provenance.check_inputs").add_arguments(check)
-    check.set_defaults(handler=lambda args: importlib.import_module("videogrpo.provenance.check_inputs").run(args))
+        importlib.import_module("videogrpo.pipeline.check_inputs").add_arguments(check)
+    check.set_defaults(handler=lambda args: importlib.import_module("videogrpo.pipeline.check_inputs").run(args))
     k8s = sub.add_parser(
         "k8s-job", help="multi-node training on Kubernetes: write one indexed Job and its Service, apply, wait"
     )
     if command in (None, "k8s-job"):
-        importlib.import_module("videogrpo.k8s_job").add_arguments(k8s)
-    k8s.set_defaults(handler=lambda args: importlib.import_module("videogrpo.k8s_job").run(args))
+        importlib.import_module("videogrpo.launch.k8s_job").add_arguments(k8s)
+    k8s.set_defaults(handler=lambda args: importlib.import_module("videogrpo.launch.k8s_job").run(args))
     verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     verify.set_defaults(handler=_verify_command)

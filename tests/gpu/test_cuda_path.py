@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.gpu_smoke import CPU_SMALL, build_data, run_config, train
-from videogrpo.models.tiny import save_tiny_pipeline
+from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_attention_backends_agree_with_native(backend):
 def test_compiled_blocks_match_eager_on_cuda():
     from diffusers import WanTransformer3DModel
 
-    from videogrpo import parallelize
+    from videogrpo.parallel import fsdp
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(**CPU_SMALL).cuda().eval()
@@ -67,7 +67,7 @@ def test_compiled_blocks_match_eager_on_cuda():
     text = torch.randn(1, 16, CPU_SMALL["text_dim"], device="cuda")
     with torch.no_grad():
         eager = model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
-        parallelize.compile_blocks(model)
+        fsdp.compile_blocks(model)
         compiled = model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
     assert torch.allclose(compiled, eager, atol=1e-4, rtol=1e-4)
 

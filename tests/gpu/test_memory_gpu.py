@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.gpu_smoke import MID, build_data, build_model, run_config, train
-from videogrpo import memory_plan
 from videogrpo.config import from_dict
+from videogrpo.preflight import memory_plan
 
 
 @pytest.mark.parametrize("offload", [False, True])

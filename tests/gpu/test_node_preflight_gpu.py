@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
-from videogrpo import node_preflight
 from videogrpo.config import from_dict
-from videogrpo.preflight import node_checks
+from videogrpo.preflight import node as node_preflight
+from videogrpo.preflight.checks import node_checks
 
 
 def test_the_real_probe_passes_on_this_gpu_node(tmp_path):

@@ -1,5 +1,5 @@
 # Every stage that reads what other stages made runs after its inputs are checked (see checked() in
-# common.smk and videogrpo/provenance/check_inputs.py): Snakemake deletes a job's outputs before the job
+# common.smk and videogrpo/pipeline/check_inputs.py): Snakemake deletes a job's outputs before the job
 # starts, so a stage refusing its inputs itself would already have cost its earlier outputs. The stamp is
 # temp(): made whenever its stage is about to run (under --forcerun too), removed once it has.
 # A run block, not params: the check's arguments and code must never make its stage rerun (Snakemake keeps

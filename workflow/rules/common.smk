@@ -11,13 +11,15 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from videogrpo import config as vg
-from videogrpo import layout
+from videogrpo import models
+from videogrpo.pipeline import layout
 from videogrpo import atomic
-from videogrpo import attention_kernel
-from videogrpo import k8s_job
-from videogrpo.provenance.digest import evalkit_files, package_digest, sha256_bytes, sha256_file
-from videogrpo.stages import CODE_PARTS, STAGES
-import videogrpo
+from videogrpo.artifacts import attention_kernel
+from videogrpo.launch import k8s_job
+from videogrpo.provenance.code import stage_code
+from videogrpo.provenance.verify import stage_list
+from videogrpo.provenance.digest import evalkit_files, sha256_bytes, sha256_file
+from videogrpo.stages import STAGES
 
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
 CFG = vg.from_dict(config)
@@ -25,7 +27,7 @@ config.clear()
 config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
 if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the environment, which every job inherits
-    from videogrpo import mlflow_run
+    from videogrpo.grpo import mlflow_run
     from videogrpo.errors import VideoGRPOError
 
     try:
@@ -93,7 +95,7 @@ EVAL_TREE = CFG.matrix.eval_set or f"{EVALSET}/tree"
 MATRIX = f"{RESULTS}/matrix/{layout.matrix_key(CFG, TASK_LIST_TEXT)}"
 CELL = f"{MATRIX}/{{model}}/{{sampler}}"
 if MATRIX_ON and not CFG.matrix.eval_set:
-    from videogrpo.data.synthetic import TASKS as SYNTHETIC_TASKS
+    from videogrpo.demo.synthetic_dataset import TASKS as SYNTHETIC_TASKS
 
     _NO_GENERATOR = sorted(set(vg.task_names(TASK_LIST_TEXT)) - set(SYNTHETIC_TASKS))
     if _NO_GENERATOR:
@@ -155,8 +157,6 @@ ARCHIVES = f"{DATA}/archives"
 DATASET = f"{DATA}/materialized"
 REPORT_HTML = f"{RUN}/report/report.html"
 
-_PACKAGE = Path(videogrpo.__file__).parent
-
 
 def stage_param_texts(stage):
     """The contract and evaluation fields a stage reads as `field=value` texts (vg.identity_fields)."""
@@ -215,7 +215,7 @@ def note_unapplied_fields(stage, before_text, now_text):
 
 def code(stage):
     """Digest of the package code the stage runs: a param, since Snakemake does not see imported code."""
-    return package_digest(_PACKAGE, CODE_PARTS[stage])
+    return stage_code(stage)
 
 
 def evalkit_sources():
@@ -472,10 +472,10 @@ def cell_model_inputs(wildcards):
 
 def trained_transformer_arg(wildcards, input):
     """--transformer (and, for I2V-A14B, --transformer-2) of a trained cell: the folders of its final export
-    that replace the base pipeline's (layout.trained_folders); nothing for a pipeline evaluated as it is."""
+    that replace the base pipeline's (models.trained_folders); nothing for a pipeline evaluated as it is."""
     if "final" not in input.keys():
         return ""
-    folders = layout.trained_folders(CFG)
+    folders = models.trained_folders(CFG)
     return " ".join(f"--{name.replace('_', '-')} {Path(input.final) / name}" for name in folders)
 
 
@@ -504,7 +504,7 @@ def matrix_cell_args(wildcards, input):
 
 STAGE_MANIFESTS.update(matrix_manifests())
 if "SLURM_JOB_ID" not in os.environ:  # as the invocation file: the driver's view of the run
-    atomic.write_json(layout.stage_list(RESULTS, RUN_ID), {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"})
+    atomic.write_json(stage_list(RESULTS, RUN_ID), {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"})
 
 
 # The checks ahead of the stages (checks.smk).
@@ -514,7 +514,7 @@ EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "evaluate", "s
 )
 # Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
 PINNED_INPUTS = {"sources", "tree_files"}
-# File digests of earlier checks (see videogrpo/provenance/check_inputs.py): a pipeline is hashed once.
+# File digests of earlier checks (see videogrpo/pipeline/check_inputs.py): a pipeline is hashed once.
 DIGEST_CACHE = f"{RESULTS}/.checked-digests.json"
 
 

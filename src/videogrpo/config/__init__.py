@@ -5,7 +5,8 @@ Snakemake merges the YAML layers; `from_dict` fills defaults, coerces the string
 produces, and checks every field and every cross-field rule, naming the field, the value and the
 rule. The dataclass defaults are the values shared by all released recipes (REFERENCE section 6).
 
-This module must stay light: the Snakefile imports it at parse time (no torch, no diffusers).
+This package must stay light: the Snakefile imports it at parse time (no torch, no diffusers). May import only the
+core modules (`errors`).
 """
 
 from videogrpo.config.checks import (

@@ -1,1 +1,5 @@
-"""Data: the synthetic generator, safe materialization, validation, and the training dataset."""
+"""Data: the dataset's archives read safely (`archive`), materialized resumably (`materialize`), validated
+(`validate`), its videos decoded and encoded (`video`), and the training dataset (`dataset`).
+
+May import: `provenance`, `config` and the core modules.
+"""

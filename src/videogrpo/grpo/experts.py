@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from videogrpo import parallelize, tensor_parallel
 from videogrpo.config import Config
 from videogrpo.models.wan import DTYPES
+from videogrpo.parallel import fsdp, tensor_parallel
 
 
 @dataclass
@@ -75,11 +75,11 @@ class Experts:
                     mesh,
                 )
                 if cfg.parallel.compile:
-                    parallelize.compile_blocks(module)
+                    fsdp.compile_blocks(module)
             else:
                 if cfg.parallel.compile:
-                    parallelize.compile_blocks(module)
-                module = parallelize.apply_data_parallel(module, cfg, world, device)
+                    fsdp.compile_blocks(module)
+                module = fsdp.apply_data_parallel(module, cfg, world, device)
             module.train()
             params = [p for p in module.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -117,13 +117,13 @@ class Experts:
         served = [e for e in self.experts if any(p.grad is not None for p in e.params)]
         for e in served:
             if self.mesh_dims is None:
-                parallelize.reduce_gradients(e.module, e.params)
+                fsdp.reduce_gradients(e.module, e.params)
         params = [p for e in served for p in e.params]
         if self.mesh_dims is not None or len(self.experts) > 1:
             # Two experts or two meshes (TP x FSDP): torch's clip_grad_norm_ stacks norms of one mesh only.
             grad_norm = tensor_parallel.clip_grad_norm(params, max_norm)
         else:
-            grad_norm = parallelize.clip_grad_norm(params, max_norm)
+            grad_norm = fsdp.clip_grad_norm(params, max_norm)
         for e in self.experts:
             for group in e.optimizer.param_groups:
                 group["lr"] = lr
@@ -139,9 +139,9 @@ class Experts:
         return {e.name: (e.module, e.optimizer) for e in self.experts}
 
     def layout(self) -> dict:
-        layouts = {e.name: parallelize.describe_layout(e.module) for e in self.experts}
+        layouts = {e.name: fsdp.describe_layout(e.module) for e in self.experts}
         return layouts[self.experts[0].name] if not self.routed else layouts
 
     def full_state_dicts(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every expert's parameters gathered on CPU (collective: every rank calls it)."""
-        return {e.name: parallelize.full_state_dict(e.module) for e in self.experts}
+        return {e.name: fsdp.full_state_dict(e.module) for e in self.experts}

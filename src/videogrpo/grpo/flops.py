@@ -10,7 +10,7 @@ block) recomputes the blocks' forward once more in the backward. Every parameter
 trainable (full fine-tuning, as the trainer does).
 
 Nothing here changes a training value, which is why this module is not part of the trainer's math
-digest (`checkpoint.TRAINER_MATH`): the trainer makes one call per update (`update_metrics`).
+digest (`checkpoint.NOT_TRAINER_MATH`): the trainer makes one call per update (`update_metrics`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from videogrpo import atomic, mlflow_run
+from videogrpo import atomic
 from videogrpo.config.checks import uses_tracker
 from videogrpo.config.sections import LoggingConfig
+from videogrpo.grpo import mlflow_run
 
 
 class Tracker:

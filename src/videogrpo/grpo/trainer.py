@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from videogrpo import atomic, checkpoint, distributed, sft_init
+from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, flops, offload, replay
+from videogrpo.grpo import assignment, checkpoint, flops, offload, replay, sft_init
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
@@ -48,6 +48,7 @@ from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift
+from videogrpo.parallel import process_groups
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
@@ -159,7 +160,7 @@ class Trainer:
     """The offload schedule (`grpo/offload.py`), set by __init__; this default, which keeps everything where it is,
     serves a trainer assembled without __init__ (the manual ref_diff harness)."""
 
-    def __init__(self, cfg: Config, paths: TrainPaths, ctx: distributed.Context, run_id: str):
+    def __init__(self, cfg: Config, paths: TrainPaths, ctx: process_groups.Context, run_id: str):
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
         # Seeded per data replica: TP peers must draw alike (every draw of the run is counter-keyed; this one's
         # stream is for anything that is not).
@@ -294,7 +295,7 @@ class Trainer:
                 (j, g, r["score"], s.task, bool(r.get("error")))
                 for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
             ]
-        everyone = [row for part in distributed.all_gather_objects(mine) for row in part]
+        everyone = [row for part in process_groups.all_gather_objects(mine) for row in part]
         table = torch.full((self.cfg.grpo.prompts_per_step, self.cfg.grpo.group_size), float("nan"))
         for j, g, score, _, _ in everyone:
             table[j, g] = score
@@ -368,10 +369,10 @@ class Trainer:
         grad_norm = self.experts.step(lr, cfg.train.max_grad_norm)
         t2 = time.monotonic()
         # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
-        reduced = distributed.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
+        reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
         means = {key: total / normalizer for key, total in zip(sums, reduced)}
-        [ratio_abs_max] = distributed.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
-        [peak] = distributed.reduce_floats([float(self.memory.peak())], self.ctx.device, op="max")
+        [ratio_abs_max] = process_groups.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
+        [peak] = process_groups.reduce_floats([float(self.memory.peak())], self.ctx.device, op="max")
         rewards = gathered["rewards"]
         return dict(
             means,
@@ -555,7 +556,7 @@ class Trainer:
                 )
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")
-        distributed.barrier()
+        process_groups.barrier()
 
 
 def shuffled_within_groups(advantages: torch.Tensor, seed: int, batch: int) -> torch.Tensor:

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from videogrpo import config as config_mod
-from videogrpo import distributed
 from videogrpo.errors import VideoGRPOError, disk_full_message
+from videogrpo.parallel import process_groups
 from videogrpo.rewards.judge_service import cap_training_memory
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
     cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
-    ctx = distributed.init(
+    ctx = process_groups.init(
         cfg.parallel.device,
         cfg.parallel.backend,
         cfg.parallel.cpu_threads,
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {ctx.rank}] error: {message}", file=sys.stderr)
         return 2
     finally:
-        distributed.shutdown()
+        process_groups.shutdown()
     return 0
 
 

@@ -1,1 +1,7 @@
-"""Provenance: file and tree digests, stage manifests, the run report."""
+"""Provenance: file and tree digests (`digest`), the code identity of a stage or of the trainer's math (`code`), stage
+manifests and input checks (`manifest`, `check_inputs`), what a stage cost and the run's trace (`cost`, `trace`),
+`videogrpo verify` and `diff` (`verify`, `pins`), and the run's report page and RO-Crate (`report_page`,
+`cost_page`, `crate`).
+
+May import: `config` and the core modules (`errors`, `atomic`, `progress`).
+"""

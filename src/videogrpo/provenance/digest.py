@@ -37,10 +37,8 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def code_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a Python file's syntax tree without its docstrings: comments, docs and layout do not count,
-    so that editing them is not mistaken for a change of what the code computes."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+def strip_docstrings(tree: ast.AST) -> ast.AST:
+    """The syntax tree without its docstrings (every string statement of a body), changed in place."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list):
@@ -52,6 +50,13 @@ def code_digest(path: str | os.PathLike) -> str:
                 )
             ]
             node.body = kept or [ast.Pass()]
+    return tree
+
+
+def code_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a Python file's syntax tree without its docstrings: comments, docs and layout do not count,
+    so that editing them is not mistaken for a change of what the code computes."""
+    tree = strip_docstrings(ast.parse(Path(path).read_text(encoding="utf-8")))
     return sha256_bytes(ast.dump(tree, include_attributes=False).encode())
 
 

@@ -17,11 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from videogrpo import layout
 from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
 from videogrpo.provenance import digest, pins, trace
 from videogrpo.provenance.manifest import read_manifest
+
+
+def stage_list(results: str | Path, run_id: str) -> Path:
+    """The manifests the workflow expects for a run (written when the workflow starts a run): `verify` names each
+    missing one, even when nothing that remains refers to it."""
+    return Path(results) / ".stage-config" / f"{run_id}.stages.json"
 
 
 def run_manifests(
@@ -56,7 +61,7 @@ def named_manifests(run_dir: Path) -> dict[str, dict[str, Any]]:
     """The manifests of a run and of the stages it used (run_manifests), named as the report names
     them: the workflow's stage list where it has the manifest, else the stage, and `<stage>:<model>:<sampler>`
     (the two folders above it) for a stage with several manifests (the matrix cells)."""
-    listed = layout.stage_list(run_dir.parent.parent, run_dir.name)
+    listed = stage_list(run_dir.parent.parent, run_dir.name)
     names = {}
     if listed.is_file():
         names = {os.path.abspath(path): name for name, path in json.loads(listed.read_text()).items()}
@@ -87,7 +92,7 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     changed, missing or added file."""
     result = Verification()
     # The workflow's list of the run's stages: a missing manifest nothing left refers to is named too.
-    listed = layout.stage_list(run_dir.parent.parent, run_dir.name)  # results/runs/<run> -> results/
+    listed = stage_list(run_dir.parent.parent, run_dir.name)  # results/runs/<run> -> results/
     expected = [Path(p) for p in json.loads(listed.read_text()).values()] if listed.is_file() else []
     manifests = run_manifests(run_dir, result.problems, expected)
     progress = Progress("verify", total=len(manifests), unit="manifests")

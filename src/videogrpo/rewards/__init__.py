@@ -1,8 +1,10 @@
-"""Rewards: the rule reward over a pinned EvalKit checkout, its fingerprints, and the reference EvalKit."""
+"""Rewards: the rule reward over a pinned EvalKit checkout (`evalkit`: its source digest and runtime contract;
+`rule`, `scorer_process`, `request`, `scoring`: the scorer pool and what each sample is scored from), and the VLM
+judge (`judge_protocol`: the request and answer validation; `judge`: the client; `judge_service`: the per-node
+vLLM service). Each reward submits now and collects later.
 
-from pathlib import Path
-
-REFERENCE_EVALKIT = Path(__file__).parent / "reference_evalkit"
+May import: `data`, `provenance`, `config` and the core modules.
+"""
 
 
 class NoScorer:

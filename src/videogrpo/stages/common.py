@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import videogrpo
 from videogrpo import config as config_mod
 from videogrpo.config import Config, canonical_json
 
@@ -36,18 +35,18 @@ def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
 def resume_key(stage: str, sections: dict, stage_run, **extra) -> str:
     """Name of the folder where a stage keeps work for a resume: a digest of the config it reads (execution and
     cosmetic fields left out: work made with other workers or ports is the same work), the digests of its
-    inputs and the package code it runs (CODE_PARTS, the rule's code param), so work made under other
+    inputs and the package code it runs (the rule's code param, provenance/code.py), so work made under other
     settings, inputs or code is never reused: after an edit of the sampler or the reward, nothing stale returns."""
-    from videogrpo.provenance.digest import package_digest, sha256_bytes
+    from videogrpo.provenance.code import stage_code
+    from videogrpo.provenance.digest import sha256_bytes
     from videogrpo.provenance.manifest import record_digest
-    from videogrpo.stages import CODE_PARTS
 
     key = {
         "config": config_mod.identity_fields(sections),
         # An execution field, but the OCR weights score too: kept scores of other weights are not these.
         "easyocr_models": sections.get("evalkit", {}).get("easyocr_models"),
         "inputs": {k: record_digest(v) for k, v in stage_run.input_records.items()},
-        "code": package_digest(Path(videogrpo.__file__).parent, CODE_PARTS[stage]),
+        "code": stage_code(stage),
         **extra,
     }
     return sha256_bytes(canonical_json(key).encode())[:12]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.errors import ConfigError, DigestMismatch
-from videogrpo.matrix.evalset import MANIFEST, SAMPLE_FILES, eval_samples, last_frame
+from videogrpo.evaluation.evalset import MANIFEST, SAMPLE_FILES, eval_samples, last_frame
 from videogrpo.provenance.digest import tree_digest_of_entries, tree_entries
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config

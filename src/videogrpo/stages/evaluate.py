@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.mlflow_run import log_stage_outputs
+from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from videogrpo.evaluate import evaluate
+    from videogrpo.evaluation.heldout import evaluate
 
     cfg, sections = load_config(args)
     torch.set_num_threads(cfg.parallel.cpu_threads)  # CPU results depend on the thread count

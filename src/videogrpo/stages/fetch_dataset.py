@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from videogrpo import atomic, hub
+from videogrpo import atomic
+from videogrpo.artifacts import hub
 from videogrpo.config import read_task_list
 from videogrpo.errors import ConfigError
 from videogrpo.provenance.manifest import StageRun
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         "fetch_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, external=external
     ) as stage:
         if d.source == "synthetic":
-            from videogrpo.data import synthetic
+            from videogrpo.demo import synthetic_dataset
 
             tasks = read_task_list(d.task_list)
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             archive_dir = d.archive_glob.split("/")[0]
             with atomic.atomic_directory(args.out) as tmp:
-                synthetic.generate(
+                synthetic_dataset.generate(
                     tmp,
                     tasks,
                     d.samples_per_task,
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                     d.gt_frames,
                     d.gt_height,
                     d.gt_width,
-                    fps=synthetic.FPS,
+                    fps=synthetic_dataset.FPS,
                     archive_dir=archive_dir,
                     progress=print,
                 )

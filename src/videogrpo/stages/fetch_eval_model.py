@@ -12,8 +12,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from videogrpo import hub
-from videogrpo.matrix.models import parse_hub_model, validate_pipeline
+from videogrpo.artifacts import hub
+from videogrpo.evaluation.pipelines import parse_hub_model, validate_pipeline
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from videogrpo import attention_kernel, hub
+from videogrpo.artifacts import attention_kernel, hub
 from videogrpo.errors import ConfigError
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from videogrpo import atomic, hub
+from videogrpo import atomic
+from videogrpo.artifacts import hub
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 
@@ -22,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def tiny_builder(kind: str):
     """The tiny generator of model.kind's layout: `save(out_dir, seed)`."""
     if kind == "i2v_a14b":
-        from videogrpo.models.tiny_i2v import save_tiny_i2v_pipeline
+        from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
 
         return save_tiny_i2v_pipeline
-    from videogrpo.models.tiny import save_tiny_pipeline
+    from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
 
     return save_tiny_pipeline
 

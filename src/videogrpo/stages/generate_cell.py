@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from videogrpo.errors import VideoGRPOError
-from videogrpo.matrix.evalset import load_samples, recheck_samples
+from videogrpo.evaluation.evalset import load_samples, recheck_samples
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from videogrpo.matrix.generate import Settings, generate_cell, output_problems
+    from videogrpo.evaluation.generate import Settings, generate_cell, output_problems
     from videogrpo.progress import Progress
 
     cfg, sections = load_config(args)

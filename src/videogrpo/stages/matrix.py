@@ -11,8 +11,8 @@ import pandas as pd
 
 from videogrpo import atomic
 from videogrpo.errors import VideoGRPOError
-from videogrpo.matrix.aggregate import matrix_table
-from videogrpo.mlflow_run import log_stage_outputs
+from videogrpo.evaluation.aggregate import matrix_table
+from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 

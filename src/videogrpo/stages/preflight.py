@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from videogrpo import atomic, preflight
+from videogrpo import atomic
 from videogrpo.config import uses_hub_kernel, uses_tracker
 from videogrpo.errors import VideoGRPOError
+from videogrpo.preflight import checks as preflight
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 

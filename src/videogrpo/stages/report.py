@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.mlflow_run import log_stage_outputs
+from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
-from videogrpo.provenance.report import build_provenance, render_html
+from videogrpo.provenance.report_page import build_provenance, render_html
 from videogrpo.stages.common import add_config_argument, load_config
 
 

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.matrix.aggregate import summarize
-from videogrpo.matrix.evalset import SAMPLE_FILES, load_samples, recheck_samples
+from videogrpo.evaluation.aggregate import summarize
+from videogrpo.evaluation.evalset import SAMPLE_FILES, load_samples, recheck_samples
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config, resume_key
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from videogrpo.matrix.score import ScoringFailed, sample_work, score_cell
+    from videogrpo.evaluation.score import ScoringFailed, sample_work, score_cell
 
     cfg, sections = load_config(args)
     inputs = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from videogrpo import atomic
 from videogrpo.config import read_task_list
-from videogrpo.matrix.synthetic_tree import write_synthetic_tree
+from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 

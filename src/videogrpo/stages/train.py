@@ -29,10 +29,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo import attention_kernel, checkpoint, launch, node_preflight, preflight
+from videogrpo.artifacts import attention_kernel
 from videogrpo.config import Config, canonical_json
 from videogrpo.config.checks import uses_hub_kernel
 from videogrpo.errors import VideoGRPOError
+from videogrpo.grpo import checkpoint
+from videogrpo.launch import torchrun
+from videogrpo.preflight import checks as preflight
+from videogrpo.preflight import node as node_preflight
 from videogrpo.provenance import cost
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
@@ -106,11 +110,11 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
 
 
 def check_this_node(
-    cfg: Config, where: launch.Launch, kernel_cache: Path | None = None
+    cfg: Config, where: torchrun.Launch, kernel_cache: Path | None = None
 ) -> tuple[list[preflight.Check], str]:
     """The per-node preflight, each check on a log line, and the node's one-line report. On CUDA with a Hub
     attention kernel, the kernel is loaded offline from fetch_kernel's cache as the ranks will load it."""
-    facts = node_preflight.probe(cfg.parallel.device, launch.worker_env(cfg))
+    facts = node_preflight.probe(cfg.parallel.device, torchrun.worker_env(cfg))
     port = where.master_port if where.node_rank == 0 and not where.is_local else None
     checks = preflight.node_checks(cfg, port=port, facts=facts)
     if uses_hub_kernel(cfg) and cfg.parallel.device == "cuda" and facts.device_count:
@@ -129,21 +133,21 @@ def check_this_node(
 
 def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
     """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
-    nodes = launch.allocation_nodes(cfg) if not args.node_only else 0
+    nodes = torchrun.allocation_nodes(cfg) if not args.node_only else 0
     if nodes > 1:
         command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
         command += ["--config-json", args.config_json]
         if args.kernel_cache:
             command += ["--kernel-cache", str(args.kernel_cache)]
-        code = launch.run_srun(cfg, command, nodes=nodes, kill_on_bad_exit=False)
+        code = torchrun.run_srun(cfg, command, nodes=nodes, kill_on_bad_exit=False)
         print(
             f"[preflight] {'all' if code == 0 else 'NOT all'} of the allocation's {nodes} nodes passed"
             + ("" if code == 0 else f" (srun exited {code}): the FAIL lines above name the nodes and the fixes"),
             flush=True,
         )
         return 0 if code == 0 else 1
-    where = launch.from_environment(cfg, check_nodes=False)
-    print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
+    where = torchrun.from_environment(cfg, check_nodes=False)
+    print(f"[launch] {torchrun.describe(where)}", file=sys.stderr, flush=True)
     checks, line = check_this_node(cfg, where, args.kernel_cache)
     print(line, flush=True)
     return 0 if all(c.ok for c in checks) else 1
@@ -151,8 +155,8 @@ def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
 
 def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, str]) -> None:
     """Per-node preflight, then torchrun for this machine's processes."""
-    where = launch.from_environment(cfg)
-    print(f"[launch] {launch.describe(where)}", file=sys.stderr, flush=True)
+    where = torchrun.from_environment(cfg)
+    print(f"[launch] {torchrun.describe(where)}", file=sys.stderr, flush=True)
     checks, line = check_this_node(cfg, where, args.kernel_cache)
     print(line, file=sys.stderr, flush=True)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
@@ -181,13 +185,13 @@ def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, st
     ]
     if args.evalkit:
         worker_args += ["--evalkit", str(args.evalkit)]
-    env = launch.worker_env(cfg)
+    env = torchrun.worker_env(cfg)
     if args.kernel_cache:  # diffusers loads the Hub kernel when the backend is set: from this cache only
         env.update(attention_kernel.loader_env(args.kernel_cache))
     judge_log = args.run_dir / "logs" / f"judge-node{where.node_rank}.log"
     # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
     with judge_service(cfg, args.judge_model, judge_log):
-        argv = launch.torchrun_argv(where, "videogrpo.grpo.worker", worker_args, rendezvous_join_timeout(cfg))
+        argv = torchrun.torchrun_argv(where, "videogrpo.grpo.worker", worker_args, rendezvous_join_timeout(cfg))
         code = subprocess.run(argv, env=env, check=False).returncode
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
@@ -202,7 +206,7 @@ def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path
     """The bucket's copy of the checkpoints for a run in object storage (object_store.py), or nothing."""
     if not store:
         return contextlib.nullcontext()
-    from videogrpo.object_store import CheckpointMirror
+    from videogrpo.grpo.checkpoint_mirror import CheckpointMirror
 
     return CheckpointMirror(store, checkpoints, endpoint_url=endpoint)
 
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if args.node_only:
         train_this_node(cfg, args, json.loads(args.input_digests) if args.input_digests else input_digests(args))
         return 0
-    if not launch.needs_srun(cfg) and launch.from_environment(cfg).node_rank != 0:
+    if not torchrun.needs_srun(cfg) and torchrun.from_environment(cfg).node_rank != 0:
         train_this_node(cfg, args, input_digests(args))  # a manual launch, machine 1 and up
         return 0
     # resume_from (a checkpoint to start from) is recorded with its digest, like every input.
@@ -233,8 +237,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         with checkpoint_mirror(args.checkpoint_store, args.checkpoint_store_endpoint, checkpoints):
-            if launch.needs_srun(cfg):
-                code = launch.run_srun(
+            if torchrun.needs_srun(cfg):
+                code = torchrun.run_srun(
                     cfg,
                     [
                         sys.executable,
@@ -263,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
             "launch": {
                 "nnodes": cfg.parallel.nodes,
                 "nproc": cfg.parallel.procs_per_node,
-                "slurm": launch.needs_srun(cfg),
+                "slurm": torchrun.needs_srun(cfg),
             },
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},

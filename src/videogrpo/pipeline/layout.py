@@ -7,7 +7,6 @@ the settings that generate it), so runs that share an input share its download.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from videogrpo.config import Config, canonical_json, select, task_names
@@ -89,26 +88,3 @@ def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
 def hub_model_key(name: str, spec: str) -> str:
     """Directory name of a hub model to evaluate: its matrix name and revision."""
     return f"{name}@{spec.partition('@')[2][:12]}"
-
-
-def stage_list(results: str | Path, run_id: str) -> Path:
-    """The manifests the workflow expects for a run (written at every invocation): `verify` names each missing
-    one, even when nothing that remains refers to it."""
-    return Path(results) / ".stage-config" / f"{run_id}.stages.json"
-
-
-EXPORTED_EXPERTS = {"both": ("transformer", "transformer_2"), "high": ("transformer",), "low": ("transformer_2",)}
-"""train.experts -> the expert folders train's export writes (models/i2v.py's EXPERT_FOLDERS: `transformer`
-is the high-noise expert, `transformer_2` the low-noise one)."""
-
-
-def trained_folders(cfg: Config) -> tuple[str, ...]:
-    """The folders of train's export (`<run>/train/final/`) that the trained model substitutes for its base
-    pipeline's: TI2V's `transformer`; for I2V-A14B those of the experts `train.experts` trains (the others come
-    from the base pipeline). Torch-free: the workflow reads it to name generate_cell's inputs."""
-    if cfg.model.kind != "i2v_a14b":
-        return ("transformer",)
-    setting = cfg.train.experts
-    if setting not in EXPORTED_EXPERTS:
-        raise ValueError(f"train.experts = {setting!r}: use both, high or low")
-    return EXPORTED_EXPERTS[setting]

@@ -7,7 +7,7 @@ on every sample; the reference's separate evaluation set is issue 11's).
 Both variants see the same samples and the same noise (seeded by sample, not by order), so the
 per-task difference measures training, not sampling luck.
 
-Both model kinds (`videogrpo.sampling`): TI2V samples with the training rollout itself; I2V-A14B with
+Both model kinds (`videogrpo.evaluation.sampling`): TI2V samples with the training rollout itself; I2V-A14B with
 sampling's SDE loop (nothing pinned, steps routed to the experts by the model's boundary), its trained
 variant the base pipeline with the exported expert folder(s) substituted. The base is sampled first: an
 I2V base expert is let go before its trained replacement loads.
@@ -24,13 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from videogrpo import atomic, sampling
+from videogrpo import atomic
 from videogrpo.config import Config
 from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
+from videogrpo.evaluation import sampling
+from videogrpo.evaluation.aggregate import bootstrap_interval
 from videogrpo.grpo.rollout import rollout, seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
-from videogrpo.matrix.aggregate import bootstrap_interval
 from videogrpo.models.wan import flow_shift
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request

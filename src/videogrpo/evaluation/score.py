@@ -19,7 +19,7 @@ import pandas as pd
 from videogrpo import atomic
 from videogrpo.data.video import playback_fps, read_video, video_problem
 from videogrpo.errors import VideoGRPOError
-from videogrpo.matrix.evalset import EvalSample
+from videogrpo.evaluation.evalset import EvalSample
 from videogrpo.progress import Progress
 from videogrpo.rewards.rule import RuleScorer, score_request
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from videogrpo.matrix.evalset import DOMAINS
+from videogrpo.evaluation.evalset import DOMAINS
 
 OVERALL = "overall"
 

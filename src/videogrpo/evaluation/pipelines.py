@@ -13,9 +13,9 @@ import json
 import re
 from pathlib import Path
 
+from videogrpo.artifacts.weights import FLOATING, TensorInfo, WeightsError, read_header
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_file
-from videogrpo.weights import FLOATING, TensorInfo, WeightsError, read_header
 
 
 class ModelRefused(VideoGRPOError):

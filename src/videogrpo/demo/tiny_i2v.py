@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from videogrpo.models.tiny import FLOW_SHIFT, TEXT_ENCODER, tokenizer_vocab
+from videogrpo.demo.tiny_ti2v import FLOW_SHIFT, TEXT_ENCODER, tokenizer_vocab
 
 LATENT_CHANNELS = 16
 MASK_CHANNELS = 4

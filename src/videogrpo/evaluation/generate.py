@@ -3,7 +3,7 @@
 Samplers (REFERENCE section 10): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
 UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
 with the model's flow shift) and `flowcps-<noise>` (the Flow-CPS transition of training, over
-sigma = shift t / (1 + (shift - 1) t)). Both model kinds sample through `videogrpo.sampling`: for TI2V latent
+sigma = shift t / (1 + (shift - 1) t)). Both model kinds sample through `videogrpo.evaluation.sampling`: for TI2V latent
 frame 0 is the first frame's latent after every step; for I2V-A14B nothing is pinned and each step goes to
 the expert the model's boundary names. A trained cell substitutes the exported transformer (TI2V) or the
 exported expert folder(s) (I2V) for the base pipeline's.
@@ -25,7 +25,7 @@ import torch
 from videogrpo.config.checks import MATRIX_SAMPLER
 from videogrpo.data.video import video_problem, write_mp4
 from videogrpo.errors import ConfigError, VideoGRPOError
-from videogrpo.matrix.evalset import EvalSample
+from videogrpo.evaluation.evalset import EvalSample
 
 SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
 
@@ -89,7 +89,7 @@ def generate_video(
     """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step).
 
     `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping)."""
-    from videogrpo import sampling
+    from videogrpo.evaluation import sampling
     from videogrpo.grpo.rollout import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
 
@@ -158,7 +158,7 @@ def generate_rank(
 
     `transformer_dir` / `transformer_2_dir`: trained folders replacing the pipeline's `transformer` (TI2V's, or
     I2V's high-noise expert) and `transformer_2` (I2V's low-noise expert); None keeps the pipeline's own."""
-    from videogrpo import sampling
+    from videogrpo.evaluation import sampling
     from videogrpo.models.wan import load_transformer, scheduler_flow_shift
 
     torch.set_num_threads(cfg.parallel.cpu_threads)

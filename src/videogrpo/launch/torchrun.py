@@ -22,9 +22,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from videogrpo import node_preflight
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.preflight import node as node_preflight
 
 CONTRACT_VARS = ("MASTER_ADDR", "WORLD_SIZE", "RANK")
 

@@ -459,7 +459,7 @@ def _triton_facts() -> dict:
         facts["triton_compile"] = f"get_current_target(): {type(err).__name__}: {err}"
         return facts
     try:
-        from videogrpo.triton_check import run_test_kernel
+        from videogrpo.preflight.triton_check import run_test_kernel
 
         facts["triton_compile"] = run_test_kernel()
     except Exception as err:
@@ -516,7 +516,7 @@ def probe(device: str, env: dict[str, str] | None = None, timeout_s: float = PRO
     import torch
 
     env = dict(os.environ if env is None else env)
-    argv = [sys.executable, "-m", "videogrpo.node_preflight"]
+    argv = [sys.executable, "-m", "videogrpo.preflight.node"]
     host = socket.gethostname()
 
     failed = {

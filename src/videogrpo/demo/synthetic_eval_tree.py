@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.data import synthetic
-from videogrpo.matrix.evalset import DOMAINS, MANIFEST, SAMPLE_FILES, EvalSetError
+from videogrpo.demo import synthetic_dataset
+from videogrpo.evaluation.evalset import DOMAINS, MANIFEST, SAMPLE_FILES, EvalSetError
 
 
 def write_synthetic_tree(
@@ -25,7 +25,7 @@ def write_synthetic_tree(
         bench = []
         for index in range(per_task):
             # Indices far from the training set's (0 .. samples_per_task): other draws of the generator.
-            members = synthetic.sample_members(task, 10_000 + index, seed, frames, height, width, fps)
+            members = synthetic_dataset.sample_members(task, 10_000 + index, seed, frames, height, width, fps)
             sample_id = f"{task}_eval_{index:05d}"
             target = root / domain / task / f"{index:05d}"
             target.mkdir(parents=True, exist_ok=True)

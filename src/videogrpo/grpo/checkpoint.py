@@ -26,43 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
-import videogrpo
-from videogrpo import atomic, distributed
+from videogrpo import atomic
 from videogrpo.errors import VideoGRPOError
-from videogrpo.provenance.digest import code_digest, list_files
+from videogrpo.parallel import process_groups
+from videogrpo.provenance import code
 
 MARKER = "COMPLETE"
 
-# The package code whose change alters what training computes, every file that computes a training reward
-# included (the rule reward's pool, scorer process and runtime checks; the judge's client and protocol:
-# request, validation, score). Edits elsewhere (logging, launch, provenance, the CLI) never block a
-# resume; docstrings, comments and layout never count (code_digest).
-TRAINER_MATH = (
-    "grpo/advantages.py",
-    "grpo/assignment.py",
-    "grpo/experts.py",
-    "grpo/loss.py",
-    "grpo/lr_schedule.py",
-    "grpo/offload.py",
-    "grpo/replay.py",
-    "grpo/rollout.py",
-    "grpo/samplers.py",
-    "grpo/trainer.py",
-    "models",
-    "rewards/rule.py",
-    "rewards/request.py",
-    "rewards/scoring.py",
-    "rewards/scorer_process.py",
-    "rewards/evalkit.py",
-    "rewards/judge.py",
-    "rewards/judge_protocol.py",
-    "data/dataset.py",
-    "data/video.py",
-    "parallelize.py",
-    "tensor_parallel.py",
-    "distributed.py",
-    "checkpoint.py",
-)
+# The code whose change alters what training computes: everything the trainer runs (provenance/code.py finds it
+# by the import graph: sampling, loss, optimizer, parallelism, checkpoints, both rewards' scoring and judging
+# included), but for what only logs (trackers, FLOP counts). Docstrings, comments and layout never count.
+TRAINER = "videogrpo.grpo.trainer"
+NOT_TRAINER_MATH = ("videogrpo.grpo.tracking", "videogrpo.grpo.mlflow_run", "videogrpo.grpo.flops")
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -83,13 +58,8 @@ def latest_complete(root: Path) -> Path | None:
 
 
 def trainer_math() -> dict[str, str]:
-    """Code digest of every file of the trainer's math (TRAINER_MATH), by package-relative path."""
-    root = Path(videogrpo.__file__).parent
-    files = {}
-    for part in TRAINER_MATH:
-        rels = [part] if (root / part).is_file() else [f"{part}/{r}" for r in list_files(root / part)]
-        files.update({rel: code_digest(root / rel) for rel in rels if rel.endswith(".py")})
-    return files
+    """Code digest of every file of the trainer's math, by package-relative path (`grpo/loss.py`)."""
+    return code.part_digests(code.closure((TRAINER,), leave_out=NOT_TRAINER_MATH))
 
 
 def resume_guard(run_id: str, inputs: dict[str, str]) -> dict[str, Any]:
@@ -191,7 +161,7 @@ def _parts(model, optimizer) -> Parts:
 
 def _all_finite(parts: Parts) -> bool:
     finite = all(torch.isfinite(p.detach()).all().item() for m, _ in parts.values() for p in m.parameters())
-    return all(distributed.all_gather_objects(finite))
+    return all(process_groups.all_gather_objects(finite))
 
 
 def _dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
@@ -244,17 +214,17 @@ def save(
         if target.exists():  # an incomplete attempt at this step
             shutil.rmtree(target)
         (target / "rng").mkdir(parents=True)
-    distributed.barrier()
+    process_groups.barrier()
     dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
     with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
         torch.save(rng_state(), tmp)
-    distributed.barrier()
+    process_groups.barrier()
     if rank == 0:
         atomic.write_json(target / "state.json", dict(state, parts=sorted(parts)))
         atomic.write_text(target / MARKER, f"step {step}\n")
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-    distributed.barrier()
+    process_groups.barrier()
     return target
 
 

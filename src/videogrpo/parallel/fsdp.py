@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from videogrpo import distributed
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError
 from videogrpo.models.wan import DTYPES
+from videogrpo.parallel import process_groups
 
 
 def group_options(backend: str):
-    """Options of a mesh's process groups: the default group's timeout (distributed.PROCESS_GROUP_TIMEOUT_S).
+    """Options of a mesh's process groups: the default group's timeout (process_groups.PROCESS_GROUP_TIMEOUT_S).
 
     init_device_mesh makes its groups with torch's default timeout (10 min for NCCL, 30 for gloo) unless
     options carry one, and FSDP's all-gathers and reduce-scatters run on those groups, not the default one.
@@ -28,7 +28,7 @@ def group_options(backend: str):
 
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=distributed.PROCESS_GROUP_TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=process_groups.PROCESS_GROUP_TIMEOUT_S)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -93,7 +93,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def reduce_gradients(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
     """Average gradients over ranks where FSDP has not already done it."""
     if not is_sharded(model):
-        distributed.average_gradients(params)
+        process_groups.average_gradients(params)
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -43,7 +43,7 @@ import torch
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.tracking import log as log_line
 
-MARKER = "COMPLETE"  # videogrpo.checkpoint.MARKER; not imported, so this reader never loads the trainer's math
+MARKER = "COMPLETE"  # videogrpo.grpo.checkpoint.MARKER; not imported, so this reader never loads the trainer's math
 REFERENCE_FOLDERS = {"high": "high", "low": "low", "transformer": "high"}
 """The reference's sub-folder per expert name (`transformer`: the one-transformer model, written to high/)."""
 REFERENCE_KEYS = {"high": "transformer", "low": "transformer_2", "transformer": "transformer"}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from videogrpo import layout
+from videogrpo import models
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import samplers
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, check_expert
@@ -56,12 +56,12 @@ def eval_mode(weights):
 
 
 def exported_folders(cfg, final_dir: Path) -> dict[str, Path]:
-    """Expert name -> the folder of train's export that replaces that base expert (layout.trained_folders:
+    """Expert name -> the folder of train's export that replaces that base expert (models.trained_folders:
     one per trained expert), each present; a folder of an expert the run did not train is refused (the
     export and the config disagree, and which weights are evaluated must not depend on a stray folder)."""
     setting = cfg.train.experts
     try:
-        trained = layout.trained_folders(cfg)
+        trained = models.trained_folders(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     expert_of = {folder: name for name, folder in EXPERT_FOLDERS.items()}

@@ -15,9 +15,9 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from videogrpo import node_preflight
 from videogrpo.config import Config, problems
-from videogrpo.node_preflight import Check
+from videogrpo.preflight import node as node_preflight
+from videogrpo.preflight.node import Check
 from videogrpo.provenance import digest
 
 # diffusers attention backends that need an extra package (the rest ship with torch).
@@ -42,8 +42,8 @@ def check_config(cfg: Config) -> Check:
 def check_mlflow(cfg: Config) -> Check:
     """$MLFLOW_TRACKING_URI is set and its server opens the experiment (a few quick tries, not MLflow's minutes of
     retries): a wrong URI or credentials fail here, not after the first GPU hour."""
-    from videogrpo import mlflow_run
     from videogrpo.errors import VideoGRPOError
+    from videogrpo.grpo import mlflow_run
 
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
     before = {name: os.environ.get(name) for name in quick}
@@ -66,7 +66,7 @@ def check_mlflow(cfg: Config) -> Check:
 def trained_transformers(cfg: Config) -> tuple[str, ...]:
     """The transformer folders the run loads and trains (memory_plan.trained_transformers of model.kind and
     train.experts)."""
-    from videogrpo.memory_plan import trained_transformers as folders
+    from videogrpo.preflight.memory_plan import trained_transformers as folders
 
     return folders(cfg.model.kind, cfg.train.experts)
 
@@ -241,7 +241,7 @@ def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = N
     On CUDA the run is refused when the plan's peak exceeds the device's memory less the co-hosted judge's share;
     on CPU it is printed only. `frozen_dtype` overrides model.frozen_dtype; `probe`: torch.cuda's stand-in.
     """
-    from videogrpo import memory_plan
+    from videogrpo.preflight import memory_plan
 
     try:
         shape = memory_plan.ModelShape.from_model_dir(model_dir, trained_transformers(cfg))
@@ -314,7 +314,7 @@ def _cuda_visible() -> bool:
 def check_attention_kernel(cfg: Config, cache: Path | None, manifest: Path | None) -> Check:
     """The Hub kernel cache holds the pinned revision, every file as fetch_kernel recorded it, the ref the installed
     diffusers asks for names it, and huggingface_hub's offline lookup (the one `kernels` makes) finds it."""
-    from videogrpo import attention_kernel as ak
+    from videogrpo.artifacts import attention_kernel as ak
     from videogrpo.errors import VideoGRPOError
     from videogrpo.provenance.manifest import read_manifest
 

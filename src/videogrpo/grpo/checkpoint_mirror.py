@@ -26,8 +26,8 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-from videogrpo.checkpoint import MARKER, complete_checkpoints
 from videogrpo.errors import VideoGRPOError
+from videogrpo.grpo.checkpoint import MARKER, complete_checkpoints
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 

@@ -70,7 +70,7 @@ def device_mesh(dims: MeshDims, device_type: str, backend: str):
     """The 2-D ("dp", "tp") mesh; every group waits as long as the default one (parallelize.group_options)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from videogrpo.parallelize import group_options
+    from videogrpo.parallel.fsdp import group_options
 
     options = group_options(backend)
     return init_device_mesh(
@@ -207,7 +207,7 @@ def parallelize_model(
 ):
     """TP over "tp", then (data_parallel fsdp) FSDP2 over "dp": the one fixed order. Returns (model, mesh).
     `mesh`: one made before (both experts of a run share one), else a new one."""
-    from videogrpo.parallelize import fully_shard_model
+    from videogrpo.parallel.fsdp import fully_shard_model
 
     mesh = mesh if mesh is not None else device_mesh(dims, device_type, backend)
     apply_tensor_parallel(model, mesh["tp"])

@@ -1,0 +1,161 @@
+"""Code identity: which of the package's modules a piece of work runs, and one digest of them over their syntax.
+
+Snakemake sees a rule's own text, not the modules its command imports, so every stage's rule carries the
+digest of the code it runs as a param, and the trainer's checkpoints record the digest of the code that
+computes an update. Both mean the same thing:
+- the parts are found, not listed by hand: the import closure of a root module, over every
+  `import videogrpo...` / `from videogrpo... import ...` anywhere in a module (functions import lazily), plus
+  every module a string names in full (`python -m videogrpo.grpo.worker`, `importlib.import_module(...)`),
+  plus the `__init__.py` of each package on the way (importing a module runs them);
+- a module's digest is that of its syntax tree without docstrings (`digest.code_digest`): comments, docstrings
+  and layout never count; a file beside the code that is not Python (a page template) counts by its bytes.
+
+Shared plumbing (`SHARED`: the CLI, the error type, atomic writes, progress, config, the manifest writer, the
+workflow helpers) is neither part nor traversed: its effects show in config values and manifests, so an edit
+there reruns no stage.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+from videogrpo.provenance.digest import sha256_bytes, sha256_file, strip_docstrings, tree_digest_of_entries
+
+PACKAGE = "videogrpo"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+# Shared plumbing whose edits rerun no stage: these modules, and these packages with everything under them.
+SHARED_MODULES = frozenset(
+    {
+        "videogrpo",
+        "videogrpo.cli",
+        "videogrpo.errors",
+        "videogrpo.atomic",
+        "videogrpo.progress",
+        "videogrpo.provenance.digest",
+        "videogrpo.provenance.manifest",
+        "videogrpo.provenance.cost",
+        "videogrpo.provenance.code",
+        "videogrpo.stages",
+        "videogrpo.stages.common",
+    }
+)
+SHARED_PACKAGES = ("videogrpo.config", "videogrpo.pipeline")
+_NAMED = re.compile(r"\bvideogrpo(?:\.[A-Za-z_]\w*)+")
+
+
+def is_shared(module: str) -> bool:
+    return module in SHARED_MODULES or any(module == p or module.startswith(p + ".") for p in SHARED_PACKAGES)
+
+
+def module_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """Dotted module name -> its file, for every Python file of the package (a package by its __init__.py)."""
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        if all(p.isidentifier() for p in parts):  # not a data folder shipped with the package (a stand-in checkout)
+            found[".".join(parts)] = path
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The module `name` denotes: itself, or the longest module prefix of it (`pkg.mod.attr` -> `pkg.mod`)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+@functools.cache
+def _parsed(path: Path, mtime_ns: int) -> tuple[str, frozenset[str], frozenset[str]]:
+    """(code digest, dotted names it imports, dotted names its strings name) of a Python file, parsed once per
+    version of the file."""
+    tree = strip_docstrings(ast.parse(path.read_text(encoding="utf-8")))
+    imported: set[str] = set()
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.update(f"{node.module}.{a.name}" for a in node.names)  # a submodule, or a name in the module
+            imported.add(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            named.update(_NAMED.findall(node.value))
+    digest = sha256_bytes(ast.dump(tree, include_attributes=False).encode())
+
+    def ours(names: set[str]) -> frozenset[str]:
+        return frozenset(n for n in names if n == PACKAGE or n.startswith(PACKAGE + "."))
+
+    return digest, ours(imported), ours(named)
+
+
+def parsed(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
+    return _parsed(path, path.stat().st_mtime_ns)
+
+
+def import_graph(package_dir: Path = PACKAGE_DIR, named: bool = True) -> dict[str, frozenset[str]]:
+    """Module -> the package's modules it imports and, with `named`, those its strings name (`-m ...`)."""
+    modules = module_files(package_dir)
+    graph = {}
+    for name, path in modules.items():
+        _, imports, names = parsed(path)
+        resolved = (_resolve(dotted, modules) for dotted in (imports | names if named else imports))
+        graph[name] = frozenset(m for m in resolved if m)
+    return graph
+
+
+def _with_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def closure(roots: tuple[str, ...], package_dir: Path = PACKAGE_DIR, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The modules that running `roots` runs, sorted: shared plumbing and `leave_out` neither counted nor followed."""
+    graph = import_graph(package_dir)
+    seen: set[str] = set()
+    todo = [parent for root in roots for parent in _with_parents(root)]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in graph:
+            continue
+        seen.add(module)
+        if is_shared(module) or module in leave_out:
+            continue
+        for dep in graph[module]:
+            todo.extend(_with_parents(dep))
+    return sorted(m for m in seen if not is_shared(m) and m not in leave_out)
+
+
+def _rel(path: Path, package_dir: Path) -> str:
+    return path.relative_to(package_dir).as_posix()
+
+
+def part_digests(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """Package-relative path -> digest, for each module's file and the non-Python files beside it (package data)."""
+    files = module_files(package_dir)
+    digests = {}
+    for module in modules:
+        path = files[module]
+        digests[_rel(path, package_dir)] = parsed(path)[0]
+        if path.name == "__init__.py":  # every module's parent package: its folder's files belong to its modules
+            continue
+        for data in path.parent.iterdir():
+            if data.is_file() and data.suffix not in (".py", ".pyc") and not data.name.startswith("."):
+                digests[_rel(data, package_dir)] = sha256_file(data)
+    return dict(sorted(digests.items()))
+
+
+def code_identity(roots: tuple[str, ...], package_dir: Path = PACKAGE_DIR) -> str:
+    """One digest of the code `roots` run (64 hex): the rule param of a stage, the key of its resumable work."""
+    parts = part_digests(closure(roots, package_dir), package_dir)
+    return tree_digest_of_entries({rel: (digest, 0) for rel, digest in parts.items()})
+
+
+def stage_code(stage: str) -> str:
+    """The code identity of a workflow stage: its module `videogrpo.stages.<stage>` and all it runs."""
+    return code_identity((f"videogrpo.stages.{stage}",))
