@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +19,7 @@ import torch
 from test_flops import MID, WAN_5B
 
 from videogrpo import config
+from videogrpo.artifacts.weights import WeightsError, read_header
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import memory_plan
 from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
@@ -287,11 +290,36 @@ def test_a_sharded_plan_counts_fsdps_unsharded_blocks_and_checkpointing(tiny_mod
 
 
 def test_a_component_without_weights_is_named_not_planned_as_zero(tiny_model, tmp_path):
-    import shutil
-
     broken = tmp_path / "model"
     shutil.copytree(tiny_model, broken)
     for weights in (broken / "vae").glob("*.safetensors"):
         weights.unlink()
     check, _ = preflight.check_memory_plan(config.from_dict(trainer_config()), broken)
     assert not check.ok and f"{broken / 'vae'}: no *.safetensors weights" in check.detail, check.detail
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header not JSON"])
+def test_a_damaged_weights_file_is_refused_with_the_header_readers_message(tiny_model, tmp_path, damage):
+    """The memory plan and preflight's disk-space check read the weights through artifacts/weights.read_header:
+    a damaged file is refused with its message (the file, the tensor, the fix), never planned or sized from
+    what is left of it."""
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    path = broken / "transformer/diffusion_pytorch_model.safetensors"
+    with open(path, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(path.stat().st_size - 4)  # an interrupted download: the header is intact
+        else:
+            f.seek(8)
+            f.write(b"#")  # the header's opening brace overwritten
+    with pytest.raises(WeightsError) as refused:
+        read_header(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: ") and ("truncated: tensor" in message or "is not JSON" in message)
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        ModelShape.from_model_dir(broken)
+    cfg = config.from_dict(trainer_config())
+    check, plan = preflight.check_memory_plan(cfg, broken)
+    assert not check.ok and plan == {} and check.detail == f"cannot plan memory: {message}"
+    disk = preflight.check_disk_space(cfg, broken, tmp_path / "run")
+    assert not disk.ok and disk.detail == f"cannot size the checkpoints: {message}"
