@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_flops import MID, WAN_5B
 
 from videogrpo import config
 from videogrpo.artifacts.weights import WeightsError, read_header
+from videogrpo.models.shapes import SMALL_TI2V, TINY_TI2V, WAN_TI2V_5B
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import memory_plan
 from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
@@ -133,14 +133,11 @@ def saved_bytes(module, *args, **kwargs) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("name, transformer", [("tiny", None), ("mid", MID)])
+@pytest.mark.parametrize("name, transformer", [("tiny", TINY_TI2V), ("small", SMALL_TI2V)])
 def test_the_activation_formula_is_what_autograd_saves(name, transformer):
     """One block's saved tensors, and a checkpointed forward's, measured on CPU in bf16, within 10 % of the plan."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo.demo.tiny_ti2v import TRANSFORMER
-
-    transformer = transformer or TRANSFORMER
     logging.disable(logging.WARNING)  # diffusers' note on casting a model's float32 modules
     try:
         torch.manual_seed(0)
@@ -184,7 +181,8 @@ def wan_5b_shape() -> ModelShape:
     with torch.device("meta"):
         frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**UMT5_XXL)).parameters())
         frozen += sum(p.numel() for p in AutoencoderKLWan(**WAN_5B_VAE).parameters())
-    return ModelShape(WAN_5B, ParamCounts.from_numels(memory_plan.config_numels(WAN_5B)), frozen, 48, 16, 4)
+    counts = ParamCounts.from_numels(memory_plan.config_numels(WAN_TI2V_5B))
+    return ModelShape(dict(WAN_TI2V_5B), counts, frozen, 48, 16, 4)
 
 
 def test_the_5b_recipe_is_planned_from_its_real_shape():
