@@ -45,24 +45,14 @@ WAN_TI2V_5B = MappingProxyType(
 """Wan2.2-TI2V-5B's transformer (transformer/config.json of Wan-AI/Wan2.2-TI2V-5B-Diffusers)."""
 
 WAN_I2V_A14B_EXPERT = MappingProxyType(
-    dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=40,
-        attention_head_dim=128,
-        in_channels=36,  # the Wan2.1 VAE's 16 noisy latent channels, 4 of mask, 16 of the first frame's latent
-        out_channels=16,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=13824,
-        num_layers=40,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        eps=1e-6,
-        added_kv_proj_dim=None,  # Wan2.2's I2V has no CLIP image embedding (Wan2.1's I2V had)
-        image_dim=None,
-        rope_max_seq_len=1024,
-        pos_embed_seq_len=None,
-    )
+    {
+        **WAN_TI2V_5B,  # the same block design and embeddings, wider and deeper
+        "num_attention_heads": 40,
+        "in_channels": 36,  # the Wan2.1 VAE's 16 noisy latent channels, 4 of mask, 16 of the first frame's latent
+        "out_channels": 16,
+        "ffn_dim": 13824,
+        "num_layers": 40,
+    }
 )
 """Each of Wan2.2-I2V-A14B's two experts (transformer/ and transformer_2/config.json of
 Wan-AI/Wan2.2-I2V-A14B-Diffusers: the high-noise and the low-noise expert share one architecture)."""
@@ -85,62 +75,42 @@ TINY_TI2V = MappingProxyType(
 )
 """The transformer of the tiny TI2V pipeline (demo/tiny_ti2v.py): the 5B's channels and patch, 2 blocks of 48."""
 
-TINY_I2V_EXPERT = MappingProxyType(
-    dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=24,
-        in_channels=36,  # 2 x 16 latent channels + 4 of mask, as the A14B expert
-        out_channels=16,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=96,
-        num_layers=2,
-        rope_max_seq_len=64,
-        image_dim=None,
-    )
-)
+TINY_I2V_EXPERT = MappingProxyType({**TINY_TI2V, "in_channels": 36, "out_channels": 16, "image_dim": None})
 """Each expert of the tiny two-expert I2V pipeline (demo/tiny_i2v.py): the A14B expert's channels, tiny widths."""
 
 TINY_TENSOR_PARALLEL_EXPERT = MappingProxyType(
-    dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=4,
-        attention_head_dim=8,
-        in_channels=36,
-        out_channels=16,
-        text_dim=16,
-        freq_dim=16,
-        ffn_dim=32,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
-    )
+    {
+        **TINY_I2V_EXPERT,
+        "num_attention_heads": 4,
+        "attention_head_dim": 8,
+        "text_dim": 16,
+        "freq_dim": 16,
+        "ffn_dim": 32,
+        "rope_max_seq_len": 32,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",  # normalised over all heads: the TP plan all-reduces it
+    }
 )
 """A tiny I2V expert whose 4 heads and FFN of 32 split over tensor_parallel 2 and 4 (the tiny expert's 2 heads
 split over 2 only): the tensor-parallel tests (tests/tp_worker.py, tests/test_tensor_parallel.py)."""
 
 # Between tiny and real: shapes where a per-token count or a formula is checked beyond the tiny model's widths.
 SMALL_TI2V = MappingProxyType(
-    dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=6,
-        attention_head_dim=64,
-        in_channels=48,
-        out_channels=48,
-        text_dim=128,
-        freq_dim=256,
-        ffn_dim=1536,
-        num_layers=3,
-        rope_max_seq_len=64,
-    )
+    {
+        **TINY_TI2V,
+        "num_attention_heads": 6,
+        "attention_head_dim": 64,
+        "text_dim": 128,
+        "freq_dim": 256,
+        "ffn_dim": 1536,
+        "num_layers": 3,
+    }
 )
 """A TI2V transformer of 3 blocks of width 384 (6 heads x 64, FFN 4 x 384): big enough that the FLOPs and
 activation formulas are checked at a head size of the real models' order, small enough for a CPU forward."""
 
 SMALL_I2V_EXPERT = MappingProxyType({**SMALL_TI2V, "in_channels": 36, "out_channels": 16})
-"""SMALL_TI2V with the I2V expert's input: 36 channels in, 16 out (and, as run, one timestep per sample)."""
+"""SMALL_TI2V with the I2V expert's input: 36 channels in, 16 out."""
 
 MID_TI2V = MappingProxyType(
     {**WAN_TI2V_5B, "num_attention_heads": 12, "ffn_dim": 4096, "num_layers": 8, "text_dim": 1024}
