@@ -22,8 +22,6 @@ latent layout): part 4 measures the transformer's training, not text encoding or
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,32 +32,17 @@ from pathlib import Path
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from videogrpo.demo.smoke_run import one_process_config, shaped_pipeline, synthetic_inputs, train_one_process
+from videogrpo.models.shapes import MID_TI2V, TINY_TI2V_5B_LAYOUT, WAN_TI2V_5B
 
-# Wan2.2-TI2V-5B-Diffusers transformer/config.json (the fields that set shapes).
-WAN_5B = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=24,
-    attention_head_dim=128,
-    in_channels=48,
-    out_channels=48,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=14336,
-    num_layers=30,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=1024,
-)
-MID = dict(WAN_5B, num_attention_heads=12, ffn_dim=4096, num_layers=8, text_dim=1024)
-CPU_SMALL = dict(WAN_5B, num_attention_heads=2, attention_head_dim=24, ffn_dim=96, num_layers=2, text_dim=32)
+REPO = Path(__file__).resolve().parents[1]
 
 # name: (transformer, text width, frames, height, width, group size, sampling steps, updates)
 RUNS = {
-    "mid": (MID, 1024, 33, 256, 256, 4, 8, 4),
-    "5b": (WAN_5B, 4096, 81, 512, 512, 2, 6, 2),
+    "mid": (MID_TI2V, 1024, 33, 256, 256, 4, 8, 4),
+    "5b": (WAN_TI2V_5B, 4096, 81, 512, 512, 2, 6, 2),
 }
-CPU_RUNS = {"cpu-small": (CPU_SMALL, 32, 9, 64, 64, 2, 3, 2)}
+CPU_RUNS = {"cpu-small": (TINY_TI2V_5B_LAYOUT, 32, 9, 64, 64, 2, 3, 2)}
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:
@@ -171,63 +154,6 @@ def compiled_blocks(device: torch.device, dtype: torch.dtype, transformer_cfg: d
     )  # fmt: skip
 
 
-def build_model(root: Path, transformer_cfg: dict, text_width: int) -> Path:
-    """The tiny pipeline with the transformer (random weights) and text encoder width of `transformer_cfg`."""
-    from diffusers import WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from videogrpo.demo.tiny_ti2v import TEXT_ENCODER, save_tiny_pipeline
-
-    model = root / "model"
-    save_tiny_pipeline(model, seed=0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):  # initialising 5B parameters on the CPU alone takes minutes
-        torch.manual_seed(0)
-        transformer = WanTransformer3DModel(**transformer_cfg).to(torch.bfloat16)
-    shutil.rmtree(model / "transformer")
-    transformer.save_pretrained(str(model / "transformer"))
-    del transformer
-    vocab = json.loads((model / "text_encoder/config.json").read_text())["vocab_size"]
-    text = dict(TEXT_ENCODER, d_model=text_width, d_kv=64, num_heads=max(1, text_width // 64), d_ff=2 * text_width)
-    text.update(num_layers=2)
-    torch.manual_seed(0)
-    shutil.rmtree(model / "text_encoder")
-    UMT5EncoderModel(UMT5Config(vocab_size=vocab, **text)).save_pretrained(str(model / "text_encoder"))
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return model
-
-
-def build_data(root: Path) -> tuple[Path, Path]:
-    from videogrpo.data.materialize import materialize
-    from videogrpo.demo import synthetic_dataset
-
-    tasks = list(synthetic_dataset.TASKS)
-    synthetic_dataset.generate(root / "archives", tasks, 2, seed=0, frames=17, height=64, width=64, fps=16)
-    dataset = root / "dataset"
-    archives = sorted((root / "archives/VBVR-Pro-RL-Video").glob("*.tar.gz"))
-    materialize(archives, dataset, tasks, 2, 0, 42, "smoke", {"repo": "synthetic"}, log=lambda _: None)
-    kit = root / "evalkit"
-    shutil.copytree(REPO / "src/videogrpo/demo/stand_in_evalkit", kit, ignore=shutil.ignore_patterns("__pycache__"))
-    return dataset, kit
-
-
-def run_config(kit: Path, frames: int, height: int, width: int, group: int, steps: int, updates: int, cuda: bool):
-    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    cfg["evalkit"].update(path=str(kit), workers=4, video_size=64)
-    cfg["logging"] = {"wandb_mode": "disabled"}
-    cfg["video"].update(num_frames=frames, height=height, width=width)
-    cfg["grpo"].update(group_size=group, prompts_per_step=1, sampling_steps=steps, delayed_replay=True, clip_range=1e-4)
-    cfg["train"].update(max_steps=updates, epochs=50, save_steps=10_000, gradient_checkpointing=True)
-    cfg["parallel"].update(procs_per_node=1, data_parallel="fsdp", shard_group_size=1)
-    if cuda:  # as the GPU recipes: bf16 compute and frozen models, the offload schedule
-        cfg["parallel"].update(device="cuda", backend="nccl", compile=True, param_dtype="bfloat16")
-        cfg["model"]["frozen_dtype"] = "bfloat16"
-        cfg["train"]["offload_inference_models"] = True
-        cfg["grpo"]["decode_batch_size"] = 8
-    return cfg
-
-
 def planned_peak(cfg: dict, model: Path) -> int:
     """The peak preflight's memory plan gives this run (compared with the trainer's measured one)."""
     from videogrpo.config import from_dict
@@ -236,39 +162,17 @@ def planned_peak(cfg: dict, model: Path) -> int:
     return memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model)).peak
 
 
-def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path) -> list[dict]:
-    out = root / name
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
-    argv += ["-m", "videogrpo.grpo.worker", "--config-json", json.dumps(cfg), "--run-id", name]
-    for flag, path in (("model", model), ("dataset", dataset), ("evalkit", Path(cfg["evalkit"]["path"]))):
-        argv += [f"--{flag}", str(path)]
-    for flag in ("checkpoints", "final", "run-dir"):
-        argv += [f"--{flag}", str(out / flag)]
-    argv += ["--metrics", str(out / "metrics.jsonl")]
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", OMP_NUM_THREADS="4")
-    log = root / f"{name}.log"
-    start = time.monotonic()
-    with open(log, "w") as sink:
-        code = subprocess.run(argv, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT).returncode
-    print(f"{name}: trainer exited {code} after {time.monotonic() - start:.0f} s (log {log})", flush=True)
-    if code:
-        print(log.read_text()[-4000:], flush=True)
-        return []
-    layout = json.loads((out / "final/training_state.json").read_text())["layout"]
-    print(f"{name}: parameter layout {json.dumps(layout)}", flush=True)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def training_runs(root: Path, runs: dict, cuda: bool) -> None:
     """Each run's table printed as soon as it ends: a run cut off by a time limit keeps the ones before it."""
-    dataset, kit = build_data(root)
+    dataset, kit = synthetic_inputs(root)
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     for name, (transformer_cfg, text_width, frames, height, width, group, steps, updates) in runs.items():
         start = time.monotonic()
-        model = build_model(root / name, transformer_cfg, text_width)
+        model = shaped_pipeline(root / name, transformer_cfg, text_width)
         print(f"{name}: model built in {time.monotonic() - start:.0f} s", flush=True)
-        cfg = run_config(kit, frames, height, width, group, steps, updates, cuda)
+        cfg = one_process_config(defaults, kit, frames, height, width, group, steps, updates, cuda)
         planned = f"{planned_peak(cfg, model) / 2**30:.2f}"
-        metrics = train(root, name, cfg, model, dataset)
+        metrics = train_one_process(root, name, cfg, model, dataset)
         shutil.rmtree(root / name / "model", ignore_errors=True)
         blocks, heads = transformer_cfg["num_layers"], transformer_cfg["num_attention_heads"]
         shape = f"{blocks} blocks x {heads} heads, {frames}x{height}x{width}, G={group}, T={steps}"
@@ -309,7 +213,7 @@ def main() -> None:
     total = time.monotonic()
     node_facts(device)
     attention_backends(device, dtype)
-    compiled_blocks(device, dtype, MID if cuda else CPU_SMALL)
+    compiled_blocks(device, dtype, MID_TI2V if cuda else TINY_TI2V_5B_LAYOUT)
     runs = dict(RUNS) if cuda else dict(CPU_RUNS)
     if args.no_5b:
         runs.pop("5b", None)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from diffusers import WanTransformer3DModel
 
-from videogrpo.demo.tiny_i2v import TRANSFORMER
+from videogrpo.models.shapes import TINY_I2V_EXPERT
 
 REFERENCE_SUBDIRS = {"transformer": "high", "transformer_2": "low"}
 
@@ -23,7 +23,7 @@ REFERENCE_SUBDIRS = {"transformer": "high", "transformer_2": "low"}
 def tiny_expert(seed: int, **overrides) -> WanTransformer3DModel:
     """The tiny I2V expert, every tensor perturbed so that no two seeds share a value (norms of 1 would)."""
     torch.manual_seed(seed)
-    model = WanTransformer3DModel(**{**TRANSFORMER, **overrides}).float()
+    model = WanTransformer3DModel(**{**TINY_I2V_EXPERT, **overrides}).float()
     with torch.no_grad():
         for t in model.state_dict().values():
             t.add_(0.1 * torch.randn_like(t))

@@ -19,6 +19,7 @@ from demo import RULES, jobs_run
 
 from videogrpo import cli, config
 from videogrpo.errors import ConfigError
+from videogrpo.models.shapes import WAN_I2V_A14B_EXPERT
 from videogrpo.pipeline import layout
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import memory_plan
@@ -194,29 +195,10 @@ def test_the_memory_plan_holds_the_state_of_every_trained_expert(fetched):
     assert "(2 experts)" in "\n".join(memory_plan.plan_for_config(tiny_a14b(), both).lines())
 
 
-# Wan2.2-I2V-A14B's expert (transformer/config.json, the fields that size it) and Wan2.1's VAE, as on the Hub.
-WAN_A14B = dict(
-    patch_size=[1, 2, 2],
-    num_attention_heads=40,
-    attention_head_dim=128,
-    in_channels=36,
-    out_channels=16,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=13824,
-    num_layers=40,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    eps=1e-6,
-    image_dim=None,
-    rope_max_seq_len=1024,
-)
-
-
 def test_the_a14b_recipe_plans_both_experts_at_tp2_x_fsdp4():
-    counts = ParamCounts.from_numels(memory_plan.config_numels(WAN_A14B))
+    counts = ParamCounts.from_numels(memory_plan.config_numels(WAN_I2V_A14B_EXPERT))
     assert 14.0e9 < counts.total < 14.5e9  # "A14B": 14 B per expert, 27 B in all
-    shape = ModelShape(WAN_A14B, counts, 0, 16, 8, 4, (counts, counts))
+    shape = ModelShape(dict(WAN_I2V_A14B_EXPERT), counts, 0, 16, 8, 4, (counts, counts))
     data = yaml.safe_load((REPO / "config/recipes/rl_a14b_rule.yaml").read_text())
     data["parallel"]["device_memory_gib"] = 141
     plan = memory_plan.plan_for_config(config.from_dict(data, partial=True), shape)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_flops import WAN_5B
 
 from videogrpo.artifacts.weights import read_header
 from videogrpo.evaluation.pipelines import ModelRefused, validate_pipeline
+from videogrpo.models.shapes import WAN_TI2V_5B
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"
 
@@ -138,11 +138,11 @@ def test_the_5b_transformers_real_shapes_validate_from_headers_alone(model, no_w
     from diffusers import WanTransformer3DModel
 
     with torch.device("meta"):
-        shapes = {name: tuple(p.shape) for name, p in WanTransformer3DModel(**WAN_5B).state_dict().items()}
+        shapes = {name: tuple(p.shape) for name, p in WanTransformer3DModel(**WAN_TI2V_5B).state_dict().items()}
     (model / WEIGHTS).unlink()
     size = write_sparse_safetensors(model / WEIGHTS, shapes)
     config = json.loads((model / "transformer" / "config.json").read_text())
-    (model / "transformer" / "config.json").write_text(json.dumps(dict(config, **WAN_5B)))
+    (model / "transformer" / "config.json").write_text(json.dumps(dict(config, **WAN_TI2V_5B)))
     assert size > 9.9e9  # 5B parameters of bf16
     read_before = bytes_read()
     record = validate_pipeline(model, "0" * 64)

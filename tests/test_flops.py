@@ -6,45 +6,19 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from videogrpo.demo.tiny_ti2v import TRANSFORMER
 from videogrpo.grpo import flops, tracking
+from videogrpo.models.shapes import SMALL_I2V_EXPERT, SMALL_TI2V, TINY_TI2V, WAN_I2V_A14B_EXPERT, WAN_TI2V_5B
 
 from harness import metrics, solo_config, trainer_in_process
 
-MID = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=6,
-    attention_head_dim=64,
-    in_channels=48,
-    out_channels=48,
-    text_dim=128,
-    freq_dim=256,
-    ffn_dim=1536,
-    num_layers=3,
-    rope_max_seq_len=64,
-)
-# The A14B's kind of input: 36 channels in, 16 out, one timestep per sample.
-MID_I2V = dict(MID, in_channels=36, out_channels=16)
-# Wan2.2-TI2V-5B's transformer (counted on the meta device: shapes only, no memory, about a second).
-WAN_5B = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=24,
-    attention_head_dim=128,
-    in_channels=48,
-    out_channels=48,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=14336,
-    num_layers=30,
-    cross_attn_norm=True,
-)
-
 CASES = {
     # name: (config, latent [C, F, h, w], text tokens, batch, per-token timestep, device)
-    "tiny": (TRANSFORMER, (48, 3, 8, 8), 16, 2, True, "cpu"),
-    "mid": (MID, (48, 3, 16, 16), 24, 2, True, "cpu"),
-    "mid-i2v": (MID_I2V, (36, 2, 16, 24), 20, 1, False, "cpu"),
-    "5b-512x512x81": (WAN_5B, (48, 21, 32, 32), 512, 1, True, "meta"),
+    "tiny": (TINY_TI2V, (48, 3, 8, 8), 16, 2, True, "cpu"),
+    "small": (SMALL_TI2V, (48, 3, 16, 16), 24, 2, True, "cpu"),
+    "small-i2v": (SMALL_I2V_EXPERT, (36, 2, 16, 24), 20, 1, False, "cpu"),
+    # The real shapes, counted on the meta device (shapes only, no memory, about a second each).
+    "5b-512x512x81": (WAN_TI2V_5B, (48, 21, 32, 32), 512, 1, True, "meta"),
+    "a14b-expert-256x256x161": (WAN_I2V_A14B_EXPERT, (36, 41, 32, 32), 512, 1, False, "meta"),
 }
 
 
@@ -86,7 +60,7 @@ def test_the_formula_agrees_with_torchs_flop_counter(name, mode):
 
 
 def test_recompute_and_guidance_and_reference_are_counted_where_the_trainer_spends_them():
-    per = flops.forward_flops(TRANSFORMER, 48, 16)
+    per = flops.forward_flops(TINY_TI2V, 48, 16)
     plain = flops.step_flops(per, 48, 8, 3, 10, True, False, False, False)
     assert plain.train == 8 * 3 * (3 * per.total - per.no_input_grad)
     assert plain.inference == 8 * 10 * per.total

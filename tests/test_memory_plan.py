@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shutil
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_flops import MID, WAN_5B
 
 from videogrpo import config
+from videogrpo.artifacts.weights import WeightsError, read_header
+from videogrpo.models.shapes import SMALL_TI2V, TINY_TI2V, WAN_TI2V_5B
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import memory_plan
 from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
@@ -130,14 +133,11 @@ def saved_bytes(module, *args, **kwargs) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("name, transformer", [("tiny", None), ("mid", MID)])
+@pytest.mark.parametrize("name, transformer", [("tiny", TINY_TI2V), ("small", SMALL_TI2V)])
 def test_the_activation_formula_is_what_autograd_saves(name, transformer):
     """One block's saved tensors, and a checkpointed forward's, measured on CPU in bf16, within 10 % of the plan."""
     from diffusers import WanTransformer3DModel
 
-    from videogrpo.demo.tiny_ti2v import TRANSFORMER
-
-    transformer = transformer or TRANSFORMER
     logging.disable(logging.WARNING)  # diffusers' note on casting a model's float32 modules
     try:
         torch.manual_seed(0)
@@ -181,7 +181,8 @@ def wan_5b_shape() -> ModelShape:
     with torch.device("meta"):
         frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**UMT5_XXL)).parameters())
         frozen += sum(p.numel() for p in AutoencoderKLWan(**WAN_5B_VAE).parameters())
-    return ModelShape(WAN_5B, ParamCounts.from_numels(memory_plan.config_numels(WAN_5B)), frozen, 48, 16, 4)
+    counts = ParamCounts.from_numels(memory_plan.config_numels(WAN_TI2V_5B))
+    return ModelShape(dict(WAN_TI2V_5B), counts, frozen, 48, 16, 4)
 
 
 def test_the_5b_recipe_is_planned_from_its_real_shape():
@@ -287,11 +288,36 @@ def test_a_sharded_plan_counts_fsdps_unsharded_blocks_and_checkpointing(tiny_mod
 
 
 def test_a_component_without_weights_is_named_not_planned_as_zero(tiny_model, tmp_path):
-    import shutil
-
     broken = tmp_path / "model"
     shutil.copytree(tiny_model, broken)
     for weights in (broken / "vae").glob("*.safetensors"):
         weights.unlink()
     check, _ = preflight.check_memory_plan(config.from_dict(trainer_config()), broken)
     assert not check.ok and f"{broken / 'vae'}: no *.safetensors weights" in check.detail, check.detail
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header not JSON"])
+def test_a_damaged_weights_file_is_refused_with_the_header_readers_message(tiny_model, tmp_path, damage):
+    """The memory plan and preflight's disk-space check read the weights through artifacts/weights.read_header:
+    a damaged file is refused with its message (the file, the tensor, the fix), never planned or sized from
+    what is left of it."""
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    path = broken / "transformer/diffusion_pytorch_model.safetensors"
+    with open(path, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(path.stat().st_size - 4)  # an interrupted download: the header is intact
+        else:
+            f.seek(8)
+            f.write(b"#")  # the header's opening brace overwritten
+    with pytest.raises(WeightsError) as refused:
+        read_header(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: ") and ("truncated: tensor" in message or "is not JSON" in message)
+    with pytest.raises(WeightsError, match=re.escape(message)):
+        ModelShape.from_model_dir(broken)
+    cfg = config.from_dict(trainer_config())
+    check, plan = preflight.check_memory_plan(cfg, broken)
+    assert not check.ok and plan == {} and check.detail == f"cannot plan memory: {message}"
+    disk = preflight.check_disk_space(cfg, broken, tmp_path / "run")
+    assert not disk.ok and disk.detail == f"cannot size the checkpoints: {message}"

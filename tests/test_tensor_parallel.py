@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from videogrpo.errors import ConfigError
+from videogrpo.models.shapes import TINY_TENSOR_PARALLEL_EXPERT
 from videogrpo.parallel import tensor_parallel
 
 REPO = Path(__file__).parents[1]
@@ -143,9 +144,8 @@ def test_tp_x_fsdp_runs_in_bfloat16_near_the_float32_output(tp2_fsdp2):
 def tiny_model(**config):
     from diffusers import WanTransformer3DModel
 
-    base = dict(num_attention_heads=4, attention_head_dim=8, in_channels=36, out_channels=16, text_dim=16)
-    base.update(freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
-    return WanTransformer3DModel(**(base | config))
+    # One block is enough to refuse or pass; the shape's 4 heads and FFN of 32 split over 2 and 4.
+    return WanTransformer3DModel(**{**TINY_TENSOR_PARALLEL_EXPERT, "num_layers": 1, **config})
 
 
 @pytest.mark.parametrize(

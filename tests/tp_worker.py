@@ -16,29 +16,16 @@ import torch
 import torch.distributed as dist
 from diffusers import WanTransformer3DModel
 
+from videogrpo.models.shapes import TINY_TENSOR_PARALLEL_EXPERT
 from videogrpo.parallel import process_groups, tensor_parallel
 
 TP = 2
 LR = 1e-3
-CONFIG = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=4,
-    attention_head_dim=8,
-    in_channels=36,
-    out_channels=16,
-    text_dim=16,
-    freq_dim=16,
-    ffn_dim=32,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=32,
-)
 
 
 def build(seed: int) -> WanTransformer3DModel:
     torch.manual_seed(seed)
-    model = WanTransformer3DModel(**CONFIG).float()
+    model = WanTransformer3DModel(**TINY_TENSOR_PARALLEL_EXPERT).float()
     with torch.no_grad():  # norm weights of 1 and zero biases would hide a misaligned shard
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu_smoke import CPU_SMALL, build_data, run_config, train
+from videogrpo.demo.smoke_run import one_process_config, synthetic_inputs, train_one_process
 from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
+from videogrpo.models.shapes import TINY_TI2V_5B_LAYOUT
+
+from harness import TINY
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +21,15 @@ def inputs(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("gpu")
     model = root / "model"
     save_tiny_pipeline(model, seed=0)
-    dataset, kit = build_data(root)
+    dataset, kit = synthetic_inputs(root)
     return root, model, dataset, kit
 
 
 def test_fsdp2_bf16_delayed_replay_on_one_gpu(inputs):
     """A few updates of the real worker under torchrun: finite metrics, the device's peak memory and an MFU."""
     root, model, dataset, kit = inputs
-    cfg = run_config(kit, 17, 64, 64, 4, 4, 3, cuda=True)
-    metrics = train(root, "fsdp2-bf16", cfg, model, dataset)
+    cfg = one_process_config(TINY, kit, 17, 64, 64, 4, 4, 3, cuda=True)
+    metrics = train_one_process(root, "fsdp2-bf16", cfg, model, dataset)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert math.isfinite(m["policy_loss"]) and math.isfinite(m["grad_norm"]), m
@@ -61,10 +64,10 @@ def test_compiled_blocks_match_eager_on_cuda():
     from videogrpo.parallel import fsdp
 
     torch.manual_seed(0)
-    model = WanTransformer3DModel(**CPU_SMALL).cuda().eval()
+    model = WanTransformer3DModel(**TINY_TI2V_5B_LAYOUT).cuda().eval()
     x = torch.randn(1, 48, 3, 16, 16, device="cuda")
     t = torch.full((1,), 500.0, device="cuda")
-    text = torch.randn(1, 16, CPU_SMALL["text_dim"], device="cuda")
+    text = torch.randn(1, 16, TINY_TI2V_5B_LAYOUT["text_dim"], device="cuda")
     with torch.no_grad():
         eager = model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
         fsdp.compile_blocks(model)

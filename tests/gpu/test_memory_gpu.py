@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu_smoke import MID, build_data, build_model, run_config, train
 from videogrpo.config import from_dict
+from videogrpo.demo.smoke_run import one_process_config, shaped_pipeline, synthetic_inputs, train_one_process
+from videogrpo.models.shapes import MID_TI2V
 from videogrpo.preflight import memory_plan
+
+from harness import TINY
 
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_the_plan_bounds_the_measured_peak(tmp_path, offload):
     """The plan is what preflight refuses by: it must not be below what a run allocates, nor far above it."""
-    dataset, kit = build_data(tmp_path)
-    model = build_model(tmp_path / "mid", MID, 1024)
-    cfg = run_config(kit, 17, 256, 256, 4, 4, 2, cuda=True)
+    dataset, kit = synthetic_inputs(tmp_path)
+    model = shaped_pipeline(tmp_path / "mid", MID_TI2V, 1024)
+    cfg = one_process_config(TINY, kit, 17, 256, 256, 4, 4, 2, cuda=True)
     cfg["train"]["offload_inference_models"] = offload
-    metrics = train(tmp_path, f"plan-{offload}", cfg, model, dataset)
+    metrics = train_one_process(tmp_path, f"plan-{offload}", cfg, model, dataset)
     assert metrics, "the run failed (log printed above)"
     measured = max(m["peak_memory_bytes"] for m in metrics)
     plan = memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model))

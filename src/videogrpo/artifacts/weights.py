@@ -5,6 +5,9 @@ A safetensors file is an 8-byte little-endian header length, a JSON header (tens
 [begin, end) offsets into the data that follows) and the data. A file is accepted when the header parses, every
 tensor's byte span is its shape times its dtype's size, and the spans end exactly where the file does: a
 truncated download names the first tensor whose bytes are missing.
+
+`read_header` is the one reader of these headers: fetch_eval_model's validation, preflight's disk-space check and
+the memory plan (through `directory_numels`) all refuse a damaged file with its message.
 """
 
 from __future__ import annotations
@@ -82,3 +85,13 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     if last != data:
         raise WeightsError(f"{path}: {data - last} bytes after its last tensor: not the file its header describes")
     return tensors
+
+
+def directory_numels(directory: Path) -> dict[str, int]:
+    """Elements of every tensor of the safetensors files in `directory` (a component folder, its shards together),
+    from their checked headers; WeightsError for a damaged file, or for a folder without weights (counting it as
+    zero parameters would pass whatever the model holds)."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"{directory}: no *.safetensors weights; rerun the model's download")
+    return {name: math.prod(info.shape) for path in files for name, info in read_header(path).items()}

@@ -6,7 +6,7 @@ first-frame condition 16) and returning 16, patch (1, 2, 2), no image embedding;
 Wan2.1 layout (z_dim 16, spatial factor 8, temporal 4, its real latents mean/std); the UMT5 encoder and
 T5 tokenizer of the TI2V tiny model; a flow-matching scheduler; `boundary_ratio` in model_index.json and
 no image encoder. Saved with `WanImageToVideoPipeline.save_pretrained`, so later stages load it exactly as
-they would load the real model.
+they would load the real model. The experts' shape is models/shapes.py's TINY_I2V_EXPERT.
 
 The boundary: with the tiny 8 sampling steps and shift 5 the steps' t = sigma x 1000 are 1000, 972.2,
 937.5, 892.9, 833.3, 750, 625, 416.7. A ratio of 0.875 gives the high-noise expert steps 0-3 and the
@@ -21,22 +21,9 @@ from pathlib import Path
 import torch
 
 from videogrpo.demo.tiny_ti2v import FLOW_SHIFT, TEXT_ENCODER, tokenizer_vocab
+from videogrpo.models.shapes import TINY_I2V_EXPERT
 
 LATENT_CHANNELS = 16
-MASK_CHANNELS = 4
-TRANSFORMER = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=24,
-    in_channels=2 * LATENT_CHANNELS + MASK_CHANNELS,
-    out_channels=LATENT_CHANNELS,
-    text_dim=32,
-    freq_dim=32,
-    ffn_dim=96,
-    num_layers=2,
-    rope_max_seq_len=64,
-    image_dim=None,
-)
 # latents_mean/std are left at AutoencoderKLWan's defaults, the real Wan2.1 VAE's statistics, so that a
 # missing or doubled normalisation shows in the tests.
 VAE = dict(
@@ -64,8 +51,8 @@ def build_tiny_i2v_pipeline(seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         # Drawn one after the other from one stream, so the two experts differ (routing is observable).
-        transformer = WanTransformer3DModel(**TRANSFORMER)
-        transformer_2 = WanTransformer3DModel(**TRANSFORMER)
+        transformer = WanTransformer3DModel(**TINY_I2V_EXPERT)
+        transformer_2 = WanTransformer3DModel(**TINY_I2V_EXPERT)
         vae = AutoencoderKLWan(**VAE)
         text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TEXT_ENCODER))
     return WanImageToVideoPipeline(

@@ -3,7 +3,8 @@
 Same component classes and layout as Wan-AI/Wan2.2-TI2V-5B-Diffusers (WanTransformer3DModel with
 patch (1, 2, 2), AutoencoderKLWan with 48 latent channels, patch 2, spatial factor 16, UMT5 encoder,
 a T5 tokenizer, a flow-matching scheduler), small enough to train on a laptop CPU and saved with
-`save_pretrained`, so that every later stage loads it exactly as it would load the real model.
+`save_pretrained`, so that every later stage loads it exactly as it would load the real model. The
+transformer's shape is models/shapes.py's TINY_TI2V.
 """
 
 from __future__ import annotations
@@ -13,18 +14,8 @@ from pathlib import Path
 
 import torch
 
-TRANSFORMER = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=24,
-    in_channels=48,
-    out_channels=48,
-    text_dim=32,
-    freq_dim=32,
-    ffn_dim=96,
-    num_layers=2,
-    rope_max_seq_len=64,
-)
+from videogrpo.models.shapes import TINY_TI2V
+
 VAE = dict(
     base_dim=4,
     z_dim=48,
@@ -58,7 +49,7 @@ def build_tiny_pipeline(seed: int):
     tokenizer = T5Tokenizer(vocab=tokenizer_vocab(), extra_ids=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = WanTransformer3DModel(**TRANSFORMER)
+        transformer = WanTransformer3DModel(**TINY_TI2V)
         vae = AutoencoderKLWan(**VAE)
         text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **TEXT_ENCODER))
     return WanPipeline(

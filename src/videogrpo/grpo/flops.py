@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,8 @@ class ForwardFlops:
 
 
 def _get(config, name: str, default=None):
-    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+    # A mapping (a config.json's dict, or an entry of models/shapes.py) or a diffusers config object.
+    return config.get(name, default) if isinstance(config, Mapping) else getattr(config, name, default)
 
 
 def video_tokens(latent_shape: tuple[int, ...], patch_size: tuple[int, int, int]) -> int:

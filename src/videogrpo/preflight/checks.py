@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from videogrpo.artifacts.weights import WeightsError, directory_numels
 from videogrpo.config import Config, problems
 from videogrpo.preflight import node as node_preflight
 from videogrpo.preflight.node import Check
@@ -198,18 +199,8 @@ def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: in
 
 def transformer_parameters(model_dir: Path, transformers: tuple[str, ...] = ("transformer",)) -> int:
     """Parameter count of the trained transformers (both experts' of a two-expert run), read from their
-    safetensors headers (no weights loaded)."""
-    total = 0
-    for path in sorted(p for name in transformers for p in (model_dir / name).glob("*.safetensors")):
-        with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, tensor in header.items():
-            if name != "__metadata__":
-                count = 1
-                for side in tensor["shape"]:
-                    count *= side
-                total += count
-    return total
+    safetensors headers (no weights loaded); WeightsError names a damaged or missing weights file."""
+    return sum(sum(directory_numels(model_dir / name).values()) for name in transformers)
 
 
 def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
@@ -222,7 +213,10 @@ def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
 
     from videogrpo.progress import human_bytes
 
-    params = transformer_parameters(model_dir, trained_transformers(cfg))
+    try:
+        params = transformer_parameters(model_dir, trained_transformers(cfg))
+    except WeightsError as err:
+        return Check("disk_space", False, f"cannot size the checkpoints: {err}")
     need = params * 12 * (cfg.train.keep_checkpoints + 1) + params * 4
     run_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run_dir).free
@@ -246,7 +240,9 @@ def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = N
     try:
         shape = memory_plan.ModelShape.from_model_dir(model_dir, trained_transformers(cfg))
         plan = memory_plan.plan_for_config(cfg, shape, frozen_dtype, probe)
-    except (OSError, KeyError, ValueError) as err:  # an unreadable config or header; other checks name the cause
+    except WeightsError as err:  # names the file, the tensor and the fix
+        return Check("memory_plan", False, f"cannot plan memory: {err}"), {}
+    except (OSError, KeyError, ValueError) as err:  # an unreadable config; other checks name the cause
         return Check("memory_plan", False, f"{model_dir}: cannot plan memory ({type(err).__name__}: {err})"), {}
     lines = "\n    " + "\n    ".join(plan.lines())
     if plan.enforced and plan.device_bytes is None:

@@ -2,7 +2,8 @@
 
 Preflight prints this plan for the configured recipe and topology and refuses a run whose plan exceeds
 the device (on `parallel.device: cpu` it is printed, never enforced). Nothing is loaded: parameter
-counts come from the safetensors headers, shapes from the components' config.json.
+counts come from the safetensors headers (artifacts/weights.py, which refuses a truncated or damaged file by
+name), shapes from the components' config.json.
 
 The terms, per rank (P: the trained transformers' parameters, both experts' for an I2V-A14B run training
 both, while the working sets below count one expert's, since one runs at a time; shard = the sharding
@@ -61,6 +62,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from videogrpo.artifacts.weights import directory_numels
 from videogrpo.grpo.flops import video_tokens
 
 GIB = 1 << 30
@@ -92,21 +94,6 @@ class ParamCounts:
         per_block = sum(n for name, n in numels.items() if name.startswith("blocks.0."))
         outside = sum(n for name, n in numels.items() if not name.startswith("blocks."))
         return cls(sum(numels.values()), per_block, outside)
-
-
-def safetensors_numels(directory: Path) -> dict[str, int]:
-    """Elements of every tensor of the safetensors files in `directory`, read from their headers only."""
-    numels: dict[str, int] = {}
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:  # a plan of zero bytes would pass whatever the model holds
-        raise ValueError(f"{directory}: no *.safetensors weights to plan from; rerun the model's download")
-    for path in files:
-        with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, tensor in header.items():
-            if name != "__metadata__":
-                numels[name] = math.prod(tensor["shape"])
-    return numels
 
 
 def config_numels(transformer_config: dict) -> dict[str, int]:
@@ -145,11 +132,11 @@ class ModelShape:
     def from_model_dir(cls, model_dir: Path, transformers: tuple[str, ...] = ("transformer",)) -> ModelShape:
         """The shape of a pipeline directory whose trained transformer folders are `transformers`
         (trained_transformers: `transformer`, or an I2V model's experts)."""
-        counts = [ParamCounts.from_numels(safetensors_numels(model_dir / name)) for name in transformers]
+        counts = [ParamCounts.from_numels(directory_numels(model_dir / name)) for name in transformers]
         largest = max(range(len(counts)), key=lambda i: counts[i].total)
         transformer = json.loads((model_dir / transformers[largest] / "config.json").read_text())
         vae = json.loads((model_dir / "vae" / "config.json").read_text())
-        frozen = sum(sum(safetensors_numels(model_dir / part).values()) for part in ("text_encoder", "vae"))
+        frozen = sum(sum(directory_numels(model_dir / part).values()) for part in ("text_encoder", "vae"))
         return cls(
             transformer,
             counts[largest],
