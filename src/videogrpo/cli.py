@@ -130,12 +130,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="the same reference as Markdown (config/README.md is generated from it)"
     )
     schema.set_defaults(handler=_schema_command)
-    check = sub.add_parser(
-        "check-inputs", help="a stage's inputs against their manifests and pins, before its job starts"
-    )
-    if command in (None, "check-inputs"):
-        importlib.import_module("videogrpo.pipeline.check_inputs").add_arguments(check)
-    check.set_defaults(handler=lambda args: importlib.import_module("videogrpo.pipeline.check_inputs").run(args))
     k8s = sub.add_parser(
         "k8s-job", help="multi-node training on Kubernetes: write one indexed Job and its Service, apply, wait"
     )

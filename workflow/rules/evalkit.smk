@@ -1,6 +1,6 @@
 rule fingerprint_evalkit:
     input:
-        **checked("fingerprint_evalkit", EVALKIT, sources=evalkit_sources()),
+        sources=evalkit_sources(),
     output:
         fingerprint=f"{EVALKIT}/fingerprint.json",
         manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
@@ -18,12 +18,8 @@ rule fingerprint_evalkit:
 
 rule check_scorer_runtime:
     input:
-        **checked(
-            "check_scorer_runtime",
-            EVALKIT,
-            **upstream("fingerprint_evalkit"),
-            fingerprint=f"{EVALKIT}/fingerprint.json",
-        ),
+        **upstream("fingerprint_evalkit"),
+        fingerprint=f"{EVALKIT}/fingerprint.json",
     output:
         runtime=f"{EVALKIT}/scorer_runtime.json",
         manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",

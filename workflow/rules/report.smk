@@ -27,7 +27,7 @@ rule report:
     params:
         **stage_params("report"),
         config=stage_config("report"),
-        invocation=str(INVOCATION_FILE),
+        invocation=str(start.invocation_path(RESULTS)),
         code=code("report"),
         run_id=RUN_ID,
         # From the inputs, not the paths: in object storage a job reads local copies.

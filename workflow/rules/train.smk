@@ -5,17 +5,13 @@
 # Job beside it and waits for it (`videogrpo k8s-job`, k8s_job.py): every pod runs the same training command.
 rule train:
     input:
-        **checked(
-            "train",
-            RUN,
-            **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
-            **judge_service_inputs(judge=f"{JUDGE}/model"),
-            **hub_kernel_inputs(kernel=KERNEL_CACHE),
-            preflight=f"{RUN}/preflight.json",
-            model=MODEL_DIR,
-            index=f"{DATASET}/dataset.json",
-            **dataset_inputs("splits", "raw"),
-        ),
+        **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
+        **judge_service_inputs(judge=f"{JUDGE}/model"),
+        **hub_kernel_inputs(kernel=KERNEL_CACHE),
+        **dataset_inputs("splits", "raw"),
+        preflight=f"{RUN}/preflight.json",
+        model=MODEL_DIR,
+        index=f"{DATASET}/dataset.json",
     output:
         final=directory(f"{RUN}/train/final"),
         metrics=f"{RUN}/train/metrics.jsonl",
