@@ -21,7 +21,7 @@ OTHER = "f" * 40
 def run_snapshot(endpoint, repo_id, revision, out, repo_type="model", allow=None):
     """In a subprocess: huggingface_hub reads HF_ENDPOINT when it is imported."""
     code = (
-        "import sys, json; from pathlib import Path; from videogrpo import hub; "
+        "import sys, json; from pathlib import Path; from videogrpo.artifacts import hub; "
         "a = json.loads(sys.argv[1]); hub.snapshot(a[0], a[1], Path(a[2]), repo_type=a[3], allow_patterns=a[4])"
     )
     env = dict(

@@ -91,8 +91,8 @@ def test_every_rank_caps_its_allocator_at_what_the_judge_leaves_before_loading_a
     events = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: events.append(("cap", f, str(d))))
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(worker.distributed, "init", lambda *a, **k: SimpleNamespace(rank=0, world_size=1, device=cuda0))
-    monkeypatch.setattr(worker.distributed, "shutdown", lambda: None)
+    monkeypatch.setattr(worker.process_groups, "init", lambda *a, **k: SimpleNamespace(rank=0, world_size=1, device=cuda0))
+    monkeypatch.setattr(worker.process_groups, "shutdown", lambda: None)
 
     class Trainer:
         def __init__(self, *args):

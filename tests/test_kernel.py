@@ -143,7 +143,8 @@ def test_offline_the_pinned_snapshot_is_what_huggingface_hubs_lookup_finds_and_n
     cache, _, _, _ = fetched
     code = (
         "import os, sys; from pathlib import Path; from huggingface_hub import snapshot_download; "
-        "from huggingface_hub.errors import LocalEntryNotFoundError; from videogrpo import attention_kernel as ak\n"
+        "from huggingface_hub.errors import LocalEntryNotFoundError\n"
+        "from videogrpo.artifacts import attention_kernel as ak\n"
         "cache = Path(os.environ['KERNELS_CACHE'])\n"
         f"print(ak.offline_snapshot(cache, {REPO_ID!r}, 1))\n"
         "try:\n"
