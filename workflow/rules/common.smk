@@ -320,14 +320,14 @@ def upstream_args(wildcards, input):
 
 
 def train_job_submit():
-    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo k8s-job`, which
+    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo stage k8s-job`, which
     writes the run's Job beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training
     command that follows `--`. Elsewhere nothing: the rule runs the training command itself."""
     if not K8S_TRAIN_JOB:
         return ""
     spec = f"{RUN}/k8s/train-job.yaml"
     return (
-        f"videogrpo k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
+        f"videogrpo stage k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
         f" --spec {shlex.quote(spec)} --apply -- "
     )
 

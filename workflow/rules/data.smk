@@ -12,7 +12,7 @@ rule fetch_dataset:
         config=stage_config("fetch_dataset"),
         code=code("fetch_dataset"),
     shell:
-        "videogrpo fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
+        "videogrpo stage fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -40,7 +40,7 @@ rule materialize_dataset:
         out=directory_of_output("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
+        "videogrpo stage materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
         " --out {params.out:q} --workers {resources.cpus_per_task} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"
 
@@ -64,6 +64,6 @@ rule validate_dataset:
         dataset=directory_of_input("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
+        "videogrpo stage validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
         " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -12,7 +12,7 @@ rule fingerprint_evalkit:
         config=stage_config("fingerprint_evalkit"),
         code=code("fingerprint_evalkit"),
     shell:
-        "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
+        "videogrpo stage fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -33,5 +33,5 @@ rule check_scorer_runtime:
         code=code("check_scorer_runtime"),
         upstream=upstream_args,
     shell:
-        "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
+        "videogrpo stage check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
         " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

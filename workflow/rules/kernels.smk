@@ -13,5 +13,5 @@ rule fetch_kernel:
         config=stage_config("fetch_kernel"),
         code=code("fetch_kernel"),
     shell:
-        "videogrpo fetch-kernel --config-json {params.config:q} --out {output.kernel:q}"
+        "videogrpo stage fetch-kernel --config-json {params.config:q} --out {output.kernel:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

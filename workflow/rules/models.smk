@@ -10,7 +10,7 @@ rule fetch_model:
         config=stage_config("fetch_model"),
         code=code("fetch_model"),
     shell:
-        "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
+        "videogrpo stage fetch-model --config-json {params.config:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -26,5 +26,5 @@ rule fetch_judge:
         config=stage_config("fetch_judge"),
         code=code("fetch_judge"),
     shell:
-        "videogrpo fetch-judge --config-json {params.config:q} --out {output.judge:q}"
+        "videogrpo stage fetch-judge --config-json {params.config:q} --out {output.judge:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -33,7 +33,7 @@ rule preflight:
             f"--kernel-cache {input.kernel} --kernel-manifest {input.fetch_kernel_manifest}" if HUB_KERNEL else ""
         ),
     shell:
-        "videogrpo preflight --config-json {params.config:q} --model {input.model:q}"
+        "videogrpo stage preflight --config-json {params.config:q} --model {input.model:q}"
         " --model-manifest {input.fetch_model_manifest:q} --dataset {params.dataset:q}"
         " --validation {input.validation:q} {params.reward_args} {params.kernel_args} --out {output.report:q}"
         " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

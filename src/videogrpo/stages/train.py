@@ -123,7 +123,7 @@ def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
     """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
     nodes = torchrun.allocation_nodes(cfg) if not args.node_only else 0
     if nodes > 1:
-        command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
+        command = [sys.executable, "-m", "videogrpo.cli", "stage", "train", "--node-only", "--preflight-only"]
         command += ["--config-json", args.config_json]
         if args.kernel_cache:
             command += ["--kernel-cache", str(args.kernel_cache)]
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return preflight_only_run(cfg, args)
     missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
     if missing:
-        raise VideoGRPOError(f"videogrpo train: {', '.join(missing)} required (only --preflight-only runs without)")
+        raise VideoGRPOError(f"videogrpo stage train: {', '.join(missing)} required (only --preflight-only runs without)")
     if args.node_only:
         digests = json.loads(args.input_digests) if args.input_digests else input_digests(args)
         train_this_node(cfg, node_training(args, digests))
@@ -180,9 +180,10 @@ def run(args: argparse.Namespace) -> int:
                         sys.executable,
                         "-m",
                         "videogrpo.cli",
+                        "stage",
                         "train",
                         "--node-only",
-                        *sys.argv[2:],
+                        *sys.argv[sys.argv.index("train") + 1 :],  # this command's own arguments
                         "--input-digests",
                         json.dumps(digests),
                     ],
