@@ -193,7 +193,8 @@ def test_the_command_writes_a_spec_that_validates_and_says_how_to_apply_it(tmp_p
     config_file.write_text(config.canonical_json(config.stage_view(cfg, "train")))
     spec = tmp_path / "runs/rl_5b_cps-0123456789ab/k8s/train-job.yaml"
     monkeypatch.chdir(tmp_path)
-    argv = ["stage", "k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab", "--spec", str(spec)]
+    argv = ["stage", "k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab"]
+    argv += ["--spec", str(spec)]
     assert cli.main([*argv, "--", "videogrpo", "stage", "train", "--config-json", f"@{config_file}"]) == 0
     assert capsys.readouterr().out == f"kubectl apply -f {spec}\n"
     service, job = yaml.safe_load_all(spec.read_text())

@@ -318,7 +318,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise VideoGRPOError("k8s-job: no training command after `--` (e.g. `-- videogrpo stage train --config-json ...`)")
+        raise VideoGRPOError(
+            "k8s-job: no training command after `--` (e.g. `-- videogrpo stage train --config-json ...`)"
+        )
     specs = train_specs(cfg, args.run_id, command, args.workdir)
     validate(specs)
     atomic.write_text(args.spec, to_yaml(specs))

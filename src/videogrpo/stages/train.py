@@ -152,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
         return preflight_only_run(cfg, args)
     missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
     if missing:
-        raise VideoGRPOError(f"videogrpo stage train: {', '.join(missing)} required (only --preflight-only runs without)")
+        raise VideoGRPOError(
+            f"videogrpo stage train: {', '.join(missing)} required (only --preflight-only runs without)"
+        )
     if args.node_only:
         digests = json.loads(args.input_digests) if args.input_digests else input_digests(args)
         train_this_node(cfg, node_training(args, digests))
