@@ -18,7 +18,6 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/checks.smk"
 
 
 # Every stage's manifest, not only the report: Snakemake takes a missing intermediate file of a complete

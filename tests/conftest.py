@@ -100,6 +100,7 @@ def demo(workdir):
     from demo import SECRETS, VENV, run
 
     dry = run(["snakemake", "-n"], workdir)
+    assert not (workdir / "results").exists(), "a dry run wrote under results/"
     # -o: never (re)install into the running environment from this temporary copy.
     made = run(["make", "demo", f"VENV={VENV}", "-o", f"{VENV}/.installed"], workdir, **SECRETS)
     return dry, made

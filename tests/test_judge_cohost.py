@@ -3,7 +3,6 @@ torchrun replaced by a recorder), each rank's allocator cap, and the rendezvous 
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import torch
 from videogrpo import config
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import torchrun
+from videogrpo.launch.node import NodeTraining
 from videogrpo.rewards import judge_service
 
 STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--port", "{port}", "--name", "{name}"]
@@ -37,8 +37,8 @@ def vlm_config(command: list[str], **parallel) -> config.Config:
     return config.from_dict(sections, partial=True)
 
 
-def node_args(tmp_path: Path, cfg: config.Config) -> argparse.Namespace:
-    return argparse.Namespace(
+def node_job(tmp_path: Path, cfg: config.Config) -> NodeTraining:
+    return NodeTraining(
         config_json=json.dumps({"reward": {"kind": "vbvr_vlm"}}),
         run_id="run",
         run_dir=tmp_path / "run",
@@ -46,9 +46,8 @@ def node_args(tmp_path: Path, cfg: config.Config) -> argparse.Namespace:
         dataset=tmp_path / "dataset",
         final=tmp_path / "final",
         metrics=tmp_path / "metrics.jsonl",
-        evalkit=None,
+        input_digests={},
         judge_model=tmp_path / "judge",
-        kernel_cache=None,
     )
 
 
@@ -61,7 +60,7 @@ def answers(endpoint: str) -> list[str] | None:
 
 
 def test_torchrun_starts_only_once_this_nodes_judge_answers_and_never_when_it_fails(tmp_path, monkeypatch):
-    from videogrpo.stages import train
+    from videogrpo.launch import node
 
     started = []
 
@@ -69,11 +68,11 @@ def test_torchrun_starts_only_once_this_nodes_judge_answers_and_never_when_it_fa
         started.append((argv, answers(f"http://127.0.0.1:{cfg.reward.judge_port}")))
         return subprocess.CompletedProcess(argv, 0)
 
-    monkeypatch.setattr(train.subprocess, "run", torchrun)
+    monkeypatch.setattr(node.subprocess, "run", torchrun)
     for var in ("MASTER_ADDR", "WORLD_SIZE", "RANK", "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID"):
         monkeypatch.delenv(var, raising=False)
     cfg = vlm_config([*STAND_IN, "--startup-delay", "2"])  # loading for 2 s before it listens
-    train.train_this_node(cfg, node_args(tmp_path, cfg), {})
+    node.train_this_node(cfg, node_job(tmp_path, cfg))
     [(argv, served)] = started
     assert served == ["qwen3.6-27b"] and "videogrpo.grpo.worker" in argv
     assert answers(f"http://127.0.0.1:{cfg.reward.judge_port}") is None  # stopped when the ranks ended
@@ -81,7 +80,7 @@ def test_torchrun_starts_only_once_this_nodes_judge_answers_and_never_when_it_fa
     started.clear()
     cfg = vlm_config([sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"])
     with pytest.raises(VideoGRPOError, match="exited with code 3 before it was ready"):
-        train.train_this_node(cfg, node_args(tmp_path, cfg), {})
+        node.train_this_node(cfg, node_job(tmp_path, cfg))
     assert started == []  # no rank was started beside a judge that never took its share
 
 
@@ -91,7 +90,9 @@ def test_every_rank_caps_its_allocator_at_what_the_judge_leaves_before_loading_a
     events = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: events.append(("cap", f, str(d))))
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(worker.process_groups, "init", lambda *a, **k: SimpleNamespace(rank=0, world_size=1, device=cuda0))
+    monkeypatch.setattr(
+        worker.process_groups, "init", lambda *a, **k: SimpleNamespace(rank=0, world_size=1, device=cuda0)
+    )
     monkeypatch.setattr(worker.process_groups, "shutdown", lambda: None)
 
     class Trainer:

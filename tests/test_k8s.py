@@ -115,7 +115,7 @@ def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
 
 def test_amd_gpus_and_privileged_containers(tmp_path):
     cfg = five_b(tmp_path, gpu_manufacturer="amd", privileged=True, train_retries=3)
-    _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
     k8s_job.validate([job])
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "8"
@@ -129,7 +129,7 @@ def test_the_pods_environment_comes_from_the_named_secret_never_from_the_spec(tm
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:hunter2@mlflow.example.org")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter3")
     cfg = five_b(tmp_path, env_secret="videogrpo-env")
-    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
     k8s_job.validate([service, job])
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["envFrom"] == [{"secretRef": {"name": "videogrpo-env"}}]
@@ -145,7 +145,7 @@ def test_the_pods_environment_comes_from_the_named_secret_never_from_the_spec(tm
     ],
 )
 def test_a_broken_spec_fails_validation_naming_where(tmp_path, break_it, where):
-    _, job = k8s_job.train_specs(five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo", "train"], tmp_path)
+    _, job = k8s_job.train_specs(five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
     broken = copy.deepcopy(job)
     break_it(broken)
     with pytest.raises(VideoGRPOError, match=f"Job train-rl-5b-cps-0123456789ab: .*{where}.*Kubernetes 1.33.0"):
@@ -193,17 +193,18 @@ def test_the_command_writes_a_spec_that_validates_and_says_how_to_apply_it(tmp_p
     config_file.write_text(config.canonical_json(config.stage_view(cfg, "train")))
     spec = tmp_path / "runs/rl_5b_cps-0123456789ab/k8s/train-job.yaml"
     monkeypatch.chdir(tmp_path)
-    argv = ["k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab", "--spec", str(spec)]
-    assert cli.main([*argv, "--", "videogrpo", "train", "--config-json", f"@{config_file}"]) == 0
+    argv = ["stage", "k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab"]
+    argv += ["--spec", str(spec)]
+    assert cli.main([*argv, "--", "videogrpo", "stage", "train", "--config-json", f"@{config_file}"]) == 0
     assert capsys.readouterr().out == f"kubectl apply -f {spec}\n"
     service, job = yaml.safe_load_all(spec.read_text())
     k8s_job.validate([service, job])
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["videogrpo", "train"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["videogrpo", "stage", "train"]
     assert job["spec"]["template"]["spec"]["containers"][0]["workingDir"] == str(tmp_path)
     assert cli.main(argv) == 2  # no training command
     assert "no training command after `--`" in capsys.readouterr().err
     monkeypatch.setenv("PATH", str(tmp_path / "no-kubectl-here"))
-    assert cli.main([*argv, "--apply", "--", "videogrpo", "train"]) == 2
+    assert cli.main([*argv, "--apply", "--", "videogrpo", "stage", "train"]) == 2
     assert "kubectl not found" in capsys.readouterr().err and spec.is_file()  # the spec stays, to apply by hand
 
 
@@ -317,6 +318,6 @@ def test_the_executors_settings_must_match_the_config_of_the_training_job(tmp_pa
     assert found(image="other", namespace="other", of=a14b) == []
     as_job = recipe("rl_a14b_rule", train_as_job=True, image=IMAGE, volume_claim="c", volume_path=str(tmp_path))
     assert k8s_job.problems(as_job, tmp_path) == [] and found(image="other", account="", of=as_job)
-    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "train"], tmp_path)
+    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
     k8s_job.validate([job])

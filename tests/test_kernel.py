@@ -278,7 +278,7 @@ def test_the_recipes_fetch_the_kernel_and_every_stage_that_sets_the_backend_load
     assert command(recipe, "evaluate").startswith(offline)
     (tmp_path / "fa3.yaml").write_text("parallel:\n  attention_backend: _flash_3_hub\n")
     tiny_fa3 = dry("--configfile", str(tmp_path / "fa3.yaml"))
-    cells = [line for line in tiny_fa3.splitlines() if " videogrpo generate-cell " in line]
+    cells = [line for line in tiny_fa3.splitlines() if " videogrpo stage generate-cell " in line]
     assert len(cells) == 6 and all(line.startswith(offline) for line in cells)
     default = dry()
     assert "fetch_kernel" not in default and "KERNELS_CACHE" not in default
@@ -361,37 +361,35 @@ def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_
 ):
     """train_this_node's torchrun environment: KERNELS_CACHE (absolute) and HF_HUB_OFFLINE=1 with --kernel-cache,
     neither without (the environment of the driver is passed on as it is)."""
-    import argparse
     import contextlib
 
-    from videogrpo.stages import train
+    from videogrpo.launch import node
 
     started = {}
     monkeypatch.delenv("KERNELS_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
-    monkeypatch.setattr(train.preflight, "node_checks", lambda cfg, port=None, **_: [])
-    monkeypatch.setattr(train, "judge_service", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(node.preflight, "node_checks", lambda cfg, port=None, **_: [])
+    monkeypatch.setattr(node, "judge_service", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(
-        train.subprocess,
+        node.subprocess,
         "run",
         lambda argv, env, check: started.update(argv=argv, env=env) or subprocess.CompletedProcess(argv, 0),
     )
     monkeypatch.chdir(tmp_path)
     cfg = Config(parallel=ParallelConfig(nodes=1, procs_per_node=1, device="cpu", backend="gloo"))
-    args = argparse.Namespace(
+    job = node.NodeTraining(
         config_json="{}",
         run_id="r",
+        run_dir=tmp_path / "run",
         model=tmp_path / "model",
         dataset=tmp_path / "data",
         final=tmp_path / "final",
         metrics=tmp_path / "m.jsonl",
-        run_dir=tmp_path / "run",
-        evalkit=None,
-        judge_model=None,
+        input_digests={},
         kernel_cache=Path("kernels/x/cache") if with_kernel else None,
     )
-    train.train_this_node(cfg, args, {})
+    node.train_this_node(cfg, job)
     assert "videogrpo.grpo.worker" in started["argv"]
     env = started["env"]
     if with_kernel:

@@ -175,7 +175,7 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
     (tmp_path / "dataset/splits.json").write_text("{}")
     (tmp_path / "records").mkdir()
     ev = tmp_path / "evaluate"
-    argv = ["evaluate", "--config-json", json.dumps(solo_config(**TRAIN, logging=LOGGING))]
+    argv = ["stage", "evaluate", "--config-json", json.dumps(solo_config(**TRAIN, logging=LOGGING))]
     for flag in ("model", "final", "dataset", "evalkit", "records"):
         argv += [f"--{flag}", str(tmp_path / flag)]
     argv += ["--scores", str(ev / "scores.csv"), "--table", str(ev / "per_task.csv"), "--videos", str(ev / "videos")]
@@ -185,14 +185,14 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
         frame.assign(score=frame.score + (cell == "trained") * 0.1).to_csv(tmp_path / f"{cell}.csv", index=False)
     mx = tmp_path / "matrix"
     matrix_config = json.dumps({"matrix": {"models": ["base", "trained"], "bootstrap": 50, "seed": 0}, **logging})
-    argv = ["matrix", "--config-json", matrix_config, "--table", str(mx / "matrix.csv")]
+    argv = ["stage", "matrix", "--config-json", matrix_config, "--table", str(mx / "matrix.csv")]
     argv += ["--cell", f"base:euler={tmp_path / 'base.csv'}", "--cell", f"trained:euler={tmp_path / 'trained.csv'}"]
     argv += ["--per-task", str(mx / "per_task.csv"), "--run-id", IDENTITY]
     argv += ["--manifest", str(mx / "matrix.manifest.json")]
     assert cli.main(argv) == 0
 
     rp = tmp_path / "report"
-    argv = ["report", "--config-json", json.dumps({"recipe": "tiny", **logging}), "--run-id", IDENTITY]
+    argv = ["stage", "report", "--config-json", json.dumps({"recipe": "tiny", **logging}), "--run-id", IDENTITY]
     argv += ["--metrics", str(out / "metrics.jsonl")]  # no stage manifests: the trainer here wrote none
     argv += ["--table", str(ev / "per_task.csv"), "--matrix", str(mx / "matrix.csv")]
     argv += ["--provenance", str(rp / "provenance.json"), "--html", str(rp / "report.html")]

@@ -297,7 +297,7 @@ CPU_GLOO = {
 
 
 def videogrpo_train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "videogrpo.cli", "train", *args]
+    argv = [sys.executable, "-m", "videogrpo.cli", "stage", "train", *args]
     return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **(env or {})), timeout=600)
 
 
@@ -403,7 +403,7 @@ def test_preflight_only_in_an_allocation_reports_every_node_and_fails_if_one_doe
     assert run.returncode == 1, run.stderr
     srun_args = (tmp_path / "argv").read_text().splitlines()
     assert srun_args[:4] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpu-bind=none"]
-    assert srun_args[5:9] == [sys.executable, "-m", "videogrpo.cli", "train"] and "--node-only" in srun_args
+    assert srun_args[5:10] == [sys.executable, "-m", "videogrpo.cli", "stage", "train"] and "--node-only" in srun_args
     assert "--kill-on-bad-exit=1" not in srun_args and srun_args[-3:] == [
         "--preflight-only",
         "--config-json",

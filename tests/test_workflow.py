@@ -23,6 +23,51 @@ def test_dry_run_lists_every_stage(demo):
     assert set(RULES) | {"all"} == set(jobs_run(dry.stdout + dry.stderr))
 
 
+def results_state(workdir: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(workdir)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted((workdir / "results").rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_dry_run_changes_nothing_on_disk(demo, workdir, tmp_path):
+    """Byte for byte and by mtimes, after the demo: a changed execution field, a changed contract field, a new
+    config file, a recipe. Reading the workflow writes nothing; a real run's onstart does (the fresh checkout's
+    dry run, before `make demo`, made no results/ at all: conftest's demo fixture asserts it)."""
+    run(["snakemake", "--cores", "2"], workdir)  # up to date first
+    before = results_state(workdir)
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("train:\n  lr: 3.0e-4\n")
+    for argv in (
+        ["--config", "parallel={master_port: 29871}", "evalkit={workers: 1}"],
+        ["--config", "train={lr: 2.0e-4}"],
+        ["--configfile", "config/config.yaml", str(extra)],
+        ["--configfile", "config/recipes/rl_5b_cps.yaml"],
+    ):
+        out = run(["snakemake", "-n", *argv], workdir)
+        assert "This was a dry-run" in out.stdout + out.stderr or "Nothing to be done" in out.stdout + out.stderr
+        assert results_state(workdir) == before, argv
+
+
+def test_a_driver_inside_a_slurm_allocation_runs_to_its_report(demo, workdir):
+    """A driver started inside an `sbatch` or `salloc` allocation has SLURM_JOB_ID in its environment: it is still
+    the driver (Snakemake's onstart tells, not the environment), so it records its invocation, which the report
+    shows."""
+    invocation = workdir / "results/.stage-config/invocation.json"
+    invocation.unlink()
+    out = run(
+        ["snakemake", "--cores", "2", "--forcerun", "report", "--config", "train={lr: 1.0e-4}"],
+        workdir,
+        SLURM_JOB_ID="4242",
+    )
+    assert jobs_run(out.stdout + out.stderr) == {"report": 1, "all": 1}
+    recorded = json.loads(invocation.read_text())
+    assert recorded["config_overrides"] == {"train": {"lr": 1.0e-4}}
+    provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
+    assert provenance["invocation"] == recorded
+
+
 def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workdir):
     _, made = demo
     report = Path(re.search(r"^report: (\S+)$", made.stdout, re.M).group(1))
@@ -47,10 +92,8 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
                 assert record["entries"] and all(
                     re.fullmatch(r"[0-9a-f]{64}", sha) for sha, _ in record["entries"].values()
                 )
-    # Every stage but the downloads and generators ran after its inputs were checked; the stamps are temp().
-    checks = {p.name.removesuffix(".log") for p in workdir.glob("results/**/.checked/*.log")}
-    assert checks == set(RULES) - {"fetch_model", "fetch_dataset", "synthesize_eval_set"}
-    assert not [p for p in workdir.glob("results/**/.checked/*") if p.suffix != ".log"]
+    # The DAG is the stages' (the default target `all` runs nothing): no job checks another's inputs.
+    assert set(jobs_run(made.stdout + made.stderr)) == {*RULES, "all"}
     private = [p for p in (workdir / "results").rglob("*") if not p.stat().st_mode & 0o040]
     assert not private, f"not readable by the group sharing results/: {private[:5]}"
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
@@ -252,6 +295,9 @@ def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
 
 def test_cli_commands_of_the_readme(demo, workdir):
     out = run(["videogrpo", "--help"], workdir)
+    shown = re.findall(r"^    (\S+)", out.stdout, re.M)  # what a person runs; the rules' commands under `stage`
+    assert shown == ["config", "schema", "verify", "diff", "trace", "stage"], out.stdout
+    out = run(["videogrpo", "stage", "--help"], workdir)
     for rule in RULES:
         assert rule.replace("_", "-") in out.stdout
     out = run(["videogrpo", "config", "--configfile", "config/config.yaml", "config/recipes/rl_5b_cps.yaml"], workdir)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from demo import VENV, first_run_id, jobs_run, run, train_digest
+from demo import CELLS, VENV, first_run_id, jobs_run, run, train_digest
 
 pytestmark = pytest.mark.e2e
 
@@ -42,10 +42,13 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     for argv in (["snakemake", "-n", *override], ["snakemake", "--cores", "2", *override]):
         out = run(argv, workdir)
         assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
-        if "-n" in argv:  # said once, when the change is first seen
-            (note,) = [line for line in out.stderr.splitlines() if line.startswith("note: evaluate: ")]
-            assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
-            assert note.endswith("next run applies it (`--forcerun evaluate` reruns it and what follows it)"), note
+        notes = [line for line in out.stderr.splitlines() if line.startswith("note: evaluate: ")]
+        if "-n" in argv:  # a dry run writes nothing, and says nothing of what a run would write
+            assert not notes
+            continue
+        (note,) = notes  # said when a run first writes the changed config file
+        assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
+        assert note.endswith("next run applies it (`--forcerun evaluate` reruns it and what follows it)"), note
     configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("evaluate-*.json")]
     assert any(c["evalkit"]["workers"] == 1 and c["parallel"]["master_port"] == 29871 for c in configs)
     out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate", *override], workdir)
@@ -55,11 +58,8 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     kept = re.findall(r"evaluate (base|trained): (\d+) of (\d+) batches kept", log)
     assert kept and all(done == total != "0" for _, done, total in kept), log[-2000:]  # reused, not redone
     assert train_digest(workdir, run_id) == before
-    leftover = run_dir / ".checked/train"  # as a check leaves it when another job fails before its stage starts
-    leftover.write_text("{}")
     out = run(["snakemake", "-n"], workdir)  # back to the defaults
     assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
-    assert not leftover.exists()  # removed: a stage that runs is checked just before
     changed = [p for p, ns in made.items() if p.stat().st_mtime_ns != ns]
     assert {p.name for p in changed} == {"evaluate.manifest.json", "report.manifest.json"}, changed
 
@@ -101,18 +101,16 @@ def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir
 
 
 def snapshot(*folders: Path) -> dict[Path, bytes]:
-    """Every file under the folders, with its bytes: what a failure must not cost (the checks' logs aside)."""
-    return {
-        path: path.read_bytes()
-        for folder in folders
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and ".checked" not in path.relative_to(folder).parts
-    }
+    """Every file under the folders, with its bytes: what a failure must not cost."""
+    return {path: path.read_bytes() for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+STOPPED = "the run stopped before it started, and every output is as it was"
 
 
 def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, workdir):
-    """A hand-edited table and a corrupted weight file are refused by the check ahead of the stage that reads
-    them, naming the file and the fix; the report, and the evaluation under --forcerun, stay as they were."""
+    """A hand-edited table and a corrupted weight file are refused by the check when the run starts, before any
+    job, naming the file and the fix; the report, and the evaluation under --forcerun, stay as they were."""
     run(["snakemake", "--cores", "2"], workdir)  # up to date first: only the tampering is left to find
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     table = run_dir / "evaluate/per_task.csv"
@@ -122,7 +120,7 @@ def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, 
     try:
         out = run(["snakemake", "--cores", "2", "report"], workdir, check=False)
         text = out.stdout + out.stderr
-        assert out.returncode != 0 and "Error in rule check_inputs" in text and "Error in rule report" not in text
+        assert out.returncode != 0 and STOPPED in text and "Error in rule report" not in text
         assert "per_task.csv: input table is not what evaluate made" in text
         assert snapshot(run_dir / "report") == report  # the previous report is kept
     finally:
@@ -134,7 +132,7 @@ def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, 
     try:
         out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate"], workdir, check=False)
         text = out.stdout + out.stderr
-        assert out.returncode != 0 and "Error in rule check_inputs" in text and "Error in rule evaluate" not in text
+        assert out.returncode != 0 and STOPPED in text and "Error in rule evaluate" not in text
         assert "input final is not what train made" in text
         assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
         assert snapshot(run_dir / "evaluate") == evaluation  # even forced, nothing of the evaluation is lost
@@ -159,7 +157,7 @@ def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, wor
     manifest.write_text(manifest.read_text()[:500])
     out = run(["snakemake", "--cores", "2"], workdir, check=False)
     text = out.stdout + out.stderr
-    assert out.returncode != 0 and "Error in rule check_inputs" in text
+    assert out.returncode != 0 and STOPPED in text
     fix = re.search(r"cut short or edited: `(rm \S+)`, then `(snakemake --cores <N>)`", text)
     assert fix and fix.group(1) == f"rm {manifest.relative_to(workdir)}", text[-3000:]
     assert snapshot(run_dir / "evaluate", trained_cells) == kept
@@ -169,9 +167,44 @@ def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, wor
     assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
 
 
-def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, workdir):
-    """Edits of the checkout's package (imported first through PYTHONPATH): a comment in the trainer reruns the
-    stages and resumes; a change of the loss is refused until the user allows it. Only up to train: what
+def test_a_comment_reruns_nothing_and_an_edit_of_the_sampler_reruns_what_runs_it(demo, workdir):
+    """Code identity (provenance/code.py): a comment or docstring in any module of the package reruns nothing; a
+    change of grpo/samplers.py reruns exactly the stages whose code runs it (preflight, train and every cell's
+    generation; the stages downstream of them as their inputs change) and nothing upstream."""
+    env = {"PYTHONPATH": str(workdir / "src")}
+    package = workdir / "src/videogrpo"
+    # every module but the stand-ins for pinned external files (their bytes are pinned by digest in the config)
+    sources = [p for p in sorted(package.rglob("*.py")) if not any(part.startswith("stand_in") for part in p.parts)]
+    originals = {path: path.read_text() for path in sources}
+    try:
+        for path in sources:
+            path.write_text(originals[path] + "\n# a comment is no code\n")
+        samplers = package / "grpo/samplers.py"
+        samplers.write_text(samplers.read_text().replace('"""', '"""A docstring edit. ', 1))
+        out = run(["snakemake", "-n"], workdir, **env)
+        assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+        samplers.write_text(originals[samplers] + "\n\ndef unused_helper():\n    return 0\n")
+        out = run(["snakemake", "-n"], workdir, **env)
+        jobs = jobs_run(out.stdout + out.stderr)
+        assert {"train", "preflight", "generate_cell", "matrix", "report"} <= set(jobs), jobs
+        assert jobs["generate_cell"] == len(CELLS) and jobs["score_cell"] == len(CELLS)
+        assert not set(jobs) & {
+            "fetch_model",
+            "fetch_dataset",
+            "materialize_dataset",
+            "validate_dataset",
+            "fingerprint_evalkit",
+            "check_scorer_runtime",
+            "eval_set",
+        }, jobs
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+
+
+def test_training_resumes_across_a_comment_and_refuses_a_changed_loss_until_allowed(demo, workdir):
+    """The trainer's resume guard digests the same syntax: a comment in the trainer is no change of its math (the
+    forced rerun resumes); a change of the loss is refused until the user allows it. Only up to train: what
     follows it reruns as after any training."""
     env = {"PYTHONPATH": str(workdir / "src")}
     run_id = first_run_id(workdir)
@@ -179,7 +212,7 @@ def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, w
     originals = {rel: (package / rel).read_text() for rel in ("grpo/trainer.py", "grpo/loss.py")}
     try:
         (package / "grpo/trainer.py").write_text(originals["grpo/trainer.py"] + "\n# a comment is not math\n")
-        out = run(["snakemake", "--cores", "2", "train"], workdir, **env)
+        out = run(["snakemake", "--cores", "2", "--forcerun", "train", "train"], workdir, **env)
         assert jobs_run(out.stdout + out.stderr)["train"] == 1
         log = (workdir / "results/runs" / run_id / "logs/train.log").read_text()
         assert "resumed from" in log and "(update 4 of 4)" in log
@@ -203,6 +236,28 @@ def test_code_edits_rerun_training_which_resumes_unless_its_math_changed(demo, w
     finally:
         for rel, text in originals.items():
             (package / rel).write_text(text)
+
+
+def test_a_raw_video_overwritten_in_place_stops_a_forced_training_before_it_costs_anything(demo, workdir):
+    """The dataset's raw/ is no declared input of train (Snakemake would otherwise plan its deletion), so
+    `snakemake -n` cannot see an edit there; but the check when the run starts covers what each stage reads: a
+    forced training stops before Snakemake removes train's outputs, naming the file and the fix."""
+    run(["snakemake", "--cores", "2"], workdir)
+    run_dir = workdir / "results/runs" / first_run_id(workdir)
+    (raw,) = workdir.glob("results/data/*/materialized/raw")
+    victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
+    good = victim.read_bytes()
+    kept = snapshot(run_dir / "train")
+    victim.write_bytes(good[: len(good) // 2] + bytes([good[len(good) // 2] ^ 0xFF]) + good[len(good) // 2 + 1 :])
+    try:
+        out = run(["snakemake", "--cores", "2", "--forcerun", "train"], workdir, check=False)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and STOPPED in text and "Error in rule" not in text
+        assert f"files that differ: {victim.relative_to(raw)}" in text
+        assert "rerun materialize_dataset (snakemake --forcerun materialize_dataset)" in text
+        assert snapshot(run_dir / "train") == kept and (run_dir / "train.manifest.json").is_file()
+    finally:
+        victim.write_bytes(good)
 
 
 def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir):
@@ -298,14 +353,14 @@ def test_a_failed_experiment_costs_no_shared_output(demo, workdir):
 
 
 def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
-    """Last: it leaves the checkout's EvalKit edited. Refused ahead of the stage: the fingerprint of the
-    pinned checkout is kept."""
+    """Last: it leaves the checkout's EvalKit edited. Refused when the run starts: the fingerprint of the pinned
+    checkout is kept."""
     kit = workdir / "src/videogrpo/demo/stand_in_evalkit/vbvr_bench/evaluators/synthetic.py"
     kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
     out = run(["snakemake", "--cores", "2"], workdir, check=False)
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert "Error in rule check_inputs" in text and "stage=fingerprint_evalkit" in text
+    assert STOPPED in text and "  - fingerprint_evalkit: " in text
     pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
     assert f"expected {pinned} (evalkit.digest)" in text
     assert re.search(r"found    [0-9a-f]{64}", text)

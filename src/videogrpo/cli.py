@@ -1,4 +1,5 @@
-"""`videogrpo`: one sub-command per workflow rule, plus config and schema helpers.
+"""`videogrpo`: the commands a person runs (config, schema, verify, diff, trace), and under `videogrpo stage` the
+command of each workflow rule, which the rules call (`rule fetch_model` runs `videogrpo stage fetch-model`).
 
 Exit codes: 0 success, 1 unexpected error (a bug: traceback printed), 2 a user-facing failure,
 3 invalid configuration, 4 digest mismatch (also `verify` finding a changed, missing or added file),
@@ -92,24 +93,43 @@ def _trace_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The CLI; only the stage named `command` (None: every stage) is imported to declare its arguments, so a
-    light stage never pays for importing torch."""
-    parser = argparse.ArgumentParser(
-        prog="videogrpo",
-        description="GRPO for Wan2.2 video models, one sub-command per workflow rule (see the Snakefile).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
+def _stage_group(sub, command: str | None) -> None:
+    """`videogrpo stage NAME`: the command of each workflow rule (and k8s-job, which the train rule wraps around
+    training under profiles/kubernetes); only the stage named `command` is imported to declare its arguments."""
+    group = sub.add_parser(
+        "stage",
+        help="run one workflow stage as its rule does (`videogrpo stage --help` lists them); Snakemake calls these",
+        description="The command of each workflow rule: Snakemake runs these with the paths and config file of "
+        "the run; a person rarely does (rerun one stage with `snakemake --forcerun <rule>` instead).",
     )
-    parser.add_argument("--version", action="version", version=f"videogrpo {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    stages = group.add_subparsers(dest="stage", metavar="STAGE", required=True)
     for name in STAGES:
-        stage = sub.add_parser(name.replace("_", "-"), help=_stage_help(name))
+        stage = stages.add_parser(name.replace("_", "-"), help=_stage_help(name))
         if command in (None, name.replace("_", "-")):
             importlib.import_module(f"videogrpo.stages.{name}").add_arguments(stage)
         stage.set_defaults(
             handler=lambda args, name=name: importlib.import_module(f"videogrpo.stages.{name}").run(args)
         )
+    k8s = stages.add_parser(
+        "k8s-job", help="multi-node training on Kubernetes: write one indexed Job and its Service, apply, wait"
+    )
+    if command in (None, "k8s-job"):
+        importlib.import_module("videogrpo.launch.k8s_job").add_arguments(k8s)
+    k8s.set_defaults(handler=lambda args: importlib.import_module("videogrpo.launch.k8s_job").run(args))
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; under `stage`, only the stage named `command` (None: every stage) is imported to declare its
+    arguments, so a light stage never pays for importing torch."""
+    parser = argparse.ArgumentParser(
+        prog="videogrpo",
+        description="GRPO for Wan2.2 video models as a Snakemake workflow with provenance: run the workflow with "
+        "`snakemake --cores N` (or a profile); these commands inspect and check what it makes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--version", action="version", version=f"videogrpo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     show = sub.add_parser("config", help="print the resolved config and its run identity, or the first error")
     # Repeated flags add layers (`--configfile a.yaml --configfile b.yaml` is `--configfile a.yaml b.yaml`):
     # a later flag must not silently drop the layers an earlier one named.
@@ -130,18 +150,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="the same reference as Markdown (config/README.md is generated from it)"
     )
     schema.set_defaults(handler=_schema_command)
-    check = sub.add_parser(
-        "check-inputs", help="a stage's inputs against their manifests and pins, before its job starts"
-    )
-    if command in (None, "check-inputs"):
-        importlib.import_module("videogrpo.pipeline.check_inputs").add_arguments(check)
-    check.set_defaults(handler=lambda args: importlib.import_module("videogrpo.pipeline.check_inputs").run(args))
-    k8s = sub.add_parser(
-        "k8s-job", help="multi-node training on Kubernetes: write one indexed Job and its Service, apply, wait"
-    )
-    if command in (None, "k8s-job"):
-        importlib.import_module("videogrpo.launch.k8s_job").add_arguments(k8s)
-    k8s.set_defaults(handler=lambda args: importlib.import_module("videogrpo.launch.k8s_job").run(args))
     verify = sub.add_parser("verify", help="re-hash every output a run's manifests record; exit 0 only if all match")
     verify.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     verify.set_defaults(handler=_verify_command)
@@ -162,13 +170,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     trace.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     trace.add_argument("--no-sacct", action="store_true", help="never ask sacct; states as the manifests record")
     trace.set_defaults(handler=_trace_command)
+    _stage_group(sub, command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(command if command and command != "help" else None).parse_args(argv)
+    words = [arg for arg in argv if not arg.startswith("-")]
+    stage = words[1] if len(words) > 1 and words[0] == "stage" else None  # the one stage whose arguments to load
+    args = build_parser(stage).parse_args(argv)
     try:
         return args.handler(args)
     except VideoGRPOError as err:

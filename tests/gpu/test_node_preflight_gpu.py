@@ -27,7 +27,7 @@ def test_the_real_probe_passes_on_this_gpu_node(tmp_path):
 def test_preflight_only_on_this_gpu_node_exits_0():
     config = '{"parallel": {"procs_per_node": 1, "nodes": 1, "device": "cuda", "backend": "nccl", "attention_backend": "native"}}'  # noqa: E501
     run = subprocess.run(
-        [sys.executable, "-m", "videogrpo.cli", "train", "--preflight-only", "--config-json", config],
+        [sys.executable, "-m", "videogrpo.cli", "stage", "train", "--preflight-only", "--config-json", config],
         capture_output=True,
         text=True,
         timeout=180,

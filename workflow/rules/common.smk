@@ -1,10 +1,10 @@
-# Config resolution and every path of the workflow. Imports only the light config and digest modules
-# of the package: a dry run must not pay for torch or diffusers.
-import json
+# The config, every path of the workflow and the small input functions its rules share; the logic they call lives in
+# the package (videogrpo.pipeline), where tests and linters reach it. Reading this file writes nothing (a dry run
+# changes nothing on disk): what a run writes before its first job, `onstart` does. Imports only light modules of
+# the package: a dry run must not pay for torch or diffusers.
 import os
 import shlex
 import sys
-from types import SimpleNamespace
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -12,13 +12,13 @@ from snakemake.utils import validate
 
 from videogrpo import config as vg
 from videogrpo import models
-from videogrpo.pipeline import layout
-from videogrpo import atomic
 from videogrpo.artifacts import attention_kernel
+from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.provenance.code import stage_code
-from videogrpo.provenance.verify import stage_list
-from videogrpo.provenance.digest import evalkit_files, sha256_bytes, sha256_file
+from videogrpo.pipeline import layout, start
+from videogrpo.pipeline.resources import job_resources
+from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
+from videogrpo.provenance.digest import evalkit_files
 from videogrpo.stages import STAGES
 
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
@@ -28,7 +28,6 @@ config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
 if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the environment, which every job inherits
     from videogrpo.grpo import mlflow_run
-    from videogrpo.errors import VideoGRPOError
 
     try:
         mlflow_run.tracking_uri()
@@ -36,22 +35,6 @@ if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the envi
         raise WorkflowError(str(err)) from None
 
 TASK_LIST_TEXT = vg.read_task_list_text(CFG.data.task_list)
-# How this workflow was invoked: the config files (with their digests) and the --config overrides as given.
-INVOCATION = {
-    "configfiles": [{"path": str(path), "sha256": sha256_file(path)} for path in workflow.configfiles],
-    "config_overrides": dict(workflow.config_settings.config),
-}
-# The report records the invocation that made it, from a file of constant name (rewritten by every
-# invocation), so that a new invocation alone reruns nothing.
-INVOCATION_FILE = Path(CFG.results) / ".stage-config/invocation.json"
-if "SLURM_JOB_ID" not in os.environ:  # a job step re-reads the workflow: the driver's invocation is the one
-    try:  # even a dry run writes here (the stage config files): say which field to change, not a traceback
-        atomic.write_json(INVOCATION_FILE, INVOCATION)
-    except OSError as err:
-        raise WorkflowError(
-            f"results = {CFG.results!r}: cannot write {INVOCATION_FILE} ({type(err).__name__}: {err}); point "
-            f"`results` at a writable directory, e.g. --config results=/scratch/$USER/videogrpo-results"
-        ) from None
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
 # Object storage (README "Object storage"): under --default-storage-provider, Snakemake maps every input and
 # output to the bucket and gives jobs local copies, so a file the checkout holds is marked local(), and what a
@@ -136,6 +119,7 @@ if KUBERNETES and "mlflow" in CFG.logging.tracker:
 
 
 onstart:
+    # A real run (never a dry run, never a job's own process), its DAG built, no output removed yet.
     # The executor's settings are known only now (after the Snakefile was read): refuse before any pod starts.
     found = k8s_job.settings_problems(
         CFG,
@@ -147,6 +131,28 @@ onstart:
     )
     if found:
         raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
+    jobs = start.stage_jobs(
+        workflow.dag.needrun_jobs(),
+        STAGES,
+        UNDECLARED_READS,
+        EVALKIT_READERS,
+        (CFG.evalkit.path, CFG.evalkit.digest),
+        PINNED_INPUTS,
+        (EVAL_TREE, CFG.matrix.eval_set_digest) if CFG.matrix.eval_set else None,
+    )
+    try:
+        start.begin_run(
+            CFG,
+            RESULTS,
+            RUN_ID,
+            {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"},
+            workflow.configfiles,
+            workflow.config_settings.config,
+            jobs,
+            OBJECT_STORAGE,
+        )
+    except VideoGRPOError as err:
+        raise WorkflowError(str(err)) from None
 
 
 # Resubmissions of a failed training job by Snakemake: a multi-node Job restarts its own pods instead.
@@ -158,64 +164,26 @@ DATASET = f"{DATA}/materialized"
 REPORT_HTML = f"{RUN}/report/report.html"
 
 
-def stage_param_texts(stage):
-    """The contract and evaluation fields a stage reads as `field=value` texts (vg.identity_fields)."""
-    return {
-        path.replace(".", "__"): f"{path}={json.dumps(value, sort_keys=True)}"
-        for path, value in vg.identity_fields(vg.stage_view(CFG, stage)).items()
-    }
-
-
 def stage_params(stage):
-    """The contract and evaluation fields a stage reads, one param each: a change reruns the stage, and
-    `snakemake -n` names the field (`before: 'train.lr=0.0001' now: 'train.lr=0.0002'`). Execution fields
-    (how it runs) and cosmetic ones are left out: a change reruns nothing complete.
-    Snakemake expands {wildcards} in params strings, so a value holding braces (a command template) is
-    given as a function, whose value is taken as it is."""
-    return {
-        key: (lambda wildcards, text=text: text) if "{" in text else text
-        for key, text in stage_param_texts(stage).items()
-    }
+    """The contract and evaluation fields a stage reads, one param each (pipeline/stage_config.py)."""
+    return rule_params(CFG, stage)
 
 
 def stage_config(stage):
-    """What a stage command receives (`--config-json @file`): every config field it reads, in a file named by
-    a digest of its params. The name is a param, so changing a param reruns the stage; an execution field
-    or a label changes the file in place, reruns nothing, and applies at the stage's next run."""
-    name = sha256_bytes(vg.canonical_json(stage_param_texts(stage)).encode())[:16]
-    path = Path(RESULTS) / ".stage-config" / f"{stage}-{name}.json"
-    text = vg.canonical_json(vg.stage_view(CFG, stage))
-    before = path.read_text() if path.is_file() else None
-    if before != text:
-        if before is not None and "SLURM_JOB_ID" not in os.environ:
-            note_unapplied_fields(stage, before, text)
-        atomic.write_text(path, text)
-    return f"@{path}"
-
-
-def note_unapplied_fields(stage, before_text, now_text):
-    """Say which execution fields or labels changed for a stage that is not rerun for them, and how to apply them."""
-    try:
-        before = vg.flat_fields(json.loads(before_text))
-    except (ValueError, AttributeError):  # a stage config file cut short: nothing to compare with
-        return
-    now = vg.flat_fields(json.loads(now_text))
-    changed = [
-        f"{path} {json.dumps(before.get(path))} -> {json.dumps(value)}"
-        for path, value in now.items()
-        if before.get(path) != value
-    ]
-    if changed:
-        print(
-            f"note: {stage}: {'; '.join(changed)}: how it runs, not what it makes: nothing complete reruns, "
-            f"the stage's next run applies it (`--forcerun {stage}` reruns it and what follows it)",
-            file=sys.stderr,
-        )
+    """What a stage command receives (`--config-json @file`): every config field it reads, in the file `onstart`
+    writes (pipeline/stage_config.py). Only its path here: reading the workflow writes nothing."""
+    return f"@{config_path(RESULTS, CFG, stage)}"
 
 
 def code(stage):
-    """Digest of the package code the stage runs: a param, since Snakemake does not see imported code."""
-    return stage_code(stage)
+    """The code identity of what the stage runs: a param, since Snakemake does not see imported code."""
+    return code_param(CFG, stage)
+
+
+def cluster_resources(kind):
+    """The cluster resources of a job of this kind (pipeline/resources.py): SLURM's, or under profiles/kubernetes
+    the executor plugin's."""
+    return job_resources(CFG, kind, KUBERNETES)
 
 
 def evalkit_sources():
@@ -227,29 +195,23 @@ def evalkit_sources():
     return [local(str(root / rel)) for rel in evalkit_files(root)]
 
 
-def download_code(stage):
-    """A download rule's code param: the generator's code for generated inputs, none for pinned Hub
-    snapshots (their revision fixes their bytes), so editing the package never downloads again."""
-    if stage in ("fetch_judge", "fetch_kernel"):
-        return "pinned Hub snapshot"
-    generated = CFG.model.source == "tiny" if stage == "fetch_model" else CFG.data.source == "synthetic"
-    return code(stage) if generated else "pinned Hub snapshot"
-
-
 def object_storage_only(**named):
     """Inputs or outputs declared only when the run's files live in object storage (see OBJECT_STORAGE)."""
     return named if OBJECT_STORAGE else {}
 
 
+# The dataset's files beside dataset.json that stages read from its directory.
+DATASET_PARTS = {
+    "splits": f"{DATASET}/splits.json",
+    "materialization": f"{DATASET}/materialization.json",
+    "raw": f"{DATASET}/raw",
+}
+
+
 def dataset_inputs(*names):
-    """The dataset's files beside dataset.json that a stage reads from its directory, declared in object storage
-    only (where the directory holds nothing but declared local copies): `splits`, `materialization`, `raw`."""
-    parts = {
-        "splits": f"{DATASET}/splits.json",
-        "materialization": f"{DATASET}/materialization.json",
-        "raw": f"{DATASET}/raw",
-    }
-    return object_storage_only(**{name: parts[name] for name in names})
+    """DATASET_PARTS a stage reads, declared in object storage only (where the directory holds nothing but declared
+    local copies)."""
+    return object_storage_only(**{name: DATASET_PARTS[name] for name in names})
 
 
 def checkpoint_store_args(wildcards, output):
@@ -346,19 +308,10 @@ def upstream(*stages):
     return {f"{stage}_manifest": STAGE_MANIFESTS[stage] for stage in stages if stage in STAGE_MANIFESTS}
 
 
-# Stage -> (its input functions, its named inputs): what check_inputs checks before the stage's job starts.
-CHECKED_INPUTS = {}
-CHECK_STAMPS = {}  # stage -> its stamp's path pattern
-
-
 def checked(stage, where, *functions, **named):
-    """A stage's named inputs and the stamp of check_inputs (checks.smk) for them: the stage runs only after its
-    inputs passed, so a refusal costs none of its earlier outputs. `where` is the directory of the stamp (a
-    matrix cell's own, with its wildcards); `functions` are the rule's unpack()ed input functions."""
-    CHECKED_INPUTS[stage] = (functions, named)
-    CHECK_STAMPS[stage] = f"{where}/.checked/{stage}"
-    # ancient: a stamp left by a check whose stage never started (another job failed first) reruns nothing.
-    return {**named, "checked_inputs": ancient(CHECK_STAMPS[stage])}
+    """A stage's named inputs (its input functions are the rule's own, unpack()ed). Its inputs are checked once when
+    the run starts (onstart, pipeline/start_check.py), not by a job of their own."""
+    return named
 
 
 def upstream_args(wildcards, input):
@@ -366,80 +319,15 @@ def upstream_args(wildcards, input):
     return " ".join(f"--upstream {path}" for name, path in input.items() if name.endswith("_manifest"))
 
 
-def cluster_resources(kind):
-    """SLURM resources of a compute job, all from config (`slurm:` and `parallel:`), none hard-coded; under
-    profiles/kubernetes, the executor plugin's (kubernetes_resources).
-
-    kind: `train` (every node of the run, all their GPUs), `preflight` or `evaluate` (one GPU, the
-    cores and memory of `slurm.stage_*`), `generate` (a matrix cell: matrix.procs GPUs of one node) or
-    `cpu` (data, scorer-runtime and scoring jobs). Local execution ignores them.
-    """
-    if KUBERNETES:
-        return kubernetes_resources(kind)
-    s = CFG.slurm
-    gpus = s.gpus_per_node
-    if gpus is None:
-        gpus = CFG.parallel.procs_per_node if CFG.parallel.device == "cuda" else 0
-    res = {}
-    if s.partition:
-        res["slurm_partition"] = s.partition
-    if s.account:
-        res["slurm_account"] = s.account
-    if kind == "cpu":
-        return dict(res, cpus_per_task=s.data_cpus, mem_mb=s.data_mem_mb, runtime=s.data_minutes)
-    if kind == "train":
-        res.update(
-            nodes=CFG.parallel.nodes,
-            tasks=CFG.parallel.nodes,
-            cpus_per_task=s.cpus_per_node,
-            mem_mb=s.mem_mb_per_node,
-            runtime=s.train_minutes,
-        )
-    else:
-        res.update(
-            nodes=1,
-            tasks=1,
-            cpus_per_task=s.stage_cpus,
-            mem_mb=s.stage_mem_mb,
-            runtime=s.preflight_minutes if kind == "preflight" else s.evaluate_minutes,
-        )
-        gpus = min(gpus, CFG.matrix.procs if kind == "generate" else 1)
-    if gpus:
-        res["gres"] = f"gpu:{gpus}"
-    if s.constraint:
-        res["constraint"] = s.constraint
-    return res
-
-
-def kubernetes_resources(kind):
-    """The pod of a compute job under snakemake-executor-plugin-kubernetes, from `kubernetes:` (GPUs, their
-    manufacturer, the node type) and the memory of `slurm:` (the same sizes on either scheduler). A training run
-    of several nodes is the indexed Job of k8s_job.py, sized there: its rule is local, its resources unused."""
-    k, s = CFG.kubernetes, CFG.slurm
-    # cpus_per_task: the worker counts the stages take from it; the pod's CPU request is the rule's threads.
-    if kind == "cpu":
-        return {"mem_mb": s.data_mem_mb, "cpus_per_task": s.data_cpus}
-    if kind == "train":
-        res, gpus = {"mem_mb": k.mem_mb_per_node, "cpus_per_task": k.cpus_per_node}, k8s_job.gpus_per_node(CFG)
-    else:
-        res = {"mem_mb": s.stage_mem_mb, "cpus_per_task": s.stage_cpus}
-        gpus = min(k8s_job.gpus_per_node(CFG), CFG.matrix.procs if kind == "generate" else 1)
-    if gpus:
-        res.update(gpu=gpus, gpu_manufacturer=k.gpu_manufacturer)
-        if k.machine_type:
-            res["machine_type"] = k.machine_type
-    return res
-
-
 def train_job_submit():
-    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo k8s-job`, which
+    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo stage k8s-job`, which
     writes the run's Job beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training
     command that follows `--`. Elsewhere nothing: the rule runs the training command itself."""
     if not K8S_TRAIN_JOB:
         return ""
     spec = f"{RUN}/k8s/train-job.yaml"
     return (
-        f"videogrpo k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
+        f"videogrpo stage k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
         f" --spec {shlex.quote(spec)} --apply -- "
     )
 
@@ -503,61 +391,22 @@ def matrix_cell_args(wildcards, input):
 
 
 STAGE_MANIFESTS.update(matrix_manifests())
-if "SLURM_JOB_ID" not in os.environ:  # as the invocation file: the driver's view of the run
-    atomic.write_json(stage_list(RESULTS, RUN_ID), {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"})
 
-
-# The checks ahead of the stages (checks.smk).
+# What the check at the start of a run covers beyond the rules' declared inputs (pipeline/start_check.py).
 # The stages that read the EvalKit checkout: it must be at evalkit.digest before they start.
 EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "evaluate", "score_cell"} | (
     {"train"} if RULE_REWARD else set()
 )
 # Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
 PINNED_INPUTS = {"sources", "tree_files"}
-# File digests of earlier checks (see videogrpo/pipeline/check_inputs.py): a pipeline is hashed once.
-DIGEST_CACHE = f"{RESULTS}/.checked-digests.json"
-
-
-def check_inputs_of(wildcards):
-    """The named inputs of the stage whose stamp this is; a matrix cell's by its model and sampler (the last two
-    parts of its directory)."""
-    functions, named = CHECKED_INPUTS[wildcards.stage]
-    cell = SimpleNamespace(model=Path(wildcards.where).parent.name, sampler=Path(wildcards.where).name)
-    found = {}
-    for function in functions:
-        found.update(function(cell))
-    for name, value in named.items():
-        found[name] = value.format(**vars(cell)) if isinstance(value, str) and "{" in value else value
-    return found
-
-
-def check_inputs_args(wildcards, input):
-    """--upstream for every manifest, --input for every file a stage made, and the stage's pins."""
-    args = []
-    for name, value in input.items():
-        if name in PINNED_INPUTS:
-            continue
-        path = shlex.quote(str(value))
-        args.append(f"--upstream {path}" if str(value).endswith(".manifest.json") else f"--input {name}={path}")
-    if wildcards.stage in EVALKIT_READERS:
-        args.append(f"--evalkit {shlex.quote(CFG.evalkit.path)}={CFG.evalkit.digest}")
-    if wildcards.stage == "eval_set" and CFG.matrix.eval_set:
-        args.append(f"--tree {shlex.quote(EVAL_TREE)}={CFG.matrix.eval_set_digest}")
-    return " ".join(args)
-
-
-def remove_leftover_stamps():
-    """Stamps of checks whose stage never started (another job failed first, Ctrl-C): removed, so that a stage
-    that runs is always checked just before."""
-    cells = [{"model": CELL_MODELS[name], "sampler": sampler} for name, sampler, _ in matrix_cells()]
-    for pattern in CHECK_STAMPS.values():
-        for fields in cells if "{model}" in pattern else [{}]:
-            Path(pattern.format(**fields)).unlink(missing_ok=True)
-
-
-def check_inputs_command(wildcards, input, output, log):
-    """The command of a check_inputs job (its run block): the stage, its inputs and pins, the digest cache."""
-    return (
-        f"videogrpo check-inputs --stage {wildcards.stage} {check_inputs_args(wildcards, input)}"
-        f" --digest-cache {shlex.quote(DIGEST_CACHE)} --out {shlex.quote(output.stamp)} > {shlex.quote(log[0])} 2>&1"
-    )
+# What a stage reads from the dataset's directory beyond dataset.json, declared as inputs in object storage only
+# (dataset_inputs): on a shared file system the check still covers it.
+UNDECLARED_READS = {
+    stage: {**{name: DATASET_PARTS[name] for name in names}, **upstream("materialize_dataset")}
+    for stage, names in {
+        "validate_dataset": ("splits", "materialization", "raw"),
+        "preflight": ("splits",),
+        "train": ("splits", "raw"),
+        "evaluate": ("splits", "raw"),
+    }.items()
+}

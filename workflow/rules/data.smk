@@ -10,9 +10,9 @@ rule fetch_dataset:
     params:
         **stage_params("fetch_dataset"),
         config=stage_config("fetch_dataset"),
-        code=download_code("fetch_dataset"),
+        code=code("fetch_dataset"),
     shell:
-        "videogrpo fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
+        "videogrpo stage fetch-dataset --config-json {params.config:q} --out {output.archives:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -21,7 +21,8 @@ rule fetch_dataset:
 # (Snakemake uploads only declared outputs), and an interrupted unpack starts over.
 rule materialize_dataset:
     input:
-        **checked("materialize_dataset", DATA, **upstream("fetch_dataset"), archives=ARCHIVES),
+        **upstream("fetch_dataset"),
+        archives=ARCHIVES,
     output:
         **object_storage_only(raw=directory(f"{DATASET}/raw")),
         index=f"{DATASET}/dataset.json",
@@ -39,20 +40,16 @@ rule materialize_dataset:
         out=directory_of_output("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
+        "videogrpo stage materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
         " --out {params.out:q} --workers {resources.cpus_per_task} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"
 
 
 rule validate_dataset:
     input:
-        **checked(
-            "validate_dataset",
-            DATA,
-            **upstream("materialize_dataset"),
-            **dataset_inputs("splits", "materialization", "raw"),
-            index=f"{DATASET}/dataset.json",
-        ),
+        **upstream("materialize_dataset"),
+        **dataset_inputs("splits", "materialization", "raw"),
+        index=f"{DATASET}/dataset.json",
     output:
         validation=f"{DATA}/validation.json",
         manifest=f"{DATA}/validate_dataset.manifest.json",
@@ -67,6 +64,6 @@ rule validate_dataset:
         dataset=directory_of_input("index"),
         upstream=upstream_args,
     shell:
-        "videogrpo validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
+        "videogrpo stage validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
         " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

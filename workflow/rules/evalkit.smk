@@ -1,6 +1,6 @@
 rule fingerprint_evalkit:
     input:
-        **checked("fingerprint_evalkit", EVALKIT, sources=evalkit_sources()),
+        sources=evalkit_sources(),
     output:
         fingerprint=f"{EVALKIT}/fingerprint.json",
         manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",
@@ -12,18 +12,14 @@ rule fingerprint_evalkit:
         config=stage_config("fingerprint_evalkit"),
         code=code("fingerprint_evalkit"),
     shell:
-        "videogrpo fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
+        "videogrpo stage fingerprint-evalkit --config-json {params.config:q} --out {output.fingerprint:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
 rule check_scorer_runtime:
     input:
-        **checked(
-            "check_scorer_runtime",
-            EVALKIT,
-            **upstream("fingerprint_evalkit"),
-            fingerprint=f"{EVALKIT}/fingerprint.json",
-        ),
+        **upstream("fingerprint_evalkit"),
+        fingerprint=f"{EVALKIT}/fingerprint.json",
     output:
         runtime=f"{EVALKIT}/scorer_runtime.json",
         manifest=f"{EVALKIT}/check_scorer_runtime.manifest.json",
@@ -37,5 +33,5 @@ rule check_scorer_runtime:
         code=code("check_scorer_runtime"),
         upstream=upstream_args,
     shell:
-        "videogrpo check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
+        "videogrpo stage check-scorer-runtime --config-json {params.config:q} --fingerprint {input.fingerprint:q}"
         " --out {output.runtime:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -34,7 +34,7 @@ rule evaluate:
         run_id=RUN_ID,
         kernel_env=kernel_env,
     shell:
-        "{params.kernel_env} videogrpo evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
+        "{params.kernel_env} videogrpo stage evaluate --config-json {params.config:q} --model {input.model:q} --final {input.final:q}"
         " --dataset {params.dataset:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
         " --table {output.table:q} --videos {output.videos:q} --records {params.records:q} --run-id {params.run_id} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"

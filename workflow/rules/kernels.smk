@@ -11,7 +11,7 @@ rule fetch_kernel:
     params:
         **stage_params("fetch_kernel"),
         config=stage_config("fetch_kernel"),
-        code=download_code("fetch_kernel"),
+        code=code("fetch_kernel"),
     shell:
-        "videogrpo fetch-kernel --config-json {params.config:q} --out {output.kernel:q}"
+        "videogrpo stage fetch-kernel --config-json {params.config:q} --out {output.kernel:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

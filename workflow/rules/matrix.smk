@@ -20,7 +20,7 @@ rule synthesize_eval_set:
         config=stage_config("synthesize_eval_set"),
         code=code("synthesize_eval_set"),
     shell:
-        "videogrpo synthesize-eval-set --config-json {params.config:q} --out {output.tree:q}"
+        "videogrpo stage synthesize-eval-set --config-json {params.config:q} --out {output.tree:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -43,7 +43,7 @@ rule eval_set:
         tree=lambda wildcards, input: EVAL_TREE if CFG.matrix.eval_set else input.tree,
         upstream=upstream_args,
     shell:
-        "videogrpo eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"
+        "videogrpo stage eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"
         " --final-frames {output.final_frames:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -61,7 +61,7 @@ rule fetch_eval_model:
         spec=lambda wildcards: HUB_SPECS[wildcards.hub],
         name=lambda wildcards: wildcards.hub.split("@")[0],
     shell:
-        "videogrpo fetch-eval-model --config-json {params.config:q} --name {params.name:q} --spec {params.spec:q}"
+        "videogrpo stage fetch-eval-model --config-json {params.config:q} --name {params.name:q} --spec {params.spec:q}"
         " --out {output.model:q} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -93,7 +93,7 @@ rule generate_cell:
         upstream=upstream_args,
         kernel_env=kernel_env,
     shell:
-        "{params.kernel_env} videogrpo generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
+        "{params.kernel_env} videogrpo stage generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
         " --samples {input.samples:q} --sampler {wildcards.sampler:q} --videos {output.videos:q}"
         " --work {params.work:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
@@ -127,7 +127,7 @@ rule score_cell:
         work=f"{CELL}/.score-work",
         upstream=upstream_args,
     shell:
-        "videogrpo score-cell --config-json {params.config:q} --videos {input.videos:q} --samples {input.samples:q}"
+        "videogrpo stage score-cell --config-json {params.config:q} --videos {input.videos:q} --samples {input.samples:q}"
         " --final-frames {input.final_frames:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
         " --aggregate {output.aggregate:q} --prepared {output.prepared:q} --work {params.work:q}"
         " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
@@ -151,7 +151,7 @@ rule matrix:
         run_id=RUN_ID,
         upstream=upstream_args,
     shell:
-        "videogrpo matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
+        "videogrpo stage matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
         " --per-task {output.per_task:q} --run-id {params.run_id} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 

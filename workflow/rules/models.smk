@@ -8,9 +8,9 @@ rule fetch_model:
     params:
         **stage_params("fetch_model"),
         config=stage_config("fetch_model"),
-        code=download_code("fetch_model"),
+        code=code("fetch_model"),
     shell:
-        "videogrpo fetch-model --config-json {params.config:q} --out {output.model:q}"
+        "videogrpo stage fetch-model --config-json {params.config:q} --out {output.model:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -24,7 +24,7 @@ rule fetch_judge:
     params:
         **stage_params("fetch_judge"),
         config=stage_config("fetch_judge"),
-        code=download_code("fetch_judge"),
+        code=code("fetch_judge"),
     shell:
-        "videogrpo fetch-judge --config-json {params.config:q} --out {output.judge:q}"
+        "videogrpo stage fetch-judge --config-json {params.config:q} --out {output.judge:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -27,7 +27,7 @@ rule report:
     params:
         **stage_params("report"),
         config=stage_config("report"),
-        invocation=str(INVOCATION_FILE),
+        invocation=str(start.invocation_path(RESULTS)),
         code=code("report"),
         run_id=RUN_ID,
         # From the inputs, not the paths: in object storage a job reads local copies.
@@ -36,7 +36,7 @@ rule report:
         ),
         matrix=lambda wildcards, input: f"--matrix {input.matrix_table}" if MATRIX_ON else "",
     shell:
-        "videogrpo report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
+        "videogrpo stage report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
         " --metrics {input.metrics:q} --table {input.table:q} {params.matrix} --provenance {output.provenance:q}"
         " --html {output.html:q} --crate {output.crate:q} --invocation {params.invocation:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -2,20 +2,16 @@
 # rerun), so a retried or resubmitted job resumes from the last complete checkpoint. In object storage the
 # stage mirrors them to the bucket while it trains (--checkpoint-store, object_store.py).
 # Under profiles/kubernetes with several nodes the rule runs on the driver, which writes the run's indexed
-# Job beside it and waits for it (`videogrpo k8s-job`, k8s_job.py): every pod runs the same training command.
+# Job beside it and waits for it (`videogrpo stage k8s-job`, k8s_job.py): every pod runs the same training command.
 rule train:
     input:
-        **checked(
-            "train",
-            RUN,
-            **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
-            **judge_service_inputs(judge=f"{JUDGE}/model"),
-            **hub_kernel_inputs(kernel=KERNEL_CACHE),
-            preflight=f"{RUN}/preflight.json",
-            model=MODEL_DIR,
-            index=f"{DATASET}/dataset.json",
-            **dataset_inputs("splits", "raw"),
-        ),
+        **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
+        **judge_service_inputs(judge=f"{JUDGE}/model"),
+        **hub_kernel_inputs(kernel=KERNEL_CACHE),
+        **dataset_inputs("splits", "raw"),
+        preflight=f"{RUN}/preflight.json",
+        model=MODEL_DIR,
+        index=f"{DATASET}/dataset.json",
     output:
         final=directory(f"{RUN}/train/final"),
         metrics=f"{RUN}/train/metrics.jsonl",
@@ -41,7 +37,7 @@ rule train:
         submit=train_job_submit(),
         checkpoint_store=checkpoint_store_args,
     shell:
-        "{params.submit}videogrpo train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
+        "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.checkpoint_store} {params.upstream} --manifest {output.manifest:q} 2>&1 | tee {log:q}"

@@ -1,10 +1,10 @@
 """Multi-node training on Kubernetes: one indexed Job and its headless Service per run, by the manual contract.
 
 snakemake-executor-plugin-kubernetes runs every job as one pod, so a training run of several nodes cannot go
-through it. Instead the train rule (a local rule under profiles/kubernetes) runs `videogrpo k8s-job`, which
+through it. Instead the train rule (a local rule under profiles/kubernetes) runs `videogrpo stage k8s-job`, which
 writes a Job of `parallel.nodes` pods (completionMode Indexed, parallelism = completions = nodes) and a
 headless Service beside the run, checks both against the Kubernetes API schemas, applies them with kubectl and
-waits for the Job to end. Every pod runs the same `videogrpo train` command as the rule would on one machine,
+waits for the Job to end. Every pod runs the same `videogrpo stage train` command as the rule would on one machine,
 with the launch contract of launch.py set from its place in the Job: MASTER_ADDR the first pod's stable DNS name
 `<job>-0.<service>` (the Service is the pods' subdomain), WORLD_SIZE the number of pods, RANK the pod's
 completion index; processes per pod = parallel.procs_per_node = GPUs per pod.
@@ -270,7 +270,7 @@ def _kubectl(*args: str) -> subprocess.CompletedProcess:
     except FileNotFoundError:
         raise VideoGRPOError(
             "kubectl not found: the train rule applies the training Job with kubectl on the driver; install it, "
-            "or run `videogrpo k8s-job` without --apply and apply the written spec yourself"
+            "or run `videogrpo stage k8s-job` without --apply and apply the written spec yourself"
         ) from None
 
 
@@ -318,7 +318,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_mod.from_dict(config_mod.sections_from_argument(args.config_json), partial=True)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise VideoGRPOError("k8s-job: no training command after `--` (e.g. `-- videogrpo train --config-json ...`)")
+        raise VideoGRPOError(
+            "k8s-job: no training command after `--` (e.g. `-- videogrpo stage train --config-json ...`)"
+        )
     specs = train_specs(cfg, args.run_id, command, args.workdir)
     validate(specs)
     atomic.write_text(args.spec, to_yaml(specs))

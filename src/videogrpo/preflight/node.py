@@ -2,7 +2,7 @@
 
 REFERENCE section 12: the runtime check and a Triton compiler check on each node, `TRITON_CACHE_DIR` on
 node-local disk, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, and a switch that runs only these
-checks and exits (`WAN_TRAINER_TRITON_PREFLIGHT_ONLY`, or `videogrpo train --preflight-only`).
+checks and exits (`WAN_TRAINER_TRITON_PREFLIGHT_ONLY`, or `videogrpo stage train --preflight-only`).
 
 The node's facts are gathered once, by `probe`, into a `NodeFacts`; every decision is a pure function of
 those facts (`decide`), so that tests cover each passing and failing case with constructed facts on a

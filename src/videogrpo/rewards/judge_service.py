@@ -8,7 +8,7 @@ lines if it exits or never answers. With reward.judge_endpoint set, an existing 
 only probed.
 
 Sharing the GPUs (reward.judge_gpu_memory of each GPU is the judge's, the rest training's) is made
-safe by the order of start-up, which `train_this_node` (stages/train.py) follows on every node:
+safe by the order of start-up, which `train_this_node` (launch/node.py) follows on every node:
 1. the per-node checks, which must allocate no device memory in the launcher process (it lives as long
    as the job: a check that needs a CUDA context runs it in a child process);
 2. the judge service, waited for until it lists the model: vLLM answers only once its weights are

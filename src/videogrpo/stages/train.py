@@ -1,21 +1,20 @@
 """train: launch GRPO training on every machine of the job with torchrun, and record what it made.
 
-Run by the rule once, on the first (or only) machine. Every machine runs the per-node preflight
-(node_preflight.py) before its torchrun; `--preflight-only` (or WAN_TRAINER_TRITON_PREFLIGHT_ONLY=1) runs just
-that, on every node of the SLURM allocation (srun) or on this machine, prints one report line per node and
-exits 0 or 1, training nothing and writing no output. Inside a multi-node SLURM allocation it starts
-itself once per node with srun (`--node-only`); by hand on a cluster without SLURM, run the same
-command on every machine with the launch contract set (see launch.py): machine 0 writes the outputs
-and the manifest, the others only train.
+Run by the rule once, on the first (or only) machine. What every machine does before and while its torchrun
+runs (the per-node preflight, the ranks' environment, a co-hosted judge) is launch/node.py's. `--preflight-only`
+(or WAN_TRAINER_TRITON_PREFLIGHT_ONLY=1) runs just the per-node preflight, on every node of the SLURM allocation
+(srun) or on this machine, prints one report line per node and exits 0 or 1, training nothing and writing no
+output. Inside a multi-node SLURM allocation it starts itself once per node with srun (`--node-only`); by hand on
+a cluster without SLURM, run the same command on every machine with the launch contract set (see
+launch/torchrun.py): machine 0 writes the outputs and the manifest, the others only train.
 
 Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or resubmitted job
-resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the bucket while
-training runs (object_store.py), since a killed job uploads nothing. The run directory is named by the
-training contract; execution settings (ports, workers, logging, retention, resources) can change between
-attempts and the run still resumes. Each checkpoint records the digests of the training inputs and of the
-trainer's math code, and a resume under other inputs or changed math is refused with the reason
-(checkpoint.py); a full-state `resume_from` also needs the topology its checkpoint records
-(grpo/trainer.py).
+resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the bucket while training
+runs (grpo/checkpoint_mirror.py), since a killed job uploads nothing. The run directory is named by the training
+contract; execution settings (ports, workers, logging, retention, resources) can change between attempts and the
+run still resumes. Each checkpoint records the digests of the training inputs and of the trainer's math code, and
+a resume under other inputs or changed math is refused with the reason (grpo/checkpoint.py); a full-state
+`resume_from` also needs the topology its checkpoint records (grpo/trainer.py).
 """
 
 from __future__ import annotations
@@ -24,24 +23,19 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
-from videogrpo.artifacts import attention_kernel
 from videogrpo.config import Config, canonical_json
-from videogrpo.config.checks import uses_hub_kernel
 from videogrpo.errors import VideoGRPOError
 from videogrpo.grpo import checkpoint
 from videogrpo.launch import torchrun
-from videogrpo.preflight import checks as preflight
+from videogrpo.launch.node import NodeTraining, preflight_this_node, train_this_node
 from videogrpo.preflight import node as node_preflight
 from videogrpo.provenance import cost
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
-from videogrpo.rewards.judge_service import judge_service, rendezvous_join_timeout
 from videogrpo.stages.common import add_config_argument, load_config
 
 # Needed to train; a preflight-only run needs only --config-json (argparse cannot say "required unless").
@@ -75,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--checkpoint-store",
-        help="s3://bucket/prefix mirroring the checkpoint directory, for a run in object storage (object_store.py)",
+        help="s3://bucket/prefix mirroring the checkpoint directory, for a run in object storage",
     )
     parser.add_argument("--checkpoint-store-endpoint", help="the S3 endpoint URL of --checkpoint-store (not AWS)")
     parser.add_argument("--input-digests", help=argparse.SUPPRESS)  # the first node's, handed to the others
@@ -109,33 +103,27 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
     }
 
 
-def check_this_node(
-    cfg: Config, where: torchrun.Launch, kernel_cache: Path | None = None
-) -> tuple[list[preflight.Check], str]:
-    """The per-node preflight, each check on a log line, and the node's one-line report. On CUDA with a Hub
-    attention kernel, the kernel is loaded offline from fetch_kernel's cache as the ranks will load it."""
-    facts = node_preflight.probe(cfg.parallel.device, torchrun.worker_env(cfg))
-    port = where.master_port if where.node_rank == 0 and not where.is_local else None
-    checks = preflight.node_checks(cfg, port=port, facts=facts)
-    if uses_hub_kernel(cfg) and cfg.parallel.device == "cuda" and facts.device_count:
-        ok, detail = attention_kernel.load_check(cfg, kernel_cache, facts.hostname)
-        checks.append(preflight.Check("attention_kernel_load", ok, detail))
-    for check in checks:
-        print(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}", file=sys.stderr, flush=True)
-    failed = [c.name for c in checks if not c.ok]
-    verdict = f"FAIL ({', '.join(failed)})" if failed else "ok"
-    line = (
-        f"[preflight] node {where.node_rank}/{where.nnodes} {facts.hostname}: {verdict}: "
-        f"{node_preflight.summary(facts, cfg.parallel.device)}"
+def node_training(args: argparse.Namespace, digests: dict[str, str]) -> NodeTraining:
+    return NodeTraining(
+        args.config_json,
+        args.run_id,
+        args.run_dir,
+        args.model,
+        args.dataset,
+        args.final,
+        args.metrics,
+        digests,
+        args.evalkit,
+        args.judge_model,
+        args.kernel_cache,
     )
-    return checks, line
 
 
 def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
     """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
     nodes = torchrun.allocation_nodes(cfg) if not args.node_only else 0
     if nodes > 1:
-        command = [sys.executable, "-m", "videogrpo.cli", "train", "--node-only", "--preflight-only"]
+        command = [sys.executable, "-m", "videogrpo.cli", "stage", "train", "--node-only", "--preflight-only"]
         command += ["--config-json", args.config_json]
         if args.kernel_cache:
             command += ["--kernel-cache", str(args.kernel_cache)]
@@ -146,64 +134,11 @@ def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0 if code == 0 else 1
-    where = torchrun.from_environment(cfg, check_nodes=False)
-    print(f"[launch] {torchrun.describe(where)}", file=sys.stderr, flush=True)
-    checks, line = check_this_node(cfg, where, args.kernel_cache)
-    print(line, flush=True)
-    return 0 if all(c.ok for c in checks) else 1
-
-
-def train_this_node(cfg: Config, args: argparse.Namespace, digests: dict[str, str]) -> None:
-    """Per-node preflight, then torchrun for this machine's processes."""
-    where = torchrun.from_environment(cfg)
-    print(f"[launch] {torchrun.describe(where)}", file=sys.stderr, flush=True)
-    checks, line = check_this_node(cfg, where, args.kernel_cache)
-    print(line, file=sys.stderr, flush=True)
-    failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
-    if failed:
-        raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
-    checkpoints = args.run_dir / "checkpoints"
-    worker_args = [
-        "--config-json",
-        args.config_json,
-        "--run-id",
-        args.run_id,
-        "--model",
-        str(args.model),
-        "--dataset",
-        str(args.dataset),
-        "--checkpoints",
-        str(checkpoints),
-        "--final",
-        str(args.final),
-        "--metrics",
-        str(args.metrics),
-        "--run-dir",
-        str(args.run_dir),
-        "--input-digests",
-        json.dumps(digests),
-    ]
-    if args.evalkit:
-        worker_args += ["--evalkit", str(args.evalkit)]
-    env = torchrun.worker_env(cfg)
-    if args.kernel_cache:  # diffusers loads the Hub kernel when the backend is set: from this cache only
-        env.update(attention_kernel.loader_env(args.kernel_cache))
-    judge_log = args.run_dir / "logs" / f"judge-node{where.node_rank}.log"
-    # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
-    with judge_service(cfg, args.judge_model, judge_log):
-        argv = torchrun.torchrun_argv(where, "videogrpo.grpo.worker", worker_args, rendezvous_join_timeout(cfg))
-        code = subprocess.run(argv, env=env, check=False).returncode
-    if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
-        raise KeyboardInterrupt
-    if code != 0:
-        raise VideoGRPOError(
-            f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
-            f"failing rank's error. Complete checkpoints in {checkpoints} are kept: rerun to resume."
-        )
+    return 0 if preflight_this_node(cfg, args.kernel_cache) else 1
 
 
 def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path):
-    """The bucket's copy of the checkpoints for a run in object storage (object_store.py), or nothing."""
+    """The bucket's copy of the checkpoints for a run in object storage (grpo/checkpoint_mirror.py), or nothing."""
     if not store:
         return contextlib.nullcontext()
     from videogrpo.grpo.checkpoint_mirror import CheckpointMirror
@@ -217,12 +152,15 @@ def run(args: argparse.Namespace) -> int:
         return preflight_only_run(cfg, args)
     missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
     if missing:
-        raise VideoGRPOError(f"videogrpo train: {', '.join(missing)} required (only --preflight-only runs without)")
+        raise VideoGRPOError(
+            f"videogrpo stage train: {', '.join(missing)} required (only --preflight-only runs without)"
+        )
     if args.node_only:
-        train_this_node(cfg, args, json.loads(args.input_digests) if args.input_digests else input_digests(args))
+        digests = json.loads(args.input_digests) if args.input_digests else input_digests(args)
+        train_this_node(cfg, node_training(args, digests))
         return 0
     if not torchrun.needs_srun(cfg) and torchrun.from_environment(cfg).node_rank != 0:
-        train_this_node(cfg, args, input_digests(args))  # a manual launch, machine 1 and up
+        train_this_node(cfg, node_training(args, input_digests(args)))  # a manual launch, machine 1 and up
         return 0
     # resume_from (a checkpoint to start from) is recorded with its digest, like every input.
     inputs = dict(inputs_of(args), preflight=args.preflight, resume_from=cfg.train.resume_from)
@@ -244,9 +182,10 @@ def run(args: argparse.Namespace) -> int:
                         sys.executable,
                         "-m",
                         "videogrpo.cli",
+                        "stage",
                         "train",
                         "--node-only",
-                        *sys.argv[2:],
+                        *sys.argv[sys.argv.index("train") + 1 :],  # this command's own arguments
                         "--input-digests",
                         json.dumps(digests),
                     ],
@@ -257,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                         f"Complete checkpoints in {checkpoints} are kept: rerun to resume."
                     )
             else:
-                train_this_node(cfg, args, digests)
+                train_this_node(cfg, node_training(args, digests))
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]

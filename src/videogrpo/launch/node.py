@@ -1,0 +1,119 @@
+"""What one machine of a training job does before, and while, its torchrun runs: the one owner of that.
+
+In order, on every machine (the first one included): find its place in the job (`torchrun.from_environment`);
+probe the node once and decide the per-node checks (preflight/node.py: devices, driver, NCCL, Triton and its cache
+on node-local disk, the allocator setting); on CUDA with a Hub attention kernel, load that kernel offline from
+fetch_kernel's cache as the ranks will; refuse the node, naming every failed check and its fix, before a rank
+starts; set the ranks' environment (torchrun.worker_env, the kernel's offline loader); start this node's judge
+service where the recipe co-hosts one (rewards/judge_service.py: the ranks start only once it holds its share of
+the GPUs); and then run torchrun for this machine's processes, turning its exit into what the stage reports.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from videogrpo.artifacts import attention_kernel
+from videogrpo.config import Config
+from videogrpo.config.checks import uses_hub_kernel
+from videogrpo.errors import VideoGRPOError
+from videogrpo.launch import torchrun
+from videogrpo.preflight import checks as preflight
+from videogrpo.preflight import node as node_preflight
+from videogrpo.rewards.judge_service import judge_service, rendezvous_join_timeout
+
+WORKER = "videogrpo.grpo.worker"
+
+
+@dataclass
+class NodeTraining:
+    """What every machine's torchrun workers are handed: the same on every machine of a job."""
+
+    config_json: str
+    run_id: str
+    run_dir: Path
+    model: Path
+    dataset: Path
+    final: Path
+    metrics: Path
+    input_digests: dict[str, str]
+    evalkit: Path | None = None
+    judge_model: Path | None = None
+    kernel_cache: Path | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def worker_args(self) -> list[str]:
+        args = ["--config-json", self.config_json, "--run-id", self.run_id, "--model", str(self.model)]
+        args += ["--dataset", str(self.dataset), "--checkpoints", str(self.checkpoints), "--final", str(self.final)]
+        args += ["--metrics", str(self.metrics), "--run-dir", str(self.run_dir)]
+        args += ["--input-digests", json.dumps(self.input_digests)]
+        return args + (["--evalkit", str(self.evalkit)] if self.evalkit else [])
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def check_this_node(
+    cfg: Config, where: torchrun.Launch, kernel_cache: Path | None = None
+) -> tuple[list[preflight.Check], str]:
+    """The per-node preflight, each check on a log line, and the node's one-line report."""
+    facts = node_preflight.probe(cfg.parallel.device, torchrun.worker_env(cfg))
+    port = where.master_port if where.node_rank == 0 and not where.is_local else None
+    checks = preflight.node_checks(cfg, port=port, facts=facts)
+    if uses_hub_kernel(cfg) and cfg.parallel.device == "cuda" and facts.device_count:
+        ok, detail = attention_kernel.load_check(cfg, kernel_cache, facts.hostname)
+        checks.append(preflight.Check("attention_kernel_load", ok, detail))
+    for check in checks:
+        log(f"[launch] [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    verdict = f"FAIL ({', '.join(failed)})" if failed else "ok"
+    line = (
+        f"[preflight] node {where.node_rank}/{where.nnodes} {facts.hostname}: {verdict}: "
+        f"{node_preflight.summary(facts, cfg.parallel.device)}"
+    )
+    return checks, line
+
+
+def preflight_this_node(cfg: Config, kernel_cache: Path | None) -> bool:
+    """Only the per-node checks, on this machine: its report line on stdout; True when all pass."""
+    where = torchrun.from_environment(cfg, check_nodes=False)
+    log(f"[launch] {torchrun.describe(where)}")
+    checks, line = check_this_node(cfg, where, kernel_cache)
+    print(line, flush=True)
+    return all(c.ok for c in checks)
+
+
+def train_this_node(cfg: Config, job: NodeTraining) -> None:
+    """The per-node preflight, the ranks' environment, the co-hosted judge, then torchrun for this machine's
+    processes; raises VideoGRPOError naming the node when a check or a rank failed, KeyboardInterrupt on Ctrl-C."""
+    where = torchrun.from_environment(cfg)
+    log(f"[launch] {torchrun.describe(where)}")
+    checks, line = check_this_node(cfg, where, job.kernel_cache)
+    log(line)
+    failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    if failed:
+        raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
+    env = torchrun.worker_env(cfg)
+    if job.kernel_cache:  # diffusers loads the Hub kernel when the backend is set: from this cache only
+        env.update(attention_kernel.loader_env(job.kernel_cache))
+    judge_log = job.run_dir / "logs" / f"judge-node{where.node_rank}.log"
+    # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
+    with judge_service(cfg, job.judge_model, judge_log):
+        argv = torchrun.torchrun_argv(where, WORKER, job.worker_args(), rendezvous_join_timeout(cfg))
+        code = subprocess.run(argv, env=env, check=False).returncode
+    if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
+        raise KeyboardInterrupt
+    if code != 0:
+        raise VideoGRPOError(
+            f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
+            f"failing rank's error. Complete checkpoints in {job.checkpoints} are kept: rerun to resume."
+        )

@@ -1,0 +1,162 @@
+"""One check of the stages' inputs when a run starts, before Snakemake removes any output.
+
+Snakemake deletes a job's outputs before it runs the job, so a stage that refused its inputs itself would already
+have cost its earlier, good outputs (a hand-edited table the whole report, a corrupted weight file the evaluation).
+So when a run starts (the workflow's `onstart`: after the DAG is built, before any output is removed, never on a
+dry run), every stage job that is about to run and still has outputs from before is checked: each of its inputs
+that no job of this run remakes must be byte for byte what its upstream manifest recorded (a manifest cut short
+is refused too), and an EvalKit checkout or an external evaluation tree must be at its pinned digest. Anything
+wrong stops the run there, naming the file, both digests and the fix, and every output stays as it was. A job
+with no outputs yet has nothing to lose: it checks its inputs itself when it reads them (provenance/manifest.py's
+StageRun), as every stage does.
+
+"Everything the stage reads" includes what it reads beyond its declared inputs (the dataset's raw/ and
+splits.json on a shared file system): the workflow names those per stage.
+
+A file of a directory input whose device, inode, size, modification and change times are those of a digest this
+check recorded earlier (`results/.checked-digests.json`) is trusted: a model pipeline of tens of GB is hashed once
+for all the runs and cells that read it. The change time is set by the kernel on every write and every `utime`,
+so a restore that keeps the size and the modification time (`cp -p`, `rsync -a`, `tar x`) is hashed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from videogrpo import atomic
+from videogrpo.errors import DigestMismatch, VideoGRPOError
+from videogrpo.provenance import digest
+from videogrpo.provenance.manifest import describe, verify_inputs
+
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+@dataclass
+class StageJob:
+    """What one stage job reads: inputs by name, the manifests of the stages that made them, and its pins."""
+
+    stage: str
+    inputs: dict[str, str] = field(default_factory=dict)
+    upstream: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    evalkit: tuple[str, str] | None = None  # (checkout, pinned digest)
+    tree: tuple[str, str] | None = None  # (external evaluation tree, pinned digest)
+
+
+def _abs(path: str) -> str:
+    return os.path.abspath(path)
+
+
+def _inside(path: str, roots: set[str]) -> bool:
+    return path in roots or any(parent in roots for parent in map(str, Path(path).parents))
+
+
+def load_cache(path: Path | None) -> dict[str, list]:
+    try:
+        cache = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):  # absent, or cut short by a crash: only a speed-up is lost
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def describe_cached(path: str, cache: dict[str, list], seen: dict[str, list]) -> dict[str, Any]:
+    """describe(path), reusing the cached digest of each file of a directory whose stat matches; what was hashed or
+    reused is added to `seen`."""
+    root = Path(path)
+    if not root.is_dir():
+        return describe(root, list_files=False)
+    known, stats = {}, {}
+    for rel in digest.list_files(root):
+        full = os.path.abspath(root / rel)
+        st = os.stat(full)
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        stats[rel] = (full, st.st_size, stamp)
+        hit = cache.get(full)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp:
+            known[rel] = (hit[1], st.st_size)
+    entries = digest.tree_entries(root, known=known)
+    for rel, (sha, size) in entries.items():
+        full, st_size, stamp = stats.get(rel, (None, None, None))
+        if full and st_size == size:
+            seen[full] = [stamp, sha]
+    return describe(root, list_files=False, known=entries, complete=True)
+
+
+def jobs_at_risk(jobs: Iterable[StageJob]) -> list[StageJob]:
+    """The jobs that hold outputs from before (Snakemake removes them when the job starts), each reduced to the
+    inputs and upstream manifests that no job of this run remakes."""
+    jobs = list(jobs)
+    remade = {_abs(out) for job in jobs for out in job.outputs}
+    found = []
+    for job in jobs:
+        if not any(os.path.exists(out) for out in job.outputs):
+            continue
+        inputs = {name: path for name, path in job.inputs.items() if not _inside(_abs(path), remade)}
+        upstream = [path for path in job.upstream if _abs(path) not in remade]
+        found.append(StageJob(job.stage, inputs, upstream, job.outputs, job.evalkit, job.tree))
+    return found
+
+
+def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> list[str]:
+    """What is wrong with one job's inputs (empty: nothing)."""
+    from videogrpo.rewards.evalkit import check_checkout, check_digest
+
+    problems = []
+    try:
+        records = {
+            name: describe_cached(path, cache, seen) for name, path in job.inputs.items() if os.path.exists(path)
+        }
+        missing = sorted(name for name, path in job.inputs.items() if not os.path.exists(path))
+        if missing and job.upstream:
+            problems += [f"{job.inputs[name]}: input {name} of {job.stage} is missing" for name in missing]
+        verify_inputs(records, [Path(p) for p in job.upstream])
+    except VideoGRPOError as err:
+        problems.append(str(err))
+    if job.evalkit:
+        path, pinned = job.evalkit
+        try:
+            check_digest(check_checkout(path), pinned)
+        except VideoGRPOError as err:
+            problems.append(str(err))
+    if job.tree:
+        path, pinned = job.tree
+        found = digest.tree_digest(Path(path)) if Path(path).is_dir() else "no such directory"
+        if found != pinned:
+            problems.append(
+                f"{path}: tree SHA-256 {found}, but matrix.eval_set_digest pins {pinned}: the evaluation set "
+                f"changed; restore it, or pin the new digest knowingly"
+            )
+    return problems
+
+
+def check_jobs(jobs: Iterable[StageJob], cache_path: Path | None) -> tuple[int, list[str]]:
+    """Check every job at risk (see the module docstring); returns (jobs checked, problems by job). The digests that
+    passed go into the cache."""
+    cache, seen = load_cache(cache_path), {}
+    at_risk = jobs_at_risk(jobs)
+    problems = []
+    for job in at_risk:
+        problems += [f"{job.stage}: {problem}" for problem in check_job(job, cache, seen)]
+    if cache_path and seen and not problems:  # only digests that passed; never a wrong one
+        atomic.write_json(cache_path, {**load_cache(cache_path), **seen})
+    return len(at_risk), problems
+
+
+def refusal(problems: list[str]) -> str:
+    listed = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in problems)
+    what = (
+        "an input is not what its stage made or its pin says"
+        if len(problems) == 1
+        else (f"{len(problems)} inputs are not what their stages made or their pins say")
+    )
+    return f"the run stopped before it started, and every output is as it was: {what}:\n{listed}"
+
+
+def raise_on(problems: list[str]) -> None:
+    if problems:
+        raise DigestMismatch(refusal(problems))
