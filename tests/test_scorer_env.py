@@ -18,7 +18,7 @@ import pytest
 from videogrpo.data.dataset import load_split
 from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import evalkit_source_digest
-from videogrpo.rewards.evalkit import EVALKIT_MODULE_IMPORTS, SCORER_MODULES
+from videogrpo.rewards.evalkit import EVALKIT_MODULE_IMPORTS, EVALKIT_MODULES
 from videogrpo.rewards.rule import RuleScorer, ScoreRequest
 from videogrpo.rewards.scorer_process import check_runtime
 
@@ -169,13 +169,14 @@ def pinned_distributions(requirements: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("requirements", ["envs/scorer.txt", "envs/cpu.txt"])
+@pytest.mark.parametrize("requirements", ["envs/scorer.txt", "envs/cpu.txt", "envs/gpu.lock.txt"])
 def test_the_scorer_environments_provide_every_module_the_evalkit_imports_at_module_level(requirements):
-    """envs/scorer.txt (evalkit.python of the recipes) and envs/cpu.txt (whose interpreter scores the tiny default)
-    pin a distribution of each module, found where this interpreter imports it from."""
+    """envs/scorer.txt (evalkit.python of the recipes), envs/cpu.txt (whose interpreter scores the tiny default) and
+    the GPU environment's lock (bench/gpu_smoke.py scores with the stand-in there) pin a distribution of each module,
+    found where this interpreter imports it from."""
     pinned = pinned_distributions(REPO / requirements)
     providers = metadata.packages_distributions()
-    for module in SCORER_MODULES:
+    for module in EVALKIT_MODULES:
         assert module in providers, f"this environment cannot import {module}: envs/cpu.txt must provide it"
         names = {re.sub(r"[-_.]+", "-", name).lower() for name in providers[module]}
         assert names & pinned, f"{requirements} pins no distribution of {module} (one of {sorted(names)})"
@@ -195,7 +196,6 @@ def module_level_imports(path: Path) -> set[str]:
 def test_the_stand_in_evalkit_imports_at_module_level_what_the_public_one_imports(evalkit):
     """Where the public EvalKit imports a module at module level, the stand-in does too (every evaluator module for
     the evaluators' folder), so the tiny default meets an environment as the real EvalKit does."""
-    assert set(SCORER_MODULES) == {"numpy", "tqdm", "cv2", "PIL"}
     for where, modules in EVALKIT_MODULE_IMPORTS.items():
         files = (
             [p for p in sorted((evalkit / where).glob("*.py")) if p.name != "__init__.py"]
@@ -225,7 +225,7 @@ sys.meta_path.insert(0, HideModule)
 """
 
 
-@pytest.mark.parametrize("module", SCORER_MODULES)
+@pytest.mark.parametrize("module", EVALKIT_MODULES)
 def test_a_scorer_environment_without_a_module_the_evalkit_imports_is_refused_naming_it_and_the_fix(
     evalkit, tmp_path, module
 ):
@@ -249,4 +249,4 @@ def test_a_scorer_environment_without_a_module_the_evalkit_imports_is_refused_na
         assert fix in message and "`make scorer-env` (envs/scorer.txt lists it)" in message, message
     assert "could not start" in str(start.value)
     record = check_runtime({}, python=sys.executable, checkout=evalkit)  # this environment has every one
-    assert record["evalkit_imports"] == {m: "ok" for m in SCORER_MODULES}
+    assert record["evalkit_imports"] == {m: "ok" for m in EVALKIT_MODULES}

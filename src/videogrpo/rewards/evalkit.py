@@ -79,7 +79,7 @@ EVALKIT_MODULE_IMPORTS = {
     "vbvr_bench/evaluators/": ("cv2", "numpy"),
     "vbvr_bench/utils.py": ("PIL",),
 }
-SCORER_MODULES = tuple(sorted({module for modules in EVALKIT_MODULE_IMPORTS.values() for module in modules}))
+EVALKIT_MODULES = tuple(sorted({module for modules in EVALKIT_MODULE_IMPORTS.values() for module in modules}))
 """Every module the public EvalKit imports at module level, once each."""
 
 # Distribution name -> the module a scorer imports from it (the contract's packages that have one).
@@ -100,12 +100,12 @@ PROBE_MODULES = {
 
 def run_probe(contract: dict[str, str]) -> dict:
     """What this interpreter has of the contract (versions, imports, cv2's behaviour, easyocr's assets) and of the
-    EvalKit's module-level imports (SCORER_MODULES). Run in a scorer process (`check_runtime` asks one; every
+    EvalKit's module-level imports (EVALKIT_MODULES). Run in a scorer process (`check_runtime` asks one; every
     worker runs it again in itself)."""
     from importlib import metadata
 
     found, imports, checks = {}, {}, {}
-    evalkit_imports = {module: _import_finding(module) for module in SCORER_MODULES}
+    evalkit_imports = {module: _import_finding(module) for module in EVALKIT_MODULES}
     for name in contract:
         try:
             found[name] = metadata.version(name)

@@ -62,7 +62,8 @@ def missing_ground_truth(gt: dict) -> str | None:
         return None
     return (
         f"missing at scoring time: {'; '.join(missing)}. The EvalKit would score the sample without it and report "
-        f"no error; restore the file (rerun the stage that made it, or restore the evaluation tree)"
+        f"no error; restore it: rerun the stage that made it (materialize_dataset for a dataset sample, eval_set for "
+        f"a matrix sample's final frame) or restore the evaluation tree"
     )
 
 
