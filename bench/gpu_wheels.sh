@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-3.12}
-NAMES="diffusers importlib-metadata ftfy wcwidth av isal kernels transformers huggingface-hub"
+NAMES="diffusers importlib-metadata ftfy wcwidth av isal kernels transformers huggingface-hub opencv-python-headless tqdm"
 pins=()
 for name in $NAMES; do
   pins+=("$(grep -oiE "^${name}==[^ ]+" envs/gpu.lock.txt)")

@@ -139,6 +139,44 @@ def test_a_batch_whose_record_holds_an_error_is_scored_again(tiny_model, dataset
     assert again.equals(whole)
 
 
+@pytest.mark.parametrize("fail_on_error", [True, False])
+def test_an_evaluation_sample_missing_its_ground_truth_video_follows_fail_on_error(
+    tiny_model, dataset, tmp_path, fail_on_error
+):
+    """The stand-in EvalKit would score a sample without its ground_truth.mp4 and say nothing (as the public one
+    does for a task that does not read it): the evaluation stops naming the file, or records it as that sample's
+    error at evalkit.unsupported_score in both variants."""
+    import shutil
+    from pathlib import Path
+
+    from videogrpo.data.dataset import load_split
+    from videogrpo.evaluation import heldout as evaluation
+    from videogrpo.rewards.rule import EvaluatorError
+
+    copy = Path(shutil.copytree(dataset, tmp_path / "dataset"))
+    victim = load_split(copy, "rl")[0]
+    (victim.directory / "video/ground_truth.mp4").unlink()
+    gone = f"missing at scoring time: {victim.directory / 'video/ground_truth.mp4'} (ground-truth video, gt_video_path)"
+    sections = {"split": "rl", "max_samples_per_task": 1}
+    cfg = config.from_dict(
+        trainer_config(evaluate=sections, evalkit={"fail_on_error": fail_on_error, "unsupported_score": 0.25})
+    )
+    kit = cfg.evalkit.path
+
+    def run():
+        return evaluation.evaluate(cfg, tiny_model, tiny_model, copy, kit, tmp_path / "v", torch.device("cpu"))
+
+    if fail_on_error:
+        with pytest.raises(EvaluatorError, match=re.escape(gone)):
+            run()
+        return
+    scores, _ = run()
+    failed = scores[scores.error != ""]
+    assert sorted(failed.variant) == ["base", "trained"] and set(failed.sample_id) == {victim.sample_id}
+    assert (failed.score == 0.25).all() and all(gone in error for error in failed.error)
+    assert len(scores) == 6 and (scores[scores.error == ""].score > 0).all()
+
+
 def _provenance(**timings) -> dict:
     return {
         "run_id": "r",

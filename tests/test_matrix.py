@@ -399,7 +399,7 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     _, samples = load_samples(evalset / "samples.json")
     _videos(tmp_path / "videos", samples)
     final_frames = Path(shutil.copytree(evalset / "final_frames", tmp_path / "ff"))
-    (final_frames / f"{samples[2].name}.png").unlink()  # the EvalKit's evaluator fails on this sample
+    (final_frames / f"{samples[2].name}.png").unlink()  # checked before the EvalKit, which would score without it
     sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
     out = tmp_path / "cell"
     failed = stage(
@@ -413,7 +413,10 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     }
     assert len(records) == 6
     errors = [r for r in records.values() if r["error"]]
-    assert [r["name"] for r in errors] == [samples[2].name] and "FileNotFoundError" in errors[0]["error"]
+    gone = (
+        f"missing at scoring time: {(final_frames / f'{samples[2].name}.png').resolve()} (final frame, gt_final_frame)"
+    )
+    assert [r["name"] for r in errors] == [samples[2].name] and gone in errors[0]["error"]
     stage("score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit))
     scores = pd.read_csv(out / "scores.csv")
     assert sorted(scores["name"]) == sorted(s.name for s in samples) and scores.score.between(0, 1).all()

@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ from videogrpo.data.video import read_video
 from videogrpo.errors import DigestMismatch, VideoGRPOError
 from videogrpo.provenance.digest import evalkit_source_digest
 from videogrpo.rewards.evalkit import fingerprint
+from videogrpo.rewards.request import gt_info
 from videogrpo.rewards.rule import EvaluatorError, RuleScorer, ScoreRequest
 from videogrpo.rewards.scorer_process import check_runtime
 
@@ -125,7 +127,7 @@ def test_every_real_number_type_is_a_score_and_anything_else_an_error(evalkit, t
 
     def asking(value):
         r = request(sample, frames, unsupported_score=0.125)
-        r.gt = {"score": value}
+        r.gt = {**gt_info(str(sample.directory)), "score": value}  # the sample's files, and what to return
         return r
 
     with RuleScorer(kit, workers=2, threads_per_worker=1, fail_on_error=False) as pool:
@@ -282,7 +284,7 @@ def test_the_reference_evalkit_reads_its_annotations_from_the_working_directory(
     elsewhere = subprocess.run(
         [sys.executable, "-c", "import run_evaluation"],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(evalkit)},
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(evalkit), os.environ.get("PYTHONPATH")]))},
         capture_output=True,
         text=True,
     )
@@ -311,33 +313,17 @@ def test_preflight_names_the_tasks_without_an_evaluator_and_fails_when_none_is_s
     assert "S-2_fill_circle_blue_data-generator" in some.detail
     registry.write_text(source.split("TASK_EVALUATOR_MAP = {")[0] + 'TASK_EVALUATOR_MAP = {"G-1_other": None}\n')
     none = check_evalkit_tasks(kit_config(kit), dataset)
-    assert not none.ok and "none of the dataset's 3 tasks is in the TASK_EVALUATOR_MAP" in none.detail
-    assert "G-1_other" in none.detail
-
-
-def test_scorer_workers_run_under_the_configured_interpreter(evalkit, tmp_path, dataset):
-    """evalkit.python: the scorer's own environment (here a wrapper that marks its processes)."""
-    import sys
-
-    wrapper = tmp_path / "scorer-python"
-    wrapper.write_text(f'#!/bin/sh\nexport SCORER_ENV_MARKER=scorer-env\nexec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    kit = tmp_path / "kit"
-    shutil.copytree(evalkit, kit)
-    (kit / "run_evaluation.py").write_text(
-        "import os\n\n\ndef evaluate_single_video(video_path, task_name, gt_info=None, device='cuda'):\n"
-        "    return {'score': 0.5, 'dimensions': {'env': os.environ.get('SCORER_ENV_MARKER')}}\n"
+    tasks = (
+        "S-1_move_red_square_data-generator, S-2_fill_circle_blue_data-generator, S-3_grow_bar_to_line_data-generator"
     )
-    sample = load_split(dataset, "rl")[0]
-    frames = np.zeros((5, 64, 64, 3), np.uint8)
-    with RuleScorer(kit, workers=1, threads_per_worker=1, python=str(wrapper)) as pool:
-        marked = pool.submit(request(sample, frames)).result()
-    assert marked["dimensions"]["env"] == "scorer-env"
-    with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:  # the default again: this interpreter
-        plain = pool.submit(request(sample, frames)).result()
-    assert plain["dimensions"]["env"] is None
-    record = check_runtime({"numpy": np.__version__}, python=str(wrapper))
-    assert record["python"] == str(wrapper) and record["imports"] == {"numpy": "ok"}
+    assert not none.ok and f"none of the dataset's 3 tasks ({tasks}) is in the TASK_EVALUATOR_MAP" in none.detail
+    assert "which has 1 (G-1_other)" in none.detail, none.detail
+    # A larger task list: its first three and how many more, beside how many tasks the EvalKit has.
+    many = tmp_path / "many"
+    many.mkdir()
+    (many / "splits.json").write_text(json.dumps([{"task": f"T-{i}_task", "rl": [], "heldout": []} for i in range(7)]))
+    named = check_evalkit_tasks(kit_config(kit), many)
+    assert not named.ok and "none of the dataset's 7 tasks (T-0_task, T-1_task, T-2_task and 4 more)" in named.detail
 
 
 def test_runtime_problems_cover_imports_cv2_and_the_ocr_assets():
@@ -406,99 +392,45 @@ def test_a_failure_outside_the_evaluator_follows_fail_on_error(
     assert "Traceback" in warned  # the worker logs where it was raised
 
 
-@pytest.fixture(scope="session")
-def scorer_python(tmp_path_factory):
-    """A scorer interpreter whose packages differ from the driver's, as a `make scorer-env` venv does: its own
-    site-packages come first, with a module only it has (scorer_only_mod) and another version of a package the
-    driver has too (idna 99.0); the driver's site-packages follow (numpy, av, PIL, videogrpo: a .pth adds them)."""
-    import site
-    import subprocess
-    import sys
-
-    root = tmp_path_factory.mktemp("scorer-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    python = root / "bin/python"
-    where = [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-    own = Path(subprocess.run(where, capture_output=True, text=True, check=True).stdout.strip())
-    (own / "scorer_only_mod.py").write_text("HERE = True\n")
-    (own / "idna").mkdir()
-    (own / "idna/__init__.py").write_text('__version__ = "99.0"\n')
-    (own / "idna-99.0.dist-info").mkdir()
-    (own / "idna-99.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: idna\nVersion: 99.0\n")
-    driver = "".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages())
-    (own / "zz_driver.pth").write_text(driver)  # after its own site-packages, as .pth files are read
-    return python
+GROUND_TRUTH = {
+    "first_frame.png": "first frame, gt_first_frame",
+    "video/final_frame.png": "final frame, gt_final_frame",
+    "video/ground_truth.mp4": "ground-truth video, gt_video_path",
+}
 
 
-SCORER_ENV_PROBE = """import os, sys
-
-import idna
-import scorer_only_mod
-from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
-
-
-def evaluate_single_video(video_path, task_name, gt_info=None, device="cuda"):
-    return {"score": 0.5, "dimensions": {"idna": idna.__version__, "idna_at": idna.__file__,
-                                         "only_at": scorer_only_mod.__file__, "prefix": sys.prefix}}
-"""
-
-
-def scorer_env_kit(evalkit, tmp_path) -> Path:
-    """The reference EvalKit whose evaluators import, at module level, what only the scorer interpreter has (as
-    the real ones import cv2), in the checkout with CUDA hidden, and whose entry point reports what it sees."""
-    kit = tmp_path / "kit"
-    shutil.copytree(evalkit, kit)
-    registry = kit / "vbvr_bench/evaluators/__init__.py"
-    registry.write_text(
-        "import os\n\nimport scorer_only_mod  # noqa: F401\n\n"
-        "assert os.environ['CUDA_VISIBLE_DEVICES'] == '', 'CUDA is visible to the evaluators'\n"
-        "open('annotations/tasks.json').close()  # relative to the checkout\n" + registry.read_text()
-    )
-    (kit / "run_evaluation.py").write_text(SCORER_ENV_PROBE)
-    return kit
-
-
-def test_scorer_workers_import_the_scorer_interpreters_packages(scorer_python, evalkit, tmp_path, dataset):
-    """The workers, the runtime probe of check_scorer_runtime and the per-worker re-check all see the scorer
-    interpreter's own packages: its module, its idna, not the driver's (multiprocessing's spawn sent the
-    driver's sys.path: the probe passed while the workers imported the driver's packages)."""
-    from importlib import metadata
-
-    kit = scorer_env_kit(evalkit, tmp_path)
-    venv = str(scorer_python.parent.parent)
-    mine = {"idna": "99.0"}
-    assert check_runtime(mine, python=str(scorer_python), checkout=kit)["found"] == mine
-    sample = load_split(dataset, "rl")[0]
-    frames = np.zeros((5, 64, 64, 3), np.uint8)
-    with RuleScorer(kit, workers=2, threads_per_worker=1, runtime=mine, python=str(scorer_python)) as pool:
-        seen = [r["dimensions"] for r in pool.collect([pool.submit(request(sample, frames)) for _ in range(2)])]
-    for worker in seen:
-        assert worker["idna"] == "99.0" and worker["idna_at"].startswith(venv) and worker["only_at"].startswith(venv)
-        assert worker["prefix"] == venv
-    drivers = {"idna": metadata.version("idna")}  # the probe and the workers refuse it alike
-    with pytest.raises(VideoGRPOError, match=f"idna: contract {drivers['idna']}, found 99.0"):
-        check_runtime(drivers, python=str(scorer_python), checkout=kit)
-    with pytest.raises(VideoGRPOError, match=f"could not start .*idna: contract {drivers['idna']}, found 99.0"):
-        RuleScorer(kit, workers=1, threads_per_worker=1, runtime=drivers, python=str(scorer_python))
-
-
-def test_preflight_lists_the_tasks_with_the_scorer_interpreter(scorer_python, evalkit, dataset, tmp_path, monkeypatch):
-    """Preflight imports the evaluators as a scorer worker does: evalkit.python, in the checkout, CUDA hidden."""
-    from videogrpo import config
-    from videogrpo.preflight.checks import check_evalkit_tasks
-
-    kit = scorer_env_kit(evalkit, tmp_path)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the driver sees a GPU; the evaluators must not
-    monkeypatch.chdir(tmp_path)
-
-    def kit_config(**evalkit_fields):
-        fields = {"path": str(kit), "digest": evalkit_source_digest(kit), **evalkit_fields}
-        return config.from_dict({"evalkit": fields}, partial=True)
-
-    ok = check_evalkit_tasks(kit_config(python=str(scorer_python)), dataset)
-    assert ok.ok and "3 of 3 dataset tasks have an evaluator" in ok.detail, ok.detail
-    without = check_evalkit_tasks(kit_config(), dataset)  # the driver's interpreter has no scorer_only_mod
-    assert not without.ok and "No module named 'scorer_only_mod'" in without.detail, without.detail
+@pytest.mark.parametrize("fail_on_error", [True, False])
+@pytest.mark.parametrize("missing", list(GROUND_TRUTH))
+def test_a_ground_truth_file_missing_at_scoring_time_follows_fail_on_error(
+    evalkit, tmp_path, dataset, capsys, missing, fail_on_error
+):
+    """The EvalKit scores a sample whose first frame, final frame or ground-truth video is gone without a word (the
+    stand-in reads neither the first frame nor the video): each is checked before it is called. With fail_on_error
+    true the run stops naming the file; false, the sample scores unsupported_score with the file as its error."""
+    samples = [s for s in load_split(dataset, "rl") if s.task.startswith("S-1_")][:2]
+    dirs = [Path(shutil.copytree(s.directory, tmp_path / f"sample{i}")) for i, s in enumerate(samples)]
+    (dirs[0] / missing).unlink()
+    gone = f"{dirs[0] / missing} ({GROUND_TRUTH[missing]})"
+    videos = [read_video(s.directory / "video/ground_truth.mp4") for s in samples]
+    asks = [
+        ScoreRequest(v, s.task, str(d), 16, 128, 5.0, 12, unsupported_score=0.25)
+        for s, d, v in zip(samples, dirs, videos)
+    ]
+    with RuleScorer(evalkit, workers=1, threads_per_worker=1, fail_on_error=fail_on_error) as pool:
+        futures = [pool.submit(a) for a in asks]
+        if fail_on_error:
+            with pytest.raises(EvaluatorError) as err:
+                pool.collect(futures)
+            message = str(err.value)
+            assert f"task {samples[0].task}: the sample {dirs[0]} cannot be scored" in message, message
+            assert f"missing at scoring time: {gone}" in message and "evalkit.fail_on_error is true" in message
+            return
+        incomplete, complete = pool.collect(futures)
+    assert incomplete["score"] == 0.25 and f"missing at scoring time: {gone}" in incomplete["error"]
+    assert complete["error"] is None and complete["score"] > 0.9  # the sample beside it scores as before
+    warned = capsys.readouterr().err
+    assert f"warning: task {samples[0].task}: the sample {dirs[0]} cannot be scored" in warned
+    assert "counted in reward_errors" in warned
 
 
 def test_the_scorer_refuses_a_checkout_edited_since_it_was_pinned(evalkit, tmp_path):
@@ -529,9 +461,16 @@ def test_the_scorer_refuses_a_checkout_edited_since_it_was_pinned(evalkit, tmp_p
     assert f"expected {pinned} (evalkit.digest)" in message and f"found    {evalkit_source_digest(kit)}" in message
 
 
-def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_cause(evalkit, tmp_path, dataset):
-    """As a broken process pool: the request in flight and every later one fail, naming how the process ended
-    and its last log lines; nothing waits forever."""
+@pytest.mark.parametrize(
+    "ending,status", [("os.kill(os.getpid(), signal.SIGKILL)", "killed by signal 9"), ("os._exit(3)", "exit status 3")]
+)
+def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_cause(
+    evalkit, tmp_path, dataset, ending, status
+):
+    """As a broken process pool: the request in flight and every later one fail, naming the task and sample it was
+    scoring, how the process ended and its last log lines; nothing waits forever."""
+    import re
+
     from videogrpo.rewards.rule import ScorerDied
 
     kit = tmp_path / "kit"
@@ -539,30 +478,17 @@ def test_a_scorer_process_that_dies_fails_its_request_and_the_pool_with_its_caus
     (kit / "run_evaluation.py").write_text(
         "import os, signal, sys\n\n\ndef evaluate_single_video(video_path, task_name, gt_info=None, device='cuda'):\n"
         "    print('evaluator: out of memory, say', file=sys.stderr, flush=True)\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"    {ending}\n"
     )
-    sample = load_split(dataset, "rl")[0]
+    samples = load_split(dataset, "rl")
+    dying, later = samples[0], next(s for s in samples if s.task != samples[0].task)
     frames = np.zeros((5, 64, 64, 3), np.uint8)
+    scoring = re.escape(f"({status}) while scoring task {dying.task}, sample {dying.directory};")
     with RuleScorer(kit, workers=1, threads_per_worker=1) as pool:
-        futures = [pool.submit(request(sample, frames)) for _ in range(3)]
-        with pytest.raises(ScorerDied, match=r"killed by signal 9.*\n.*evaluator: out of memory, say"):
+        futures = [pool.submit(request(s, frames)) for s in (dying, later, later)]
+        with pytest.raises(ScorerDied, match=scoring + r".*\n.*evaluator: out of memory, say"):
             pool.collect(futures)
-        with pytest.raises(ScorerDied):
+        with pytest.raises(ScorerDied, match=scoring):  # a later request names the one the process died on
             futures[2].result(timeout=30)
         with pytest.raises(ScorerDied):
-            pool.submit(request(sample, frames))
-
-
-def test_a_scorer_interpreter_that_cannot_run_the_worker_is_named_with_the_fix(evalkit, tmp_path, monkeypatch):
-    """evalkit.python missing, or an environment without videogrpo (its `-e .` forgotten): the cause and the fix,
-    from the process's own last lines."""
-    import subprocess
-    import sys
-
-    monkeypatch.delenv("PYTHONPATH", raising=False)  # the scorer processes inherit it: no videogrpo from there
-    bare = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    with pytest.raises(VideoGRPOError, match=r"(?s)No module named 'videogrpo'.*has videogrpo installed"):
-        RuleScorer(evalkit, workers=1, threads_per_worker=1, python=str(bare / "bin/python"))
-    with pytest.raises(VideoGRPOError, match=r"evalkit.python = '/nonexistent/python' cannot be run"):
-        check_runtime({}, python="/nonexistent/python")
+            pool.submit(request(later, frames))

@@ -358,3 +358,30 @@ def test_evaluator_errors_are_counted_or_stop_the_run(tiny_model, dataset, tmp_p
     rows = metrics(train_in_process(cfg, tmp_path / "run", tiny_model, dataset))
     scored = 0.25 if where == "escaping the EvalKit" else 0.0
     assert [r["reward_errors"] for r in rows] == [4, 4] and all(r["reward_mean"] == scored for r in rows)
+
+
+@pytest.mark.parametrize("fail_on_error", [False, True])
+def test_a_ground_truth_video_missing_at_scoring_time_is_counted_or_stops_the_run(
+    tiny_model, dataset, tmp_path, fail_on_error
+):
+    """The stand-in EvalKit, as the public one for a task that does not read it, would score a sample whose
+    ground_truth.mp4 is gone without a word: the training reward counts it in reward_errors at
+    evalkit.unsupported_score, or stops the run naming the file."""
+    import shutil
+    from pathlib import Path
+
+    from videogrpo.errors import VideoGRPOError
+
+    copy = Path(shutil.copytree(dataset, tmp_path / "dataset"))
+    gone = sorted(copy.glob("raw/*/*/video/ground_truth.mp4"))
+    assert gone
+    for path in gone:
+        path.unlink()
+    cfg = options()
+    cfg["evalkit"].update(fail_on_error=fail_on_error, unsupported_score=0.25)
+    if fail_on_error:
+        with pytest.raises(VideoGRPOError, match=r"cannot be scored: missing at scoring time: .*/ground_truth\.mp4"):
+            train_in_process(cfg, tmp_path / "run", tiny_model, copy)
+        return
+    rows = metrics(train_in_process(cfg, tmp_path / "run", tiny_model, copy))
+    assert [r["reward_errors"] for r in rows] == [4, 4] and all(r["reward_mean"] == 0.25 for r in rows)

@@ -146,9 +146,9 @@ def check_evalkit_tasks(cfg: Config, dataset_dir: Path) -> Check:
         return Check(
             "evalkit_tasks",
             False,
-            f"none of the dataset's {len(tasks)} tasks is in the TASK_EVALUATOR_MAP of {checkout} ({len(known)} "
-            f"tasks there, e.g. {sorted(known)[:3]}): every reward would be evalkit.unsupported_score; check "
-            f"evalkit.path and data.task_list",
+            f"none of the dataset's {len(tasks)} tasks ({_first_few(tasks)}) is in the TASK_EVALUATOR_MAP of "
+            f"{checkout}, which has {len(known)} ({_first_few(sorted(known))}): every reward would be "
+            f"evalkit.unsupported_score; check evalkit.path and data.task_list",
         )
     detail = f"{len(tasks) - len(unknown)} of {len(tasks)} dataset tasks have an evaluator"
     if unknown:
@@ -156,6 +156,14 @@ def check_evalkit_tasks(cfg: Config, dataset_dir: Path) -> Check:
             f"; {len(unknown)} score evalkit.unsupported_score = {cfg.evalkit.unsupported_score}: {', '.join(unknown)}"
         )
     return Check("evalkit_tasks", True, detail)
+
+
+def _first_few(names: list[str], shown: int = 3) -> str:
+    """The first `shown` names, and how many more: enough to tell two task lists apart in one line."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def check_judge_rubrics(cfg: Config, dataset_dir: Path) -> Check:

@@ -1,5 +1,6 @@
 """Fingerprints of the EvalKit: its source digest (REFERENCE section 3), and the scorer runtime probe a scorer
-process runs (`scorer_process.check_runtime` starts one for `check_scorer_runtime`)."""
+process runs (`scorer_process.check_runtime` starts one for `check_scorer_runtime`): the runtime contract's
+packages, and the modules the public EvalKit imports at module level (`EVALKIT_MODULE_IMPORTS`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,20 @@ def check_digest(root: str | Path, expected: str, found: str | None = None) -> s
     return found
 
 
+# The public VBVR-EvalKit's module-level imports besides the standard library (measured on its main branch at
+# 275472f), by where they are made: a scorer process imports all of them before any evaluator runs, so an
+# environment without one cannot start (without tqdm: ModuleNotFoundError at `import run_evaluation`). EasyOCR and
+# norfair are imported where they are used, so they are the runtime contract's to check, not this list's. The
+# runtime check imports each in every scorer process; envs/scorer.txt and envs/cpu.txt (whose interpreter runs the
+# tiny default's stand-in EvalKit, which imports the same where the public one does) provide each.
+EVALKIT_MODULE_IMPORTS = {
+    "run_evaluation.py": ("numpy", "tqdm"),
+    "vbvr_bench/evaluators/": ("cv2", "numpy"),
+    "vbvr_bench/utils.py": ("PIL",),
+}
+EVALKIT_MODULES = tuple(sorted({module for modules in EVALKIT_MODULE_IMPORTS.values() for module in modules}))
+"""Every module the public EvalKit imports at module level, once each."""
+
 # Distribution name -> the module a scorer imports from it (the contract's packages that have one).
 PROBE_MODULES = {
     "easyocr": "easyocr",
@@ -84,12 +99,13 @@ PROBE_MODULES = {
 
 
 def run_probe(contract: dict[str, str]) -> dict:
-    """What this interpreter has of the contract: versions, imports, cv2's behaviour, easyocr's assets. Run in a
-    scorer process (`check_runtime` asks one; every worker runs it again in itself)."""
-    import importlib
+    """What this interpreter has of the contract (versions, imports, cv2's behaviour, easyocr's assets) and of the
+    EvalKit's module-level imports (EVALKIT_MODULES). Run in a scorer process (`check_runtime` asks one; every
+    worker runs it again in itself)."""
     from importlib import metadata
 
     found, imports, checks = {}, {}, {}
+    evalkit_imports = {module: _import_finding(module) for module in EVALKIT_MODULES}
     for name in contract:
         try:
             found[name] = metadata.version(name)
@@ -97,11 +113,7 @@ def run_probe(contract: dict[str, str]) -> dict:
             found[name] = None
         module = PROBE_MODULES.get(name)
         if module and module not in imports:
-            try:
-                importlib.import_module(module)
-                imports[module] = "ok"
-            except Exception as err:  # noqa: BLE001 - any import failure is the finding
-                imports[module] = f"{type(err).__name__}: {err}"
+            imports[module] = _import_finding(module)
     if imports.get("cv2") == "ok":
         import cv2
         import numpy as np
@@ -118,7 +130,24 @@ def run_probe(contract: dict[str, str]) -> dict:
 
         en_char = os.path.join(os.path.dirname(easyocr.__file__), "character", "en_char.txt")
         checks["easyocr_en_char"] = en_char if os.path.isfile(en_char) else None
-    return {"found": found, "imports": imports, "checks": checks, "python": sys.version.split()[0]}
+    return {
+        "found": found,
+        "imports": imports,
+        "evalkit_imports": evalkit_imports,
+        "checks": checks,
+        "python": sys.version.split()[0],
+    }
+
+
+def _import_finding(module: str) -> str:
+    """The finding of `import module` in this interpreter: "ok", or why it fails."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - any import failure is the finding
+        return f"{type(err).__name__}: {err}"
+    return "ok"
 
 
 def runtime_problems(contract: dict[str, str], probe: dict) -> list[str]:
@@ -129,6 +158,14 @@ def runtime_problems(contract: dict[str, str], probe: dict) -> list[str]:
         if probe["found"][name] != want
     ]
     problems += [f"import {module} fails: {why}" for module, why in sorted(probe["imports"].items()) if why != "ok"]
+    for module, why in sorted(probe.get("evalkit_imports", {}).items()):
+        if why != "ok":
+            where = " and ".join(place for place, modules in EVALKIT_MODULE_IMPORTS.items() if module in modules)
+            problems.append(
+                f"import {module} fails ({why}): the public EvalKit imports {module} at module level ({where}), so "
+                f"no scorer process can start without it; build the scorer environment with `make scorer-env` "
+                f"(envs/scorer.txt lists it) and point evalkit.python at its interpreter"
+            )
     checks = probe["checks"]
     opencv = contract.get("opencv-python") or contract.get("opencv-python-headless")
     if opencv and "cv2_version" in checks and not opencv.startswith(checks["cv2_version"]):

@@ -52,7 +52,8 @@ class RuleScorer:
     `collect` applies evalkit.fail_on_error: a failed sample stops the run naming the task, the sample and
     the message, or keeps its score (0 for an evaluator `error`, evalkit.unsupported_score otherwise) with
     one warning per task, its `error` set (the trainer counts those as `reward_errors`). A process that dies
-    fails its request and every later one with ScorerDied, naming its exit status and last log lines.
+    fails its request and every later one with ScorerDied, naming the task and sample it was scoring, its exit
+    status and its last log lines.
     """
 
     def __init__(
@@ -132,7 +133,8 @@ class RuleScorer:
                 continue
             try:
                 message, frames = request_to_message(request)
-                kind, payload = process.ask(("score", message), [frames])
+                doing = f"scoring task {request.task}, sample {request.sample_dir}"
+                kind, payload = process.ask(("score", message), [frames], doing)
             except ScorerDied as err:
                 future.set_exception(err)
                 self._stop(err)
@@ -185,9 +187,13 @@ class RuleScorer:
                     f"= {r['score']}",
                 )
             elif r.get("error"):
+                if r.get("ground_truth_missing"):  # checked before the EvalKit was called: no evaluator failed
+                    failed = f"task {r['task']}: the sample {r['sample']} cannot be scored"
+                else:
+                    failed = f"the EvalKit evaluator of task {r['task']} failed on {r['sample']}"
                 if self.fail_on_error:
                     raise EvaluatorError(
-                        f"the EvalKit evaluator of task {r['task']} failed on {r['sample']}: {r['error']}\n"
+                        f"{failed}: {r['error']}\n"
                         f"evalkit.fail_on_error is true, so the run stops: fix the evaluator or the sample, or set "
                         f"evalkit.fail_on_error: false to score such rollouts {r['score']} (counted in "
                         f"reward_errors)."
@@ -195,8 +201,7 @@ class RuleScorer:
                 warn_once(
                     self.warned,
                     r["task"],
-                    f"the EvalKit evaluator of task {r['task']} failed on {r['sample']} ({r['error']}); scored "
-                    f"{r['score']} and "
+                    f"{failed} ({r['error']}); scored {r['score']} and "
                     f"counted in reward_errors (evalkit.fail_on_error is false); further failures of this task are "
                     f"not repeated",
                 )

@@ -134,19 +134,20 @@ class ScorerProcess:
             except (OSError, ValueError):  # our stderr is gone (shutting down): keep draining the pipe
                 pass
 
-    def ask(self, message, blobs=()):
-        """Send one message and wait for its reply; ScorerDied when the process ends instead."""
+    def ask(self, message, blobs=(), doing: str = ""):
+        """Send one message and wait for its reply; ScorerDied when the process ends instead, naming what it was
+        `doing` (the task and sample it was scoring)."""
         try:
             send(self.proc.stdin, message, blobs)
             reply = receive(self.proc.stdout)
         except (BrokenPipeError, ConnectionResetError, ValueError, OSError):  # ValueError: a closed pipe
             reply = None
         if reply is None:
-            raise ScorerDied(self.death())
+            raise ScorerDied(self.death(doing))
         return reply[0]
 
-    def death(self) -> str:
-        """Why the process is gone: its exit status and its last lines on stderr."""
+    def death(self, doing: str = "") -> str:
+        """Why the process is gone: its exit status, what it was `doing`, and its last lines on stderr."""
         try:
             code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -155,7 +156,11 @@ class ScorerProcess:
         self._forwarder.join(timeout=5)
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         last = "\n    ".join(list(self.tail)[-12:]) or "(nothing on stderr)"
-        return f"the scorer process ({self.python}, pid {self.proc.pid}) ended ({how}); its last lines:\n    {last}"
+        during = f" while {doing}" if doing else ""
+        return (
+            f"the scorer process ({self.python}, pid {self.proc.pid}) ended ({how}){during}; its last lines:\n"
+            f"    {last}"
+        )
 
     def close(self, kill: bool = False) -> None:
         if kill and self.proc.poll() is None:
@@ -188,8 +193,9 @@ def probe_in_scorer(contract: dict[str, str], python: str, checkout: str | None 
 
 
 def check_runtime(contract: dict[str, str], python: str | None = None, checkout: str | Path | None = None) -> dict:
-    """The scorer interpreter's packages against the contract, probed in a scorer process started exactly as the
-    scorer workers start (in `checkout`, default here); the fingerprint covers the contract and everything found."""
+    """The scorer interpreter's packages against the contract, and its imports of the EvalKit's module-level
+    modules, probed in a scorer process started exactly as the scorer workers start (in `checkout`, default here);
+    the fingerprint covers the contract and everything found."""
     python = python or sys.executable
     probe = probe_in_scorer(contract, python, str(checkout) if checkout else None)
     problems = runtime_problems(contract, probe)
@@ -204,6 +210,7 @@ def check_runtime(contract: dict[str, str], python: str | None = None, checkout:
         "contract": contract,
         "found": probe["found"],
         "imports": probe["imports"],
+        "evalkit_imports": probe["evalkit_imports"],
         "checks": probe["checks"],
         "fingerprint": digest.sha256_bytes(canonical.encode()),
     }

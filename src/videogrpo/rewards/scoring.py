@@ -45,12 +45,36 @@ def contract_score(value) -> float | None:
     return score if math.isfinite(score) and 0.0 <= score <= 1.0 else None
 
 
+# The ground-truth files the EvalKit is handed, by their gt_info key. The public EvalKit loads a missing PNG or MP4
+# as None and scores the sample anyway, reporting no error (measured on 275472f: 0.0 for a missing first or final
+# frame, 1.0 for a missing ground-truth video under a task that does not read it): each is checked here instead.
+GROUND_TRUTH_FILES = {
+    "gt_first_frame": "first frame",
+    "gt_final_frame": "final frame",
+    "gt_video_path": "ground-truth video",
+}
+
+
+def missing_ground_truth(gt: dict) -> str | None:
+    """Why the sample cannot be scored when a ground-truth file the EvalKit reads is missing (naming each), or None."""
+    missing = [f"{gt[key]} ({what}, {key})" for key, what in GROUND_TRUTH_FILES.items() if not os.path.isfile(gt[key])]
+    if not missing:
+        return None
+    return (
+        f"missing at scoring time: {'; '.join(missing)}. The EvalKit would score the sample without it and report "
+        f"no error; restore it: rerun the stage that made it (materialize_dataset for a dataset sample, eval_set for "
+        f"a matrix sample's final frame) or restore the evaluation tree"
+    )
+
+
 def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
     """Runs in a scorer process: write the video, call the EvalKit, enforce the score contract.
 
     What fails for one sample (the EvalKit raising, a ground-truth file missing, a score outside the contract)
     comes back as that sample's `error` with evalkit.unsupported_score, for `collect` to apply
-    evalkit.fail_on_error to, as to an error the evaluator reports itself (scored 0 by the EvalKit)."""
+    evalkit.fail_on_error to, as to an error the evaluator reports itself (scored 0 by the EvalKit). The
+    ground-truth files are checked before the EvalKit sees them (`missing_ground_truth`): it would score
+    without them."""
     from videogrpo.data.video import fit_square, playback_fps, write_mp4
 
     run_evaluation, evaluator_map = evalkit
@@ -64,6 +88,9 @@ def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
             path = request.keep_video or os.path.join(tmp, "generated.mp4")
             write_mp4(path, frames, fps=fps, crf=request.crf)
             gt = request.gt or gt_info(request.sample_dir)
+            if missing := missing_ground_truth(gt):
+                error = {"error": missing, "ground_truth_missing": True}
+                return {**named, "score": request.unsupported_score, "dimensions": {}, **error}
             result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
     except Exception as err:  # noqa: BLE001 - the sample's error, reported with its traceback in the log
         print(f"scorer: task {request.task}, sample {request.sample_dir}:", file=sys.stderr)

@@ -11,8 +11,14 @@ import math
 import sys
 from pathlib import Path
 
+# Imported at module level for what they require of the environment, as the public EvalKit's run_evaluation.py
+# imports them: a scorer environment without either fails here as it fails with the real EvalKit.
+import numpy as np  # noqa: F401
+from tqdm import tqdm  # noqa: F401
+
 from vbvr_bench.evaluators import TASK_EVALUATOR_MAP
-from vbvr_bench.video_io import read_frames, read_image, unpad_resize
+from vbvr_bench.utils import read_image, unpad_resize
+from vbvr_bench.video_io import read_frames
 
 # As the real compatibility revisions do, data files are read relative to the working directory: scorer
 # processes must run in the checkout.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2  # noqa: F401 - imported for what it requires of the environment, as the public EvalKit's evaluators do
 import numpy as np
 
 # Colour distance (RGB, 0-255) at which similarity falls to exp(-1/2); wide enough for H.264's
