@@ -84,8 +84,11 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     shared stages run locally first (--omit-from preflight), so that the cluster run must reuse them."""
     local_run = workdir / "results/runs" / first_run_id(workdir)
     run(["snakemake", "--cores", "2", "--omit-from", "preflight"], checkout)
-    assert not list(checkout.glob("results/runs/*/preflight.manifest.json"))  # (check_inputs' stamps may exist)
-    out = run(["snakemake", *TEST_PROFILE], checkout)
+    assert not list(checkout.glob("results/runs/*/preflight.manifest.json"))
+    # The driver as one started inside an sbatch or salloc allocation: SLURM_JOB_ID in its environment. It is
+    # still the driver (Snakemake's onstart, not the environment, says so): it records its invocation.
+    (checkout / "results/.stage-config/invocation.json").unlink()
+    out = run(["snakemake", *TEST_PROFILE], checkout, SLURM_JOB_ID="4242")
     jobs = jobs_run(out.stdout + out.stderr)
     assert {"preflight", "train", "evaluate", "report"} <= set(jobs)  # shared stages were reused
     # The base model's matrix cells are shared by the runs; the trained model's are this run's.
@@ -104,6 +107,8 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     # (sacct has no accounting storage here: the manifests' COMPLETED stands), a stage run outside SLURM none.
     train = json.loads((cluster_run / "train.manifest.json").read_text())
     assert train["slurm_job_id"] and (train["cost"]["nodes"], train["cost"]["gpus"]) == (2, 0), train["cost"]
+    invocation = json.loads((checkout / "results/.stage-config/invocation.json").read_text())
+    assert json.loads((cluster_run / "report/provenance.json").read_text())["invocation"] == invocation
     lines = run(["videogrpo", "trace", str(cluster_run)], checkout).stdout.splitlines()
     trace = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
     assert trace["train"][1:3] == [train["slurm_job_id"], "COMPLETED"] and trace["fetch_model"][1] == "-"
