@@ -28,7 +28,6 @@ from pathlib import Path
 
 from videogrpo.config import Config, canonical_json
 from videogrpo.errors import VideoGRPOError
-from videogrpo.grpo import checkpoint
 from videogrpo.launch import torchrun
 from videogrpo.launch.node import NodeTraining, preflight_this_node, train_this_node
 from videogrpo.preflight import node as node_preflight
@@ -197,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
                     )
             else:
                 train_this_node(cfg, node_training(args, digests))
+        from videogrpo.grpo.checkpoint import validate_export  # torch: only here, in the stage's own process
+
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
         lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
@@ -210,6 +211,6 @@ def run(args: argparse.Namespace) -> int:
             },
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
-            "final_checkpoint": checkpoint.validate_export(args.final),
+            "final_checkpoint": validate_export(args.final),
         }
     return 0
