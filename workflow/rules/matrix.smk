@@ -1,5 +1,6 @@
-# The evaluation matrix (REFERENCE section 10): an evaluation set pinned and checked, models validated,
-# one generate and one score job per (model, sampler) cell, and the run's matrix table.
+# The evaluation matrix: the run's one evaluation set (an external tree pinned, or one built from the dataset's
+# split), models validated, one generate and one score job per (model, sampler) cell, the held-out check's cells
+# among them, and the run's tables.
 
 
 wildcard_constraints:
@@ -8,26 +9,11 @@ wildcard_constraints:
     hub="[^/]+",
 
 
-rule synthesize_eval_set:
-    output:
-        tree=directory(f"{EVALSET}/tree"),
-        manifest=f"{EVALSET}/synthesize_eval_set.manifest.json",
-    log:
-        f"{EVALSET}/synthesize_eval_set.log",
-    localrule: True
-    params:
-        **stage_params("synthesize_eval_set"),
-        config=stage_config("synthesize_eval_set"),
-        code=code("synthesize_eval_set"),
-    shell:
-        "videogrpo synthesize-eval-set --config-json {params.config:q} --out {output.tree:q}"
-        " --manifest {output.manifest:q} > {log:q} 2>&1"
-
-
 rule eval_set:
     input:
         **checked("eval_set", EVALSET, **eval_tree_inputs()),
     output:
+        **eval_set_outputs(),
         samples=f"{EVALSET}/samples.json",
         final_frames=directory(f"{EVALSET}/final_frames"),
         manifest=f"{EVALSET}/eval_set.manifest.json",
@@ -39,11 +25,10 @@ rule eval_set:
         **stage_params("eval_set"),
         config=stage_config("eval_set"),
         code=code("eval_set"),
-        # The synthetic tree by its input (a local copy in object storage); an external tree where it is.
-        tree=lambda wildcards, input: EVAL_TREE if CFG.matrix.eval_set else input.tree,
+        source=eval_set_source,
         upstream=upstream_args,
     shell:
-        "videogrpo eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"
+        "videogrpo eval-set --config-json {params.config:q} {params.source} --samples {output.samples:q}"
         " --final-frames {output.final_frames:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
