@@ -123,7 +123,11 @@ rule matrix:
         **checked("matrix", RUN, **matrix_cell_inputs()),
     output:
         table=report(MATRIX_TABLE, caption="../report/matrix.rst", category="Evaluation"),
-        per_task=f"{RUN}/matrix/per_task.csv",
+        per_task=report(
+            f"{RUN}/matrix/per_task.csv",
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+        ),
         manifest=f"{RUN}/matrix.manifest.json",
     log:
         f"{RUN}/logs/matrix.log",
