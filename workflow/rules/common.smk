@@ -451,6 +451,12 @@ def eval_set_outputs():
     return {} if CFG.matrix.eval_set else {"tree": directory(EVAL_TREE)}
 
 
+def built_tree_inputs():
+    """The evaluation tree eval_set built, for the cells that read it, declared in object storage only (where a job
+    reads nothing but declared local copies); an external tree is read where it is."""
+    return object_storage_only(tree=EVAL_TREE) if not CFG.matrix.eval_set else {}
+
+
 def eval_set_source(wildcards, input, output):
     """eval_set's source arguments: the external tree where it is, or the dataset (by its input, a local copy in
     object storage) and the tree to build."""
