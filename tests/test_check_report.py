@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from videogrpo import cli, config
-from videogrpo.config.cells import Sampler, check_models, matrix_cells, parse_sampler, training_sampler
+from videogrpo.config.cells import Sampler, check_models, matrix_cells, number_text, parse_sampler, training_sampler
 from videogrpo.data.dataset import load_split
 from videogrpo.evaluation.aggregate import ALL, bootstrap_interval, per_task_table
 from videogrpo.evaluation.evalset import load_samples
@@ -128,6 +128,28 @@ def test_the_held_out_check_is_always_among_the_cells():
     assert training_sampler(ranged) == "flowcps-uniform-0.0-1.0"
     assert parse_sampler("flowcps-uniform-0.0-1.0") == Sampler("flowcps", noise_range=(0.0, 1.0))
     assert ("trained", "flowcps-uniform-0.0-1.0") in matrix_cells(ranged)
+
+
+def test_sampler_names():
+    assert parse_sampler("flowcps-0.3").noise == 0.3 and parse_sampler("unipc").kind == "unipc"
+    assert parse_sampler("dancegrpo-0.3") == Sampler("dancegrpo", 0.3) and parse_sampler("flowgrpo").noise == 0
+    assert parse_sampler("flowcps-uniform-0.2-0.9") == Sampler("flowcps", noise_range=(0.2, 0.9))
+    for bad in (
+        "flowcps-1.5",
+        "ddim",
+        "flowcps",
+        "dancegrpo-0",
+        "dancegrpo",
+        "flowcps-uniform-0.9-0.2",
+        "flowcps-uniform-0-1.5",
+        "flowcps-00.3",  # one name per noise level
+        "flowgrpo-0.3",
+    ):
+        with pytest.raises(Exception, match="matrix.samplers"):
+            parse_sampler(bad)
+    # The training sampler's cell name reads back as the training's own noise level, exponent or not.
+    for eta in (0.7, 1.0, 0.3, 1e-05):
+        assert parse_sampler(f"dancegrpo-{number_text(eta)}").noise == eta
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from videogrpo.config.cells import Sampler, number_text, parse_sampler
 from videogrpo.data.video import write_mp4
 from videogrpo.demo.synthetic_eval_tree import write_synthetic_tree
 from videogrpo.errors import DigestMismatch
@@ -237,28 +236,6 @@ def test_a_cells_videos_must_be_the_exact_set(tree, tmp_path, case):
         defect(tmp_path, samples)
     problems = output_problems(tmp_path, samples, SETTINGS)
     assert any(message.format(samples[0].name) in p for p in problems), problems
-
-
-def test_sampler_names():
-    assert parse_sampler("flowcps-0.3").noise == 0.3 and parse_sampler("unipc").kind == "unipc"
-    assert parse_sampler("dancegrpo-0.3") == Sampler("dancegrpo", 0.3) and parse_sampler("flowgrpo").noise == 0
-    assert parse_sampler("flowcps-uniform-0.2-0.9") == Sampler("flowcps", noise_range=(0.2, 0.9))
-    for bad in (
-        "flowcps-1.5",
-        "ddim",
-        "flowcps",
-        "dancegrpo-0",
-        "dancegrpo",
-        "flowcps-uniform-0.9-0.2",
-        "flowcps-uniform-0-1.5",
-        "flowcps-00.3",  # one name per noise level
-        "flowgrpo-0.3",
-    ):
-        with pytest.raises(Exception, match="matrix.samplers"):
-            parse_sampler(bad)
-    # The training sampler's cell name reads back as the training's own noise level, exponent or not.
-    for eta in (0.7, 1.0, 0.3, 1e-05):
-        assert parse_sampler(f"dancegrpo-{number_text(eta)}").noise == eta
 
 
 def generate_args(evalset: Path, tiny_model: Path, out: Path, sampler: str) -> list[str]:
