@@ -15,7 +15,6 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/evalkit.smk"
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/train.smk"
-include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
 

@@ -29,7 +29,6 @@ from videogrpo.provenance.digest import tree_digest
 from conftest import REPO
 
 BOTH = ("transformer", "transformer_2")
-MATRIX_RULES = {"synthesize_eval_set", "eval_set", "generate_cell", "score_cell", "matrix"}
 
 
 def tiny_a14b(**sections) -> config.Config:
@@ -226,7 +225,8 @@ def dry_run(*args: str, **env: str) -> str:
 def test_the_tiny_a14b_dry_run_lists_every_stage(tmp_path):
     jobs = jobs_run(dry_run("--configfile", "config/tiny_a14b.yaml", "--config", f"results={tmp_path}"))
     assert set(jobs) == set(RULES) | {"all"}  # native attention: no fetch_kernel
-    assert jobs["generate_cell"] == jobs["score_cell"] == 2  # base and trained by one sampler
+    # Base and trained by one sampler, and by the training's eta range: the held-out check.
+    assert jobs["generate_cell"] == jobs["score_cell"] == 4
 
 
 def test_the_a14b_recipe_as_released_uses_sdpa_and_its_dry_run_needs_no_network(tmp_path):
@@ -237,7 +237,7 @@ def test_the_a14b_recipe_as_released_uses_sdpa_and_its_dry_run_needs_no_network(
     # A closed port as the Hub, and offline mode: a dry run that reached the network would fail.
     offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
     text = dry_run("--configfile", "config/recipes/rl_a14b_rule.yaml", "--config", f"results={tmp_path}", **offline)
-    assert set(jobs_run(text)) == set(RULES) - MATRIX_RULES | {"all"}
+    assert set(jobs_run(text)) == set(RULES) | {"all"}  # the matrix: the held-out check's two cells
     assert f"{tmp_path}/runs/rl_a14b_rule-" in text and "fetch_kernel" not in text
 
 

@@ -47,7 +47,7 @@ def pipe(tiny_i2v):
 
 
 def i2v_config(**sections) -> config.Config:
-    """The tiny default as an i2v_a14b run (its fields as the evaluate stage reads them)."""
+    """The tiny default as an i2v_a14b run (its fields as the matrix's stages read them)."""
     return config.from_dict(
         trainer_config(
             model={"kind": "i2v_a14b", "max_text_tokens": 32},
@@ -178,23 +178,29 @@ def test_nothing_is_pinned_and_the_flowcps_cell_routes_every_step(tiny_i2v, tmp_
 
 
 @pytest.mark.parametrize("experts", ["both", "high", "low"])
-def test_the_trained_model_is_the_base_with_the_exported_experts_substituted(tiny_i2v, dataset, tmp_path, experts):
-    """evaluate's trained variant: each exported expert folder replaces its base expert, the other stays the
-    base's; sample_batch routes every step to the expert the boundary names, the substituted ones included,
-    and its videos differ from the base's only through the substituted experts."""
+def test_the_trained_model_is_the_base_with_the_exported_experts_substituted(tiny_i2v, tmp_path, experts):
+    """A trained cell's model: each exported expert folder replaces its base expert, the other stays the base's;
+    generation (the A14B recipe's check column, each sample's eta drawn from [0, 1]) routes every step to the
+    expert the boundary names, the substituted ones included, and its videos differ from the base's only through
+    the substituted experts."""
     from diffusers import WanTransformer3DModel
-
-    from videogrpo.data.dataset import load_split
-    from videogrpo.evaluation.heldout import sample_batch
 
     trained = models.EXPORTED_EXPERTS[experts]
     names = tuple(name for name, folder in EXPERT_FOLDERS.items() if folder in trained)
     perturbed_export(tiny_i2v, tmp_path / "final", names)
-    cfg = i2v_config(evaluate={"split": "heldout", "sampling_steps": 8})
+    cfg = i2v_config()
     cfg.train.experts = experts  # the two-expert trainer's field (absent from this branch's config)
-    samples = load_split(dataset, "heldout")[:2]
+    s = Settings(steps=8, guidance_scale=1.0, seed=0, num_frames=FRAMES, height=HEIGHT, width=WIDTH, fps=16)
+    where = sample_dir(tmp_path / "sample", seed=3)
+    sampler = parse_sampler("flowcps-uniform-0.0-1.0")
     model = sampling.load_model(cfg, tiny_i2v, CPU)
-    base = sample_batch(cfg, model, sampling.eval_mode(sampling.base_weights(model)), samples, 0)
+
+    def videos(weights) -> np.ndarray:
+        return np.stack(
+            [generate_video(model, weights, tiny_i2v, where, _sample(i), sampler, s, FLOW_SHIFT) for i in (0, 1)]
+        )
+
+    base = videos(sampling.eval_mode(sampling.base_weights(model)))
     base_state = {name: {k: v.clone() for k, v in e.state_dict().items()} for name, e in model.experts.items()}
     weights = sampling.trained_weights(cfg, model, tmp_path / "final")
     assert set(weights) == {"high", "low"} and weights == model.experts
@@ -206,13 +212,13 @@ def test_the_trained_model_is_the_base_with_the_exported_experts_substituted(tin
         assert unchanged == (name not in names), name
     seen, handles = count_calls(weights)
     try:
-        videos = sample_batch(cfg, model, weights, samples, 0)
+        made = videos(weights)
     finally:
         for handle in handles:
             handle.remove()
     schedule = expert_schedule(sigma_schedule(8, FLOW_SHIFT), model.boundary, ("high", "low"))
-    assert seen == schedule * 1 and set(seen) == {"high", "low"}  # one forward per step for the batch
-    assert videos.shape == (2, FRAMES, 32, 32, 3) and not np.array_equal(videos, base)
+    assert seen == schedule * 2 and set(seen) == {"high", "low"}  # one forward per step and sample
+    assert made.shape == (2, FRAMES, HEIGHT, WIDTH, 3) and not np.array_equal(made, base)
 
 
 @pytest.mark.parametrize(
@@ -243,17 +249,42 @@ def test_the_workflow_names_the_exported_folders_of_the_trained_experts():
     assert models.trained_folders(config.from_dict(trainer_config())) == ("transformer",)
 
 
-def test_evaluate_runs_an_i2v_run_and_scores_trained_against_base(tiny_i2v, dataset, tmp_path):
-    from videogrpo.evaluation.heldout import evaluate
+def test_an_i2v_runs_check_cells_score_trained_against_base(tiny_i2v, dataset, tmp_path):
+    """The held-out check of an I2V run: its trained cell (both exported experts substituted) and base cell
+    generated on the evaluation set built from the held-out split, scored, and paired per task."""
+    from videogrpo.evaluation.aggregate import ALL, per_task_table
+    from videogrpo.evaluation.evalset import DATASET_FINAL_FRAME, dataset_samples, eval_samples, write_dataset_tree
+    from videogrpo.evaluation.generate import generate_rank
+    from videogrpo.evaluation.score import score_cell
 
     perturbed_export(tiny_i2v, tmp_path / "final", ("high", "low"))
-    cfg = i2v_config(evaluate={"split": "heldout", "max_samples_per_task": None, "sampling_steps": 4})
-    scores, table = evaluate(cfg, tiny_i2v, tmp_path / "final", dataset, cfg.evalkit.path, tmp_path / "videos", CPU)
-    pairs = scores.pivot_table(index=["task", "sample_id"], columns="variant", values="score")
-    assert len(pairs) == len(TASKS) and not scores.error.any()
-    assert sorted(p.parent.parent.name for p in (tmp_path / "videos").rglob("*.mp4")) == ["base"] * 3 + ["trained"] * 3
-    overall = table[table.task == "ALL"].iloc[0]
-    assert overall.delta == pytest.approx(overall.trained_score - overall.base_score)
+    cfg = i2v_config(matrix={"steps": 4, "num_frames": FRAMES, "height": 32, "width": 32})
+    placed = write_dataset_tree(tmp_path / "tree", dataset_samples(dataset, "heldout", None))
+    samples = eval_samples(tmp_path / "tree", len(placed))
+    for name, ref in placed.items():
+        (tmp_path / "ff" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ff" / f"{name}.png").write_bytes((ref.directory / DATASET_FINAL_FRAME).read_bytes())
+    sampler = "flowcps-0.7"  # the tiny default's training sampler
+    experts = {"transformer_dir": tmp_path / "final/transformer", "transformer_2_dir": tmp_path / "final/transformer_2"}
+    scores = {}
+    for model, folders in (("base", {"transformer_dir": None}), ("trained", experts)):
+        videos = tmp_path / model
+        folders = dict(folders)
+        first = folders.pop("transformer_dir")
+        made = generate_rank(0, 1, cfg, tiny_i2v, first, tmp_path / "tree", samples, sampler, videos, "cpu", **folders)
+        assert made == len(TASKS)
+        scores[(model, sampler)], errors = score_cell(
+            cfg, Path(cfg.evalkit.path), tmp_path / "tree", tmp_path / "ff", samples, videos, tmp_path / f"{model}-work"
+        )
+        assert not errors
+    table = per_task_table(scores, "base", 100, 0)
+    overall = table[(table.model == "trained") & (table.task == ALL)].iloc[0]
+    base = table[(table.model == "base") & (table.task == ALL)].iloc[0]
+    assert overall.samples == len(TASKS) and overall.delta_vs_base == pytest.approx(overall["mean"] - base["mean"])
+    from videogrpo.provenance.digest import tree_digest
+
+    assert all(len(list((tmp_path / m).rglob("*.mp4"))) == len(TASKS) for m in ("base", "trained"))
+    assert tree_digest(tmp_path / "trained") != tree_digest(tmp_path / "base")  # the substituted experts sampled
 
 
 # The matrix's generate-cell stage through its CLI: inputs checked against the manifests of the stages that made

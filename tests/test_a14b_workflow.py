@@ -1,5 +1,6 @@
 """The A14B path through real `snakemake` (config/tiny_a14b.yaml): the tiny two-expert I2V model trained on 4 gloo
-processes as tensor-parallel 2 x FSDP 2, exported with both experts, evaluated, run through the matrix and reported;
+processes as tensor-parallel 2 x FSDP 2, exported with both experts, run through the matrix (its held-out check
+among the cells) and reported;
 a plain rerun then has nothing to do."""
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ def a14b_run(tmp_path_factory):
 def test_the_tiny_a14b_run_trains_both_experts_with_tp_and_fsdp_and_reports(a14b_run):
     checkout, run_dir, out = a14b_run
     jobs = jobs_run(out.stdout + out.stderr)
-    assert {"fetch_model", "preflight", "train", "evaluate", "generate_cell", "score_cell", "matrix", "report"} <= set(
+    assert {"fetch_model", "preflight", "train", "eval_set", "generate_cell", "score_cell", "matrix", "report"} <= set(
         jobs
     )
-    assert jobs["generate_cell"] == 2  # base and trained, one sampler
+    assert jobs["generate_cell"] == 4  # base and trained by euler, and by the training's eta range (the check)
     log = (run_dir / "logs/train.log").read_text()
     assert "world size 4" in log and re.search(r"\[rank 3/4\]", log), log[-3000:]
     state = json.loads((run_dir / "train/final/training_state.json").read_text())
@@ -45,6 +46,8 @@ def test_the_tiny_a14b_run_trains_both_experts_with_tp_and_fsdp_and_reports(a14b
     assert (run_dir / "report/report.html").is_file()
     matrix = (run_dir / "matrix/matrix.csv").read_text()
     assert "base" in matrix and "trained" in matrix and "euler" in matrix, matrix
+    check = [line for line in (run_dir / "matrix/per_task.csv").read_text().splitlines() if ",ALL," in line]
+    assert {line.split(",")[0] for line in check if "flowcps-uniform-0.0-1.0" in line} == {"base", "trained"}
 
 
 def test_a_plain_rerun_of_the_tiny_a14b_run_has_nothing_to_do(a14b_run):

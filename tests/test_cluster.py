@@ -74,7 +74,7 @@ def final_state(run_dir: Path) -> tuple[bytes, list[dict], str]:
     return (
         weights,
         metrics,
-        (run_dir / "evaluate/per_task.csv").read_text(),
+        (run_dir / "matrix/per_task.csv").read_text(),
         (run_dir / "matrix/matrix.csv").read_text(),
     )
 
@@ -90,7 +90,7 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     (checkout / "results/.stage-config/invocation.json").unlink()
     out = run(["snakemake", *TEST_PROFILE], checkout, SLURM_JOB_ID="4242")
     jobs = jobs_run(out.stdout + out.stderr)
-    assert {"preflight", "train", "evaluate", "report"} <= set(jobs)  # shared stages were reused
+    assert {"preflight", "train", "matrix", "report"} <= set(jobs)  # shared stages were reused
     # The base model's matrix cells are shared by the runs; the trained model's are this run's.
     assert jobs["generate_cell"] == 3 and jobs["score_cell"] == 3 and "eval_set" not in jobs
     (cluster_run,) = [p.parent for p in checkout.glob("results/runs/*/preflight.manifest.json")]

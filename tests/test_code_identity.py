@@ -43,7 +43,7 @@ def test_comments_docstrings_and_layout_change_no_code_identity(package):
     before = stage_codes(package)
     samplers = package / "grpo/samplers.py"
     text = samplers.read_text()
-    edited = text.replace('"""', '"""A docstring edit that names videogrpo.evaluation.heldout. ', 1)
+    edited = text.replace('"""', '"""A docstring edit that names videogrpo.evaluation.pipelines. ', 1)
     edited = edited.replace("\ndef ", "\n# a comment\n\n\ndef ", 3) + "\n# one more comment line\n"
     samplers.write_text(edited)
     assert stage_codes(package) == before

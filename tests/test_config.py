@@ -144,9 +144,39 @@ def test_sampler_settings_the_reference_accepts():
 
 
 def test_held_out_evaluation_needs_held_out_samples():
-    with pytest.raises(ConfigError, match=r"evaluate\.split = 'heldout': data\.heldout_per_task is 0"):
-        config.from_dict({"data": {"heldout_per_task": 0}, "evaluate": {"split": "heldout"}}, partial=True)
-    config.from_dict({"data": {"heldout_per_task": 0}, "evaluate": {"split": "rl"}}, partial=True)
+    with pytest.raises(ConfigError, match=r"matrix\.split = 'heldout': data\.heldout_per_task is 0"):
+        config.from_dict({"data": {"heldout_per_task": 0}, "matrix": {"split": "heldout"}}, partial=True)
+    config.from_dict({"data": {"heldout_per_task": 0}, "matrix": {"split": "rl"}}, partial=True)
+    tree = {"eval_set": "/data/VBVR-Pro-Eval", "eval_set_digest": "ab" * 32}  # the split of no built set
+    config.from_dict({"data": {"heldout_per_task": 0}, "matrix": {"split": "heldout", **tree}}, partial=True)
+
+
+@pytest.mark.parametrize(
+    ("given", "home"),
+    [
+        ({"split": "rl"}, "set matrix.split"),
+        ({"max_samples_per_task": 4}, "set matrix.samples_per_task"),
+        ({"compare_base": False}, "set matrix.compare_base"),
+        ({"seed": 1234}, "set matrix.seed"),
+        ({"sampling_steps": 8}, "set matrix.steps"),
+        ({"sampler": "flowcps"}, "training sampler (grpo.sampler)"),
+        ({"eta": 0.0}, "grpo.eta or grpo.eta_range"),
+    ],
+)
+def test_a_field_of_the_evaluate_section_is_refused_naming_its_new_home(repo, given, home):
+    """The held-out check is the matrix's cells now: a config that still gives evaluate.<field> (a recipe of an
+    older checkout) stops with the field and where its setting lives, never read as something else."""
+    (field,) = given
+    layers = config.deep_merge(load_yaml(repo, "config/config.yaml"), {"evaluate": given})
+    with pytest.raises(ConfigError) as err:
+        config.from_dict(layers)
+    message = str(err.value)
+    assert f"evaluate.{field}: the `evaluate` section is gone: the held-out check is the matrix's cells" in message
+    assert home in message
+    with pytest.raises(ConfigError, match=r"evaluate: the `evaluate` section is gone.*delete the section"):
+        config.from_dict({"evaluate": {}}, partial=True)
+    with pytest.raises(ConfigError, match=r"matrix\.synthetic_per_task: gone with the synthetic evaluation tree"):
+        config.from_dict({"matrix": {"synthetic_per_task": 2}}, partial=True)
 
 
 @pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm"])
@@ -174,7 +204,7 @@ def test_the_5b_recipes_train_on_all_50000_samples_in_7728_updates(repo, monkeyp
     assert total_updates(run_plan(cfg, len(train))) == 7728
     order = training_order(train, cfg.data.shuffle_seed)  # numpy default_rng(42) over the task-grouped index
     assert order[0] == train[int(np.random.default_rng(42).permutation(50_000)[0])]
-    assert cfg.evaluate.split == "rl" and cfg.evaluate.max_samples_per_task == 4
+    assert cfg.matrix.split == "rl" and cfg.matrix.samples_per_task == 4 and cfg.matrix.compare_base
     assert playback_fps(cfg.video.num_frames, cfg.video.fps, cfg.evalkit.max_seconds) == 16  # 81 frames, 5.0625 s
 
 
@@ -211,7 +241,13 @@ IDENTITY_CASES = {
         ("slurm", "partition", "gpu"),
         ("reward", "judge_port", 1),
     ],
-    config.EVALUATION: [("evaluate", "seed", 7), ("evaluate", "split", "rl"), ("evaluate", "sampling_steps", 4)],
+    config.EVALUATION: [
+        ("matrix", "seed", 7),
+        ("matrix", "split", "rl"),
+        ("matrix", "samples_per_task", 1),
+        ("matrix", "compare_base", False),
+        ("matrix", "steps", 4),
+    ],
     config.COSMETIC: [("data", "split_name", "renamed"), ("logging", "wandb_project", "elsewhere")],
 }
 
@@ -302,7 +338,7 @@ def test_stage_views_hold_only_their_sections(repo, monkeypatch):
     monkeypatch.chdir(repo)
     cfg = config.load(["config/config.yaml"])
     assert set(config.stage_view(cfg, "fetch_model")) == {"model"}
-    assert "evaluate" not in config.stage_view(cfg, "train")
+    assert "matrix" not in config.stage_view(cfg, "train")
     partial = config.from_dict(config.stage_view(cfg, "fetch_model"), partial=True)
     assert (partial.model.source, partial.model.tiny_seed) == (cfg.model.source, cfg.model.tiny_seed)
 
@@ -319,7 +355,7 @@ def test_a_field_the_chosen_source_does_not_read_makes_no_new_run_and_no_param(r
         config.deep_merge(base, {"model": {"revision": hex40, "repo_id": "a/b"}, "data": {"revision": hex40}})
     )
     assert config.run_identity(inert, tasks) == config.run_identity(cfg, tasks)
-    for stage in ("preflight", "train", "evaluate", "fetch_model", "fetch_dataset", "generate_cell"):
+    for stage in ("preflight", "train", "eval_set", "fetch_model", "fetch_dataset", "generate_cell"):
         assert config.stage_view(inert, stage) == config.stage_view(cfg, stage), stage
     hub = config.deep_merge(base, {"model": {"source": "hub", "repo_id": "a/b", "revision": hex40}})
     other = config.deep_merge(hub, {"model": {"revision": hex40[::-1]}})
@@ -358,3 +394,34 @@ PINNED_RUN_IDENTITIES = {
 def test_the_run_identities_of_the_recipes_and_the_tiny_default_are_pinned(repo, layers):
     cfg = config.load([repo / "config/config.yaml", *(repo / layer for layer in layers)], {})
     assert config.run_identity(cfg) == PINNED_RUN_IDENTITIES[layers]
+
+
+def test_the_evaluation_set_is_keyed_and_read_by_its_source_only(repo, monkeypatch):
+    """Built from the dataset: eval_set reads the split and the count, its directory digests them and the data that
+    fixes the splits, and a field of an external tree changes neither; given a tree, the other way round."""
+    from videogrpo.pipeline import layout
+
+    monkeypatch.chdir(repo)
+    base = load_yaml(repo, "config/config.yaml")
+    tasks = (repo / "config/tasks/synthetic.txt").read_text()
+
+    def view_and_key(**changes) -> tuple[dict, str]:
+        cfg = config.from_dict(config.deep_merge(base, changes))
+        return config.stage_view(cfg, "eval_set"), layout.evalset_key(cfg, tasks)
+
+    built, key = view_and_key()
+    assert built == {"matrix": {"eval_set": "", "split": "heldout", "samples_per_task": None}}
+    assert key.startswith("heldout-")
+    assert view_and_key(matrix={"expected_samples": 7}) == (built, key)  # an external tree's count
+    assert view_and_key(data={"verify_existing": True}) == (built, key)  # an execution field
+    for changes in (
+        {"matrix": {"samples_per_task": 1}},
+        {"data": {"heldout_per_task": 1}},
+        {"data": {"shuffle_seed": 1}},
+    ):
+        assert view_and_key(**changes)[1] != key, changes
+    tree = {"eval_set": "/data/VBVR-Pro-Eval", "eval_set_digest": "ab" * 32}
+    external, tree_key = view_and_key(matrix=tree)
+    assert set(external["matrix"]) == {"eval_set", "eval_set_digest", "expected_samples"}
+    assert tree_key == f"evalset-{'ab' * 6}"
+    assert view_and_key(matrix={**tree, "split": "rl", "samples_per_task": 2}) == (external, tree_key)

@@ -265,7 +265,7 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
     # With them: every stage planned in the bucket; training is the k8s-job command around the training command.
     out = run(argv, checkout, PYTHONPATH=str(REPO / "src"))
     text = out.stdout + out.stderr
-    assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "evaluate", "report"}
+    assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "generate_cell", "report"}
     assert "s3://videogrpo/runs/results/runs/rl_5b_cps-" in text
     train = rule_block(text, "train")
     (shell,) = [line for line in train.splitlines() if line.startswith("Shell command: ")]
@@ -274,7 +274,7 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
     assert submit.startswith("videogrpo k8s-job --config-json @results/.stage-config/train-")
     assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml --apply" in submit
     assert training.startswith("videogrpo train --config-json @results/.stage-config/train-")
-    for stage in ("preflight", "evaluate"):  # one-GPU pods through the executor plugin, on the README's node type
+    for stage in ("preflight", "generate_cell"):  # one-GPU pods through the executor plugin, on the README's node type
         assert "gpu=1, gpu_manufacturer=nvidia, machine_type=p5.48xlarge" in rule_block(text, stage)
 
 

@@ -154,9 +154,10 @@ def test_a_killed_and_resumed_training_has_one_wandb_run_id(resumed):
     assert all((f / f"run-{IDENTITY}.wandb").stat().st_size > 0 for f in folders)
 
 
-def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, resumed, tmp_path, monkeypatch):
-    """The three stage commands, in this process on small inputs (evaluate's sampling and scoring replaced by its
-    tables: this test is about where they go), each logging to the run the training opened, found by its tag."""
+def test_matrix_and_report_log_their_outputs_to_the_same_run(server, resumed, tmp_path):
+    """The two stage commands, in this process on small inputs (the cells' scores as the matrix's stages would
+    leave them: this test is about where the tables go), each logging to the run the training opened, found by
+    its tag. The held-out check's tables are the matrix's."""
     _, out = resumed
     logging = {"logging": LOGGING}
     frame = pd.DataFrame(
@@ -167,24 +168,10 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
             "score": [0.2, 0.4, 0.6, 1.0],
         }
     )
-    table = pd.DataFrame({"task": ["a", "ALL"], "reward_trained": [0.3, 0.55]})
-    monkeypatch.setattr("videogrpo.evaluation.heldout.evaluate", lambda *args: (frame, table))
-    for name in ("model", "final", "dataset/raw", "evalkit"):
-        (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "x").write_text(name)
-    (tmp_path / "dataset/splits.json").write_text("{}")
-    (tmp_path / "records").mkdir()
-    ev = tmp_path / "evaluate"
-    argv = ["stage", "evaluate", "--config-json", json.dumps(solo_config(**TRAIN, logging=LOGGING))]
-    for flag in ("model", "final", "dataset", "evalkit", "records"):
-        argv += [f"--{flag}", str(tmp_path / flag)]
-    argv += ["--scores", str(ev / "scores.csv"), "--table", str(ev / "per_task.csv"), "--videos", str(ev / "videos")]
-    assert cli.main([*argv, "--run-id", IDENTITY, "--manifest", str(ev / "evaluate.manifest.json")]) == 0
-
     for cell in ("base", "trained"):
         frame.assign(score=frame.score + (cell == "trained") * 0.1).to_csv(tmp_path / f"{cell}.csv", index=False)
     mx = tmp_path / "matrix"
-    matrix_config = json.dumps({"matrix": {"models": ["base", "trained"], "bootstrap": 50, "seed": 0}, **logging})
+    matrix_config = json.dumps({"matrix": {"bootstrap": 50, "seed": 0}, **logging})
     argv = ["stage", "matrix", "--config-json", matrix_config, "--table", str(mx / "matrix.csv")]
     argv += ["--cell", f"base:euler={tmp_path / 'base.csv'}", "--cell", f"trained:euler={tmp_path / 'trained.csv'}"]
     argv += ["--per-task", str(mx / "per_task.csv"), "--run-id", IDENTITY]
@@ -194,7 +181,7 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
     rp = tmp_path / "report"
     argv = ["stage", "report", "--config-json", json.dumps({"recipe": "tiny", **logging}), "--run-id", IDENTITY]
     argv += ["--metrics", str(out / "metrics.jsonl")]  # no stage manifests: the trainer here wrote none
-    argv += ["--table", str(ev / "per_task.csv"), "--matrix", str(mx / "matrix.csv")]
+    argv += ["--per-task", str(mx / "per_task.csv"), "--matrix", str(mx / "matrix.csv")]
     argv += ["--provenance", str(rp / "provenance.json"), "--html", str(rp / "report.html")]
     argv += ["--crate", str(rp / "ro-crate-metadata.json"), "--manifest", str(rp / "report.manifest.json")]
     rp.mkdir()
@@ -205,14 +192,13 @@ def test_evaluate_matrix_and_report_log_their_outputs_to_the_same_run(server, re
     logged = {
         f"{stage}/{name}": local
         for stage, folder, names in (
-            ("evaluate", ev, ["per_task.csv", "scores.csv"]),
             ("matrix", mx, ["matrix.csv", "per_task.csv"]),
             ("report", rp, ["report.html", "provenance.json"]),
         )
         for name in names
         for local in [folder / name]
     }
-    for stage in ("evaluate", "matrix", "report"):
+    for stage in ("matrix", "report"):
         listed = {f.path for f in client(server).list_artifacts(run_id, stage)}
         assert listed == {path for path in logged if path.startswith(stage + "/")}
     for path, local in logged.items():

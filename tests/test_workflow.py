@@ -11,7 +11,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from demo import CELLS, MODELS, PROVENANCE_STAGES, RULES, SAMPLERS, SECRETS, VENV, first_run_id, jobs_run, run
+from demo import (
+    CELLS,
+    CHECK_SAMPLER,
+    MODELS,
+    PROVENANCE_STAGES,
+    RULES,
+    SAMPLERS,
+    SECRETS,
+    VENV,
+    first_run_id,
+    jobs_run,
+    run,
+)
 
 from harness import assert_table_shows_csv, report_tables
 
@@ -72,10 +84,12 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
     _, made = demo
     report = Path(re.search(r"^report: (\S+)$", made.stdout, re.M).group(1))
     page = report.read_text()
-    assert report.is_file() and "Reward during training" in page and "<video src='../evaluate/videos/" in page
-    with open(report.parent.parent / "evaluate/per_task.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
+    assert report.is_file() and "Reward during training" in page and "<video src='../../../matrix/" in page
+    # The held-out check: the per-task table's rows of base and trained under the training sampler.
+    with open(report.parent.parent / "matrix/per_task.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["sampler"] == CHECK_SAMPLER]
+    assert [(r["model"], r["task"]) for r in rows[-2:]] == [("base", "ALL"), ("trained", "ALL")]
+    (shown,) = [t for t in report_tables(page) if t[0][:4] == ["model", "sampler", "domain", "task"]]
     assert_table_shows_csv(shown, rows)
     manifests = sorted(workdir.glob("results/**/*.manifest.json"))
     per_cell = {"generate_cell": len(CELLS), "score_cell": len(CELLS)}
@@ -127,10 +141,12 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
 
 
 def test_the_demo_evaluates_the_matrix_of_two_models_by_three_samplers(demo, workdir):
+    """On the evaluation set built from the held-out samples (all tasks trained: In-Domain_50), each cell once, the
+    held-out check (flowcps-0.7) among them: per task, trained against base, paired."""
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     with open(run_dir / "matrix/matrix.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    domains = ["In-Domain_50", "Out-of-Domain_50", "overall"]
+    domains = ["In-Domain_50", "overall"]
     assert [(r["model"], r["sampler"], r["domain"]) for r in rows] == [
         (m, s, d) for m in MODELS for s in SAMPLERS for d in domains
     ]
@@ -147,7 +163,7 @@ def test_the_demo_evaluates_the_matrix_of_two_models_by_three_samplers(demo, wor
         for sampler, shown in zip(SAMPLERS, row[1:]):
             cell = overall[(row[0], sampler)]
             assert shown == f"{float(cell['mean']):.3f} [{float(cell['ci_low']):.3f}, {float(cell['ci_high']):.3f}]"
-    (full,) = [t for t in tables if t[0][:3] == ["model", "sampler", "domain"]]
+    (full,) = [t for t in tables if t[0][:4] == ["model", "sampler", "domain", "samples"]]
     assert_table_shows_csv(full, rows)
     # Each cell's scores are the exact evaluation set, and the matrix is what the cells scored.
     (cells,) = workdir.glob("results/matrix/*")
@@ -157,6 +173,17 @@ def test_the_demo_evaluates_the_matrix_of_two_models_by_three_samplers(demo, wor
         with open(scores, newline="") as f:
             scored = [float(r["score"]) for r in csv.DictReader(f)]
         assert len(scored) == 6 and abs(sum(scored) / 6 - float(row["mean"])) < 1e-12
+    (evalset,) = workdir.glob("results/evalsets/*/samples.json")
+    heldout = json.loads(next(workdir.glob("results/data/*/materialized/splits.json")).read_text())
+    listed = json.loads(evalset.read_text())["samples"]
+    assert sorted(s["sample_id"] for s in listed) == sorted(i for task in heldout for i in task["heldout"])
+    with open(run_dir / "matrix/per_task.csv", newline="") as f:
+        check = [r for r in csv.DictReader(f) if r["sampler"] == CHECK_SAMPLER]
+    tasks = sorted({s["task"] for s in listed})
+    assert [(r["task"], r["model"]) for r in check] == [(t, m) for t in [*tasks, "ALL"] for m in MODELS]
+    for base, trained in zip(check[::2], check[1::2]):
+        assert float(trained["delta_vs_base"]) == pytest.approx(float(trained["mean"]) - float(base["mean"]))
+        assert base["se"] and not base["delta_vs_base"]
 
 
 def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, workdir):
@@ -194,14 +221,15 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     out = run(["bash", "-c", command], workdir, **env)
     text = out.stdout + out.stderr
     jobs = jobs_run(text)
-    assert jobs == {
+    training = {"fetch_model", "fetch_dataset", "materialize_dataset", "validate_dataset", "preflight", "train"}
+    assert {job: n for job, n in jobs.items() if job not in training} == {
         "fetch_eval_model": 2,
         "fetch_kernel": 1,  # generate_cell loads the recipe's FlashAttention-3 kernel offline
         "eval_set": 1,
         "fingerprint_evalkit": 1,
         "check_scorer_runtime": 1,
-        "generate_cell": 12,
-        "score_cell": 12,
+        "generate_cell": 14,  # 2 models x 6 samplers, and the run's check pair
+        "score_cell": 14,
         "matrix": 1,
         "evaluate_matrix": 1,
     }
@@ -209,6 +237,9 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
         for model in ("rule_rl@003373efcbc3", "judge_rl@1282a14cf537"):
             assert f"/{model}/{sampler}/scores.csv" in text
     assert "results/matrix/evalset-abababababab-gen-" in text
+    # The run's own held-out check, as in every run: its trained and base model under the training sampler, on
+    # the same (external) evaluation set, which needs the run trained.
+    assert "/flowcps-0.7/scores.csv" in text and training <= set(jobs)
     assert written() == before
     # The README's second form: this run's trained model and its base, through the SLURM profile (dry run).
     (command,) = re.findall(r"^(snakemake --profile profiles/slurm evaluate_matrix .*release.yaml.*)$", readme, re.M)
@@ -217,7 +248,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     out = run(["bash", "-c", command.replace("snakemake ", "snakemake -n ", 1)], workdir, **env)
     text = out.stdout + out.stderr
     jobs = jobs_run(text)
-    assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1
+    assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1  # the check: flowcps-0.7
     generate = resources_of(text, "generate_cell")
     assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (profiles/slurm)
     assert (generate["nodes"], generate["gres"]) == ("1", "gpu:8")  # matrix.procs: one process per GPU
@@ -270,9 +301,9 @@ def test_second_run_has_nothing_to_do(demo, workdir):
     assert "Nothing to be done" in out.stdout + out.stderr
 
 
-def test_forcerun_evaluate_reruns_only_evaluate_and_report(demo, workdir):
-    out = run(["snakemake", "--forcerun", "evaluate"], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
+def test_forcerun_matrix_reruns_only_matrix_and_report(demo, workdir):
+    out = run(["snakemake", "--forcerun", "matrix"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"matrix": 1, "report": 1, "all": 1}
 
 
 def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
@@ -282,7 +313,6 @@ def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
     assert jobs_run(out.stdout + out.stderr) == {
         "preflight": 1,
         "train": 1,
-        "evaluate": 1,
         "generate_cell": 3,
         "score_cell": 3,
         "matrix": 1,
@@ -402,10 +432,10 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
             argv.insert(1, "-n")
         out = run(argv, workdir, XDG_CONFIG_HOME=str(workdir / "xdg"))
         text = out.stdout + out.stderr
-        assert set(jobs_run(text)) >= {"preflight", "train", "evaluate"}
-    train, preflight, evaluate = (resources_of(text, rule) for rule in ("train", "preflight", "evaluate"))
+        assert set(jobs_run(text)) >= {"preflight", "train", "generate_cell"}
+    train, preflight, generate = (resources_of(text, rule) for rule in ("train", "preflight", "generate_cell"))
     assert (train["nodes"], train["gres"], train["mem_mb"], train["cpus_per_task"]) == ("16", "gpu:8", "900000", "96")
-    for stage, minutes in ((preflight, "30"), (evaluate, "600")):
+    for stage, minutes in ((preflight, "30"), (generate, "600")):  # a cell: matrix.procs (1) GPUs
         assert (stage["nodes"], stage["gres"], stage["mem_mb"], stage["cpus_per_task"], stage["runtime"]) == (
             "1",
             "gpu:1",
@@ -413,8 +443,8 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
             "16",
             minutes,
         )
-    assert "mpi" in train and "mpi" not in evaluate
-    assert train["tasks_per_gpu"] == preflight["tasks_per_gpu"] == evaluate["tasks_per_gpu"] == "0"
+    assert "mpi" in train and "mpi" not in generate
+    assert train["tasks_per_gpu"] == preflight["tasks_per_gpu"] == generate["tasks_per_gpu"] == "0"
 
 
 def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
@@ -460,7 +490,7 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
     run_dir = f"results/runs/{first_run_id(workdir)}"
     out = run(["bash", "-c", "videogrpo verify results/runs/$(videogrpo config --run-id)"], workdir)
     assert re.search(r"\d+ manifests, \d+ files checked, 0 problems", out.stdout + out.stderr)
-    videos = workdir / run_dir / "evaluate/videos"
+    (videos,) = workdir.glob(f"results/matrix/*/{first_run_id(workdir)}/{CHECK_SAMPLER}/videos")  # the check's
     (victim,) = sorted(videos.rglob("*.mp4"))[:1]
     good = victim.read_bytes()
     victim.write_bytes(good + b"\0")
@@ -472,8 +502,8 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
         out = run(["videogrpo", "verify", run_dir], workdir, check=False)
         text = out.stdout + out.stderr
         assert out.returncode == 4
-        assert f"CHANGED {victim.relative_to(workdir)} (evaluate output videos): recorded " in text
-        assert f"ADDED   {run_dir}/evaluate/videos/stray.txt (evaluate output videos)" in text
+        assert f"CHANGED {victim.relative_to(workdir)} (generate_cell output videos): recorded " in text
+        assert f"ADDED   {(videos / 'stray.txt').relative_to(workdir)} (generate_cell output videos)" in text
         assert f"MISSING {index.relative_to(workdir)} (materialize_dataset output dataset.json)" in text
         assert "3 problems" in text
     finally:
@@ -504,7 +534,7 @@ def test_verify_rehashes_a_run_and_diff_compares_two(demo, workdir):
     ), cost
     jobs = [line.split(":")[0].strip() for line in cost.splitlines()[1:]]
     shared = {r["name"] for r in traces[0]} & {r["name"] for r in traces[1]}
-    assert {"train", "preflight", "evaluate", "report"} <= set(jobs) and "fetch_model" not in jobs, jobs
+    assert {"train", "preflight", "matrix", "report"} <= set(jobs) and "fetch_model" not in jobs, jobs
     assert "fetch_model" in shared  # the same download for both: one manifest, left out
 
 
@@ -529,15 +559,14 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     # the outputs of a stage whose field changed are among them.
     listed = run(["snakemake", "--list-changes", "params"], workdir).stdout
     assert "train.manifest.json" in listed
-    out = run(["snakemake", "-n", "--config", "evaluate={max_samples_per_task: 1}"], workdir).stdout
+    out = run(["snakemake", "-n", "--config", "matrix={bootstrap: 100}"], workdir).stdout
     reasons = [line for line in out.splitlines() if "Params have changed" in line]
     # Snakemake prints the changed params as unordered sets: the field and the stage's config file.
     changed = [line.split("before: ", 1)[1].split(" now: ") for line in reasons]
-    assert changed and all(
-        "'evaluate.max_samples_per_task=null'" in before and "'evaluate.max_samples_per_task=1'" in now
-        for before, now in changed
+    assert len(changed) >= len(CELLS) and all(  # every score_cell (and the matrix)
+        "'matrix.bootstrap=200'" in before and "'matrix.bootstrap=100'" in now for before, now in changed
     )
-    assert all(len(line) < 400 for line in reasons)  # the field, not kilobytes of JSON
+    assert all(len(line.split("Params have changed", 1)[1]) < 300 for line in reasons)  # the field, not JSON
     out = run(["snakemake", "-n", "--config", "logging={wandb_project: renamed}"], workdir)
     assert "Nothing to be done" in out.stdout + out.stderr  # a cosmetic label reruns nothing
 
@@ -564,14 +593,26 @@ def test_config_error_names_the_field(demo, workdir):
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "results = 'not-a-dir/results': cannot write" in text
     assert "point `results` at a writable directory" in text and "Traceback" not in text
+    # A config of the time before the held-out check was the matrix's cells: refused naming the field's home.
+    out = run(["snakemake", "-n", "--config", "evaluate={split: rl}"], workdir, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Job stats" not in text
+    assert "evaluate.split: the `evaluate` section is gone" in text and "set matrix.split" in text
 
 
 @pytest.mark.parametrize("recipe", ["rl_5b_cps", "rl_5b_sde", "rl_5b_vlm", "rl_a14b_rule"])
 def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     out = run(["snakemake", "-n", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
     jobs = jobs_run(out.stdout + out.stderr)
-    # The recipes' matrix is off until a layer names its models and evaluation set (config/matrix/).
-    expected = set(RULES) - {"synthesize_eval_set", "eval_set", "generate_cell", "score_cell", "matrix"} | {"all"}
+    # The recipes' matrix holds the held-out check only, until a layer names its models (config/matrix/): the
+    # trained and base model under the training sampler, on the first 4 training prompts of each task.
+    expected = set(RULES) | {"all"}
+    assert jobs["generate_cell"] == jobs["score_cell"] == 2
+    check = {"rl_5b_sde": "dancegrpo-0.3", "rl_a14b_rule": "flowcps-uniform-0.0-1.0"}.get(recipe, "flowcps-0.7")
+    cells = re.findall(r"^\s+wildcards: model=(\S+), sampler=(\S+)$", out.stdout, re.M)
+    assert len(cells) == 4 and {sampler for _, sampler in cells} == {check}  # generated and scored
+    assert {model.startswith(f"{recipe}-") for model, _ in cells} == {True, False}  # trained and base
+    assert "/evalsets/rl-" in out.stdout
     if recipe != "rl_a14b_rule":  # the 5B recipes' _flash_3_hub; the A14B recipe runs diffusers' SDPA (native)
         expected |= {"fetch_kernel"}
     if recipe == "rl_5b_vlm":  # the judge model trains; the EvalKit scores the evaluation (REFERENCE section 10)
@@ -580,7 +621,10 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
         assert set(jobs_run(training.stdout + training.stderr)) == expected - {
             "fingerprint_evalkit",
             "check_scorer_runtime",
-            "evaluate",
+            "eval_set",
+            "generate_cell",
+            "score_cell",
+            "matrix",
             "report",
             "all",
         }

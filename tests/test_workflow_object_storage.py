@@ -182,9 +182,9 @@ def test_every_artifact_up_to_training_lives_in_the_bucket(bucket_run):
     assert any("/materialized/raw/" in k for k in stored)
     for name in ("train/metrics.jsonl", "logs/train.log", "preflight.json", "train.manifest.json"):
         assert f"{run_dir}/{name}" in stored
-    # Locally only what the workflow writes when it is read (each stage's config, the invocation), no artifact.
+    # Locally only what a run writes when it starts (each stage's config, the invocation), no artifact.
     local = {p.relative_to(checkout / "results").parts[0] for p in (checkout / "results").rglob("*") if p.is_file()}
-    assert local <= {".stage-config", ".checked-digests.json"}, local
+    assert local <= {".stage-config"}, local
 
 
 def test_manifests_and_digests_equal_the_file_system_run(bucket_run, demo, workdir):
@@ -236,8 +236,7 @@ def test_training_resumed_from_the_checkpoint_in_the_bucket(bucket_run):
     assert update < 4
     steps = [json.loads(line)["step"] for line in read(s3, f"results/runs/{run_id}/train/metrics.jsonl").splitlines()]
     assert steps == [1, 2, 3, 4]
-    # Nothing upstream of training was made again: the rerun found it all in the bucket (and train's check stamp,
-    # left there by the killed attempt: no check_inputs job, see the README).
+    # Nothing upstream of training was made again: the rerun found it all in the bucket.
     table = (resumed.stdout + resumed.stderr).split("Job stats:")[1].split("Select jobs")[0]
     assert dict(re.findall(r"^(\w+)\s+(\d+)$", table, re.M)) == {"train": "1", "total": "1"}, table
     # The credentials were in the environment only: in no manifest of the bucket.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import html
 import json
+import os
 import re
 import subprocess
 from datetime import datetime
@@ -133,11 +134,14 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     page = Page(dom)
     assert "<h1>Run " in dom and len(page.tables) >= 6
 
-    # Base and trained side by side: one row per evaluated sample, base then trained, the same task and sample.
-    evaluated = {(p.parent.name, p.stem) for p in (run_dir / "evaluate/videos/trained").rglob("*.mp4")}
-    assert len(evaluated) == 6 and evaluated == {
-        (p.parent.name, p.stem) for p in (run_dir / "evaluate/videos/base").rglob("*.mp4")
+    # Base and trained side by side: one row per evaluated sample, base then trained, the same task and sample,
+    # from the held-out check's two cells (the training sampler's column of the matrix).
+    cells = {
+        "base": next(workdir.glob("results/matrix/*/base-*/flowcps-0.7/videos")),
+        "trained": next(workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7/videos")),
     }
+    evaluated = {(p.parent.name, p.stem) for p in cells["trained"].rglob("*.mp4")}
+    assert len(evaluated) == 6 and evaluated == {(p.parent.name, p.stem) for p in cells["base"].rglob("*.mp4")}
     videos = [v for v in page.videos if "data-variant" in v]
     assert [v["data-variant"] for v in videos] == ["base", "trained"] * len(evaluated)
     shown = []
@@ -145,7 +149,8 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
         sample = (base["data-task"], base["data-sample"])
         assert (trained["data-task"], trained["data-sample"]) == sample
         for video, variant in ((base, "base"), (trained, "trained")):
-            assert video["src"] == f"../evaluate/videos/{variant}/{sample[0]}/{sample[1]}.mp4"
+            made = cells[variant] / "In-Domain_50" / sample[0] / f"{sample[1]}.mp4"
+            assert video["src"] == os.path.relpath(made, report.parent)
         shown.append(sample)
     assert sorted(shown) == sorted(evaluated)
     (head,) = [t for t in page.tables if t and t[0] == ["task / sample", "base", "trained"]]
@@ -162,8 +167,8 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     # stages that ran outside SLURM are 'local', with a tooltip saying so.
     text = re.sub(r"<[^>]+>", " ", dom)
     assert not re.search(r"-0\.0+(?![0-9])", text), re.search(r".{80}-0\.0+(?![0-9]).{20}", text)
-    with open(run_dir / "evaluate/per_task.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    with open(run_dir / "matrix/per_task.csv", newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["sampler"] == "flowcps-0.7"]  # the held-out check's
     evaluation = page.table(list(rows[0]))
     for got, want in zip(evaluation[1:], rows, strict=True):
         assert got == [as_shown(v) for v in want.values()]

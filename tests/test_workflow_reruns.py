@@ -17,20 +17,18 @@ from demo import CELLS, VENV, first_run_id, jobs_run, run, train_digest
 pytestmark = pytest.mark.e2e
 
 
-def test_an_evaluation_setting_reruns_only_evaluate_and_report(demo, workdir):
-    out = run(["snakemake", "-n", "--config", "evaluate={seed: 7}"], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
+def test_an_evaluation_setting_reruns_only_the_evaluation_stages_that_read_it_and_the_report(demo, workdir):
+    out = run(["snakemake", "-n", "--config", "matrix={bootstrap: 100}"], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"score_cell": 6, "matrix": 1, "report": 1, "all": 1}
 
 
 def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, workdir):
     """Workers, ports, retention, logging: how work runs, not what it makes. Flipped, nothing complete reruns
     (Snakemake and verify agree); the stages' config files hold the new values, which the next run of a stage
-    uses (--forcerun evaluate: its kept batches are reused, the scorer pool has the new size); and flipped
-    back, nothing reruns either."""
+    uses (one cell's scoring forced: the scorer pool has the new size); and flipped back, nothing reruns either."""
     run(["snakemake", "--cores", "2"], workdir)
     run_id = first_run_id(workdir)
     before = train_digest(workdir, run_id)
-    run_dir = workdir / "results/runs" / run_id
     made = {path: path.stat().st_mtime_ns for path in (workdir / "results").rglob("*.manifest.json")}
     override = [
         "--config",
@@ -42,26 +40,32 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     for argv in (["snakemake", "-n", *override], ["snakemake", "--cores", "2", *override]):
         out = run(argv, workdir)
         assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
-        notes = [line for line in out.stderr.splitlines() if line.startswith("note: evaluate: ")]
+        notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
         if "-n" in argv:  # a dry run writes nothing, and says nothing of what a run would write
             assert not notes
             continue
-        (note,) = notes  # said when a run first writes the changed config file
+        (note,) = [line for line in notes if line.startswith("note: train: ")]  # said when a run first writes it
         assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
-        assert note.endswith("next run applies it (`--forcerun evaluate` reruns it and what follows it)"), note
-    configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("evaluate-*.json")]
-    assert any(c["evalkit"]["workers"] == 1 and c["parallel"]["master_port"] == 29871 for c in configs)
-    out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate", *override], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {"evaluate": 1, "report": 1, "all": 1}
-    log = (run_dir / "logs/evaluate.log").read_text()
+        assert note.endswith("next run applies it (`--forcerun train` reruns it and what follows it)"), note
+        assert any(line.startswith("note: score_cell: evalkit.workers 2 -> 1") for line in notes)
+    configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("score_cell-*.json")]
+    assert any(c["evalkit"]["workers"] == 1 and c["evalkit"]["threads_per_worker"] == 2 for c in configs)
+    (cell,) = workdir.glob("results/matrix/*/base-*/unipc")
+    scores = str((cell / "scores.csv").relative_to(workdir))
+    out = run(["snakemake", "--cores", "2", "--forcerun", scores, *override], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {"score_cell": 1, "matrix": 1, "report": 1, "all": 1}
+    log = (cell / "score_cell.log").read_text()
     assert "scoring with 1 scorer workers (evalkit.workers)" in log, log[-2000:]
-    kept = re.findall(r"evaluate (base|trained): (\d+) of (\d+) batches kept", log)
-    assert kept and all(done == total != "0" for _, done, total in kept), log[-2000:]  # reused, not redone
     assert train_digest(workdir, run_id) == before
     out = run(["snakemake", "-n"], workdir)  # back to the defaults
     assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
     changed = [p for p, ns in made.items() if p.stat().st_mtime_ns != ns]
-    assert {p.name for p in changed} == {"evaluate.manifest.json", "report.manifest.json"}, changed
+    assert sorted(p.name for p in changed) == [
+        "matrix.manifest.json",
+        "report.manifest.json",
+        "score_cell.manifest.json",
+    ]
+    assert cell / "score_cell.manifest.json" in changed
 
 
 def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workdir):
@@ -110,32 +114,35 @@ STOPPED = "the run stopped before it started, and every output is as it was"
 
 def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, workdir):
     """A hand-edited table and a corrupted weight file are refused by the check when the run starts, before any
-    job, naming the file and the fix; the report, and the evaluation under --forcerun, stay as they were."""
+    job, naming the file and the fix; the report, and the trained model's cells under --forcerun, stay as they
+    were."""
     run(["snakemake", "--cores", "2"], workdir)  # up to date first: only the tampering is left to find
     run_dir = workdir / "results/runs" / first_run_id(workdir)
-    table = run_dir / "evaluate/per_task.csv"
+    table = run_dir / "matrix/per_task.csv"
     original = table.read_text()
     report = snapshot(run_dir / "report")
-    table.write_text(original.replace("ALL,", "ALL ,", 1))  # a hand edit
+    table.write_text(original.replace(",ALL,", ",ALL ,", 1))  # a hand edit
     try:
         out = run(["snakemake", "--cores", "2", "report"], workdir, check=False)
         text = out.stdout + out.stderr
         assert out.returncode != 0 and STOPPED in text and "Error in rule report" not in text
-        assert "per_task.csv: input table is not what evaluate made" in text
+        assert "per_task.csv: input per_task is not what matrix made" in text
         assert snapshot(run_dir / "report") == report  # the previous report is kept
     finally:
         table.write_text(original)
     weights = run_dir / "train/final/transformer/diffusion_pytorch_model.safetensors"
     good = weights.read_bytes()
-    evaluation = snapshot(run_dir / "evaluate")
+    (check_cell,) = workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7")  # the held-out check's
+    evaluation = snapshot(check_cell.parent)
     weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
     try:
-        out = run(["snakemake", "--cores", "2", "--forcerun", "evaluate"], workdir, check=False)
+        videos = str((check_cell / "videos").relative_to(workdir))
+        out = run(["snakemake", "--cores", "2", "--forcerun", videos], workdir, check=False)
         text = out.stdout + out.stderr
-        assert out.returncode != 0 and STOPPED in text and "Error in rule evaluate" not in text
+        assert out.returncode != 0 and STOPPED in text and "Error in rule generate_cell" not in text
         assert "input final is not what train made" in text
         assert "files that differ: transformer/diffusion_pytorch_model.safetensors" in text
-        assert snapshot(run_dir / "evaluate") == evaluation  # even forced, nothing of the evaluation is lost
+        assert snapshot(check_cell.parent) == evaluation  # even forced, nothing of the evaluation is lost
         # The message's other way out: training made again (resumed from its checkpoints, re-exported); what
         # follows it reruns in the next test's plain rerun.
         assert "or rerun train (snakemake --forcerun train)" in text
@@ -152,7 +159,7 @@ def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, wor
     run(["snakemake", "--cores", "2", "train"], workdir)  # what follows train may be stale: the plain rerun makes it
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     (trained_cells,) = {p.parent.parent for p in workdir.glob(f"results/matrix/*/{run_dir.name}/*/scores.csv")}
-    kept = snapshot(run_dir / "evaluate", trained_cells)
+    kept = snapshot(run_dir / "matrix", trained_cells)
     manifest = run_dir / "train.manifest.json"
     manifest.write_text(manifest.read_text()[:500])
     out = run(["snakemake", "--cores", "2"], workdir, check=False)
@@ -160,7 +167,7 @@ def test_a_truncated_manifest_costs_nothing_and_its_message_is_the_fix(demo, wor
     assert out.returncode != 0 and STOPPED in text
     fix = re.search(r"cut short or edited: `(rm \S+)`, then `(snakemake --cores <N>)`", text)
     assert fix and fix.group(1) == f"rm {manifest.relative_to(workdir)}", text[-3000:]
-    assert snapshot(run_dir / "evaluate", trained_cells) == kept
+    assert snapshot(run_dir / "matrix", trained_cells) == kept
     run(fix.group(1).split(), workdir)
     run(fix.group(2).replace("<N>", "2").split(), workdir)
     assert "resumed from" in (run_dir / "logs/train.log").read_text()
@@ -261,24 +268,27 @@ def test_a_raw_video_overwritten_in_place_stops_a_forced_training_before_it_cost
 
 
 def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir):
-    """Kept evaluation batches are keyed by the code that made them: evaluate.py edited to sample black videos
-    gives other scores (not the old ones re-emitted), and the original code gives the original table back."""
+    """A cell's videos and scores are keyed by the code that made them: generation edited to make black videos
+    gives other scores (not the old ones re-emitted), and the original code gives the original scores back. One
+    cell of the held-out check, as its target."""
     env = {"PYTHONPATH": str(workdir / "src")}
-    table = workdir / "results/runs" / first_run_id(workdir) / "evaluate/per_task.csv"
-    original_table = table.read_bytes()
-    source = workdir / "src/videogrpo/evaluation/heldout.py"
+    (cell,) = workdir.glob(f"results/matrix/*/{first_run_id(workdir)}/flowcps-0.7")
+    scores = cell / "scores.csv"
+    target = str(scores.relative_to(workdir))
+    original_scores = scores.read_bytes()
+    source = workdir / "src/videogrpo/evaluation/generate.py"
     original = source.read_text()
-    decode = "    return model.decode(trajectory.latents[:, -1])\n"
+    decode = "    return model.decode(sampling.sample_latents("
     assert decode in original
     try:
         source.write_text(original.replace(decode, decode.replace("return ", "return 0 * ")))
-        out = run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
-        assert jobs_run(out.stdout + out.stderr)["evaluate"] == 1
-        assert table.read_bytes() != original_table
+        out = run(["snakemake", "--cores", "2", target], workdir, **env)
+        assert jobs_run(out.stdout + out.stderr) == {"generate_cell": 1, "score_cell": 1}
+        assert scores.read_bytes() != original_scores
     finally:
         source.write_text(original)
-    run(["snakemake", "--cores", "2", "evaluate"], workdir, **env)
-    assert table.read_bytes() == original_table
+    run(["snakemake", "--cores", "2", target], workdir, **env)
+    assert scores.read_bytes() == original_scores
 
 
 def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(demo, workdir):
@@ -317,11 +327,11 @@ def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(d
     assert not manifest.exists() and (run_dir / "report/report.html").is_file()
     # As after failures of the later stages too, whose outputs Snakemake removes likewise: verify names every
     # missing manifest (exit 4) with the command that rebuilds it.
-    removed = [manifest, *(run_dir / f"{stage}.manifest.json" for stage in ("evaluate", "report"))]
+    removed = [manifest, *(run_dir / f"{stage}.manifest.json" for stage in ("matrix", "report"))]
     for path in removed[1:]:
         path.unlink()
     dry = run(["snakemake", "-n"], workdir)
-    assert {"train": 1, "evaluate": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
+    assert {"train": 1, "matrix": 1, "report": 1}.items() <= jobs_run(dry.stdout + dry.stderr).items()
     checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
     assert checked.returncode == 4
     for path in removed:

@@ -71,23 +71,14 @@ KERNEL = f"{RESULTS}/kernels/{layout.kernel_key(CFG)}"
 KERNEL_CACHE = f"{KERNEL}/cache"
 
 # The evaluation matrix: cells keyed by model and sampler under a directory of the evaluation set and the
-# generation settings, so base and hub-model cells are shared by runs and other settings never overwrite.
-MATRIX_ON = bool(CFG.matrix.models and CFG.matrix.samplers)
+# generation settings, so base and hub-model cells are shared by runs and other settings never overwrite. Every run
+# has one: at least its held-out check (the trained and base model under the training sampler, config/cells.py).
 EVALSET = f"{RESULTS}/evalsets/{layout.evalset_key(CFG, TASK_LIST_TEXT)}"
+# The run's one evaluation set: the external tree, or the tree eval_set builds from the dataset's matrix.split.
 EVAL_TREE = CFG.matrix.eval_set or f"{EVALSET}/tree"
 MATRIX = f"{RESULTS}/matrix/{layout.matrix_key(CFG, TASK_LIST_TEXT)}"
 CELL = f"{MATRIX}/{{model}}/{{sampler}}"
-if MATRIX_ON and not CFG.matrix.eval_set:
-    from videogrpo.demo.synthetic_dataset import TASKS as SYNTHETIC_TASKS
-
-    _NO_GENERATOR = sorted(set(vg.task_names(TASK_LIST_TEXT)) - set(SYNTHETIC_TASKS))
-    if _NO_GENERATOR:
-        raise WorkflowError(
-            f"matrix.eval_set is empty, and a synthetic evaluation tree can only be made for the synthetic tasks "
-            f"(not {_NO_GENERATOR[:3]}): set matrix.eval_set and matrix.eval_set_digest to the release evaluation "
-            f"tree, or matrix.models: [] for no matrix"
-        )
-if MATRIX_ON and CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json").is_file():
+if CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json").is_file():
     # A dry run may plan the matrix before the tree is there; the eval_set job refuses it, naming the field.
     print(
         f"warning: matrix.eval_set = {CFG.matrix.eval_set!r} holds no split_manifest.json (yet): the eval_set job "
@@ -252,7 +243,7 @@ def rule_reward_inputs(**named):
     return named if RULE_REWARD else {}
 
 
-# The EvalKit's records. Evaluation (evaluate, score_cell) scores with the EvalKit whatever reward.kind (the
+# The EvalKit's records. Evaluation (score_cell) scores with the EvalKit whatever reward.kind (the
 # release evaluation, REFERENCE section 10), so they are always in the DAG; preflight and training read them
 # only for the rule reward (RULE_REWARD_STAGES).
 EVALKIT_STAGES = ("fingerprint_evalkit", "check_scorer_runtime")
@@ -268,19 +259,13 @@ STAGE_MANIFESTS = {
     "check_scorer_runtime": f"{EVALKIT}/check_scorer_runtime.manifest.json",
     "preflight": f"{RUN}/preflight.manifest.json",
     "train": f"{RUN}/train.manifest.json",
-    "evaluate": f"{RUN}/evaluate.manifest.json",
 }
 
 
 def matrix_manifests():
     """The manifests behind the run's matrix, by `stage` or `stage:model:sampler`: the report's provenance and
     RO-Crate include every cell."""
-    if not MATRIX_ON:
-        return {}
-    found = {}
-    if not CFG.matrix.eval_set:
-        found["synthesize_eval_set"] = f"{EVALSET}/synthesize_eval_set.manifest.json"
-    found["eval_set"] = f"{EVALSET}/eval_set.manifest.json"
+    found = {"eval_set": f"{EVALSET}/eval_set.manifest.json"}
     for name, spec in CFG.matrix.hub_models.items():
         if name in CFG.matrix.models:
             key = layout.hub_model_key(name, spec)
@@ -308,12 +293,6 @@ def upstream(*stages):
     return {f"{stage}_manifest": STAGE_MANIFESTS[stage] for stage in stages if stage in STAGE_MANIFESTS}
 
 
-def checked(stage, where, *functions, **named):
-    """A stage's named inputs (its input functions are the rule's own, unpack()ed). Its inputs are checked once when
-    the run starts (onstart, pipeline/start_check.py), not by a job of their own."""
-    return named
-
-
 def upstream_args(wildcards, input):
     """The `--upstream` arguments of a rule's manifest inputs (a params function)."""
     return " ".join(f"--upstream {path}" for name, path in input.items() if name.endswith("_manifest"))
@@ -333,14 +312,39 @@ def train_job_submit():
 
 
 def eval_tree_inputs():
-    """eval_set's inputs: the synthetic tree and its manifest, or every file of the external tree (so that an
-    edit reruns the check, which then refuses it); nothing while the external tree is absent (dry runs)."""
+    """eval_set's inputs: the materialized dataset it builds the set from (its index and split manifest, checked
+    against materialize_dataset's manifest), or every file of the external tree (so that an edit reruns the
+    check, which then refuses it); nothing while the external tree is absent (dry runs)."""
     if not CFG.matrix.eval_set:
-        return {"tree": EVAL_TREE, "synthesize_eval_set_manifest": f"{EVALSET}/synthesize_eval_set.manifest.json"}
+        return {
+            "index": f"{DATASET}/dataset.json",
+            **upstream("materialize_dataset"),
+            **dataset_inputs("splits", "raw"),
+        }
     root = Path(EVAL_TREE)
     if not (root / "split_manifest.json").is_file():
         return {}
     return {"tree_files": [local(str(path)) for path in sorted(root.rglob("*")) if path.is_file()]}
+
+
+def eval_set_outputs():
+    """eval_set's outputs beyond the list and the final frames: the tree it builds from the dataset (an external
+    tree is an input, pinned)."""
+    return {} if CFG.matrix.eval_set else {"tree": directory(EVAL_TREE)}
+
+
+def built_tree_inputs():
+    """The evaluation tree eval_set built, for the cells that read it, declared in object storage only (where a job
+    reads nothing but declared local copies); an external tree is read where it is."""
+    return object_storage_only(tree=EVAL_TREE) if not CFG.matrix.eval_set else {}
+
+
+def eval_set_source(wildcards, input, output):
+    """eval_set's source arguments: the external tree where it is, or the dataset (by its input, a local copy in
+    object storage) and the tree to build."""
+    if CFG.matrix.eval_set:
+        return f"--tree {shlex.quote(EVAL_TREE)}"
+    return f"--dataset {shlex.quote(str(Path(input.index).parent))} --out-tree {shlex.quote(output.tree)}"
 
 
 def cell_model_inputs(wildcards):
@@ -368,12 +372,9 @@ def trained_transformer_arg(wildcards, input):
 
 
 def matrix_cells():
-    """(name, sampler, cell directory) of every cell of this run's matrix."""
-    return [
-        (name, sampler, f"{MATRIX}/{CELL_MODELS[name]}/{sampler}")
-        for name in CFG.matrix.models
-        for sampler in CFG.matrix.samplers
-    ]
+    """(name, sampler, cell directory) of every cell of this run's matrix: matrix.models x matrix.samplers and the
+    held-out check's (vg.matrix_cells)."""
+    return [(name, sampler, f"{MATRIX}/{CELL_MODELS[name]}/{sampler}") for name, sampler in vg.matrix_cells(CFG)]
 
 
 def matrix_cell_inputs():
@@ -394,19 +395,22 @@ STAGE_MANIFESTS.update(matrix_manifests())
 
 # What the check at the start of a run covers beyond the rules' declared inputs (pipeline/start_check.py).
 # The stages that read the EvalKit checkout: it must be at evalkit.digest before they start.
-EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "evaluate", "score_cell"} | (
-    {"train"} if RULE_REWARD else set()
-)
+EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "score_cell"} | ({"train"} if RULE_REWARD else set())
 # Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
 PINNED_INPUTS = {"sources", "tree_files"}
-# What a stage reads from the dataset's directory beyond dataset.json, declared as inputs in object storage only
-# (dataset_inputs): on a shared file system the check still covers it.
+# What a stage reads beyond its declared inputs on a shared file system (in object storage these are declared, see
+# dataset_inputs and built_tree_inputs), with the manifests that vouch for them: the check still covers them.
+_BUILT_TREE = {} if CFG.matrix.eval_set else {"tree": EVAL_TREE, **upstream("eval_set")}
 UNDECLARED_READS = {
-    stage: {**{name: DATASET_PARTS[name] for name in names}, **upstream("materialize_dataset")}
-    for stage, names in {
-        "validate_dataset": ("splits", "materialization", "raw"),
-        "preflight": ("splits",),
-        "train": ("splits", "raw"),
-        "evaluate": ("splits", "raw"),
-    }.items()
+    **{
+        stage: {**{name: DATASET_PARTS[name] for name in names}, **upstream("materialize_dataset")}
+        for stage, names in {
+            "validate_dataset": ("splits", "materialization", "raw"),
+            "preflight": ("splits",),
+            "train": ("splits", "raw"),
+            **({} if CFG.matrix.eval_set else {"eval_set": ("splits", "raw")}),
+        }.items()
+    },
+    "generate_cell": _BUILT_TREE,
+    "score_cell": _BUILT_TREE,
 }

@@ -1,5 +1,6 @@
-# The evaluation matrix (REFERENCE section 10): an evaluation set pinned and checked, models validated,
-# one generate and one score job per (model, sampler) cell, and the run's matrix table.
+# The evaluation matrix: the run's one evaluation set (an external tree pinned, or one built from the dataset's
+# split), models validated, one generate and one score job per (model, sampler) cell, the held-out check's cells
+# among them, and the run's tables.
 
 
 wildcard_constraints:
@@ -8,26 +9,11 @@ wildcard_constraints:
     hub="[^/]+",
 
 
-rule synthesize_eval_set:
-    output:
-        tree=directory(f"{EVALSET}/tree"),
-        manifest=f"{EVALSET}/synthesize_eval_set.manifest.json",
-    log:
-        f"{EVALSET}/synthesize_eval_set.log",
-    localrule: True
-    params:
-        **stage_params("synthesize_eval_set"),
-        config=stage_config("synthesize_eval_set"),
-        code=code("synthesize_eval_set"),
-    shell:
-        "videogrpo stage synthesize-eval-set --config-json {params.config:q} --out {output.tree:q}"
-        " --manifest {output.manifest:q} > {log:q} 2>&1"
-
-
 rule eval_set:
     input:
-        **checked("eval_set", EVALSET, **eval_tree_inputs()),
+        **eval_tree_inputs(),
     output:
+        **eval_set_outputs(),
         samples=f"{EVALSET}/samples.json",
         final_frames=directory(f"{EVALSET}/final_frames"),
         manifest=f"{EVALSET}/eval_set.manifest.json",
@@ -39,11 +25,10 @@ rule eval_set:
         **stage_params("eval_set"),
         config=stage_config("eval_set"),
         code=code("eval_set"),
-        # The synthetic tree by its input (a local copy in object storage); an external tree where it is.
-        tree=lambda wildcards, input: EVAL_TREE if CFG.matrix.eval_set else input.tree,
+        source=eval_set_source,
         upstream=upstream_args,
     shell:
-        "videogrpo stage eval-set --config-json {params.config:q} --tree {params.tree:q} --samples {output.samples:q}"
+        "videogrpo stage eval-set --config-json {params.config:q} {params.source} --samples {output.samples:q}"
         " --final-frames {output.final_frames:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 
 
@@ -68,15 +53,11 @@ rule fetch_eval_model:
 rule generate_cell:
     input:
         unpack(cell_model_inputs),
-        **checked(
-            "generate_cell",
-            CELL,
-            cell_model_inputs,
-            samples=f"{EVALSET}/samples.json",
-            eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
-            **upstream("fetch_kernel"),
-            **hub_kernel_inputs(kernel=KERNEL_CACHE),
-        ),
+        **built_tree_inputs(),
+        **upstream("fetch_kernel"),
+        **hub_kernel_inputs(kernel=KERNEL_CACHE),
+        samples=f"{EVALSET}/samples.json",
+        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
     output:
         videos=directory(f"{CELL}/videos"),
         manifest=f"{CELL}/generate_cell.manifest.json",
@@ -100,16 +81,13 @@ rule generate_cell:
 
 rule score_cell:
     input:
-        **checked(
-            "score_cell",
-            CELL,
-            **upstream(*EVALKIT_STAGES),
-            videos=f"{CELL}/videos",
-            samples=f"{EVALSET}/samples.json",
-            final_frames=f"{EVALSET}/final_frames",
-            generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
-            eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
-        ),
+        **upstream(*EVALKIT_STAGES),
+        **built_tree_inputs(),
+        videos=f"{CELL}/videos",
+        samples=f"{EVALSET}/samples.json",
+        final_frames=f"{EVALSET}/final_frames",
+        generate_cell_manifest=f"{CELL}/generate_cell.manifest.json",
+        eval_set_manifest=f"{EVALSET}/eval_set.manifest.json",
     output:
         scores=f"{CELL}/scores.csv",
         aggregate=f"{CELL}/aggregate.csv",
@@ -135,10 +113,14 @@ rule score_cell:
 
 rule matrix:
     input:
-        **checked("matrix", RUN, **matrix_cell_inputs()),
+        **matrix_cell_inputs(),
     output:
         table=report(MATRIX_TABLE, caption="../report/matrix.rst", category="Evaluation"),
-        per_task=f"{RUN}/matrix/per_task.csv",
+        per_task=report(
+            f"{RUN}/matrix/per_task.csv",
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+        ),
         manifest=f"{RUN}/matrix.manifest.json",
     log:
         f"{RUN}/logs/matrix.log",

@@ -1,13 +1,9 @@
 rule report:
     input:
-        **checked(
-            "report",
-            RUN,
-            **STAGE_MANIFESTS,
-            **({"matrix_table": MATRIX_TABLE} if MATRIX_ON else {}),
-            metrics=f"{RUN}/train/metrics.jsonl",
-            table=f"{RUN}/evaluate/per_task.csv",
-        ),
+        **STAGE_MANIFESTS,
+        matrix_table=MATRIX_TABLE,
+        per_task=f"{RUN}/matrix/per_task.csv",
+        metrics=f"{RUN}/train/metrics.jsonl",
     output:
         provenance=report(
             f"{RUN}/report/provenance.json",
@@ -34,9 +30,9 @@ rule report:
         manifests=lambda wildcards, input: " ".join(
             f"--stage-manifest {name}={input[name]}" for name in STAGE_MANIFESTS
         ),
-        matrix=lambda wildcards, input: f"--matrix {input.matrix_table}" if MATRIX_ON else "",
     shell:
         "videogrpo stage report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
-        " --metrics {input.metrics:q} --table {input.table:q} {params.matrix} --provenance {output.provenance:q}"
+        " --metrics {input.metrics:q} --per-task {input.per_task:q} --matrix {input.matrix_table:q}"
+        " --provenance {output.provenance:q}"
         " --html {output.html:q} --crate {output.crate:q} --invocation {params.invocation:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

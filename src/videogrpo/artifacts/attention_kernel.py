@@ -47,7 +47,7 @@ def loader_env(cache: Path) -> dict[str, str]:
     """What the processes that set the backend need to load the kernel from `cache` and never from the network.
 
     Importing the kernel's package from the snapshot would write `__pycache__/` into it (on the shared cache),
-    and the next stage that checks the cache against fetch_kernel's manifest (a resumed training, evaluate)
+    and the next stage that checks the cache against fetch_kernel's manifest (a resumed training, a matrix cell)
     would find files fetch_kernel never fetched: no bytecode is written.
     """
     return {"KERNELS_CACHE": str(Path(cache).resolve()), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -9,6 +9,7 @@ This package must stay light: the Snakefile imports it at parse time (no torch, 
 core modules (`errors`).
 """
 
+from videogrpo.config.cells import check_models, matrix_cells, training_sampler
 from videogrpo.config.checks import (
     CHOICES,
     HEX40,
@@ -51,7 +52,6 @@ from videogrpo.config.sections import (
     Config,
     DataConfig,
     EvalKitConfig,
-    EvaluateConfig,
     GRPOConfig,
     LoggingConfig,
     ModelConfig,
@@ -78,7 +78,6 @@ __all__ = [
     "Config",
     "DataConfig",
     "EvalKitConfig",
-    "EvaluateConfig",
     "GRPOConfig",
     "HEX40",
     "HEX64",
@@ -95,10 +94,12 @@ __all__ = [
     "TrainConfig",
     "VideoConfig",
     "canonical_json",
+    "check_models",
     "deep_merge",
     "from_dict",
     "json_schema",
     "load",
+    "matrix_cells",
     "problems",
     "revision_problem",
     "read_task_list",
@@ -112,5 +113,6 @@ __all__ = [
     "uses_hub_kernel",
     "uses_tracker",
     "training_contract",
+    "training_sampler",
     "validate",
 ]

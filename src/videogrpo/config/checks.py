@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from videogrpo.config.cells import sampler_problem
 from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
 from videogrpo.errors import ConfigError
 
@@ -22,8 +23,7 @@ CHOICES = {
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
     "model.condition_dtype": ("bfloat16", "float32"),
-    "evaluate.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
-    "evaluate.split": ("heldout", "rl"),
+    "matrix.split": ("heldout", "rl"),
     "parallel.data_parallel": ("replicate", "fsdp", "hsdp"),
     "parallel.device": ("cpu", "cuda"),
     "parallel.backend": ("gloo", "nccl"),
@@ -87,9 +87,8 @@ POSITIVE = {
     "parallel.tensor_parallel",
     "parallel.cpu_threads",
     "parallel.device_memory_gib",
-    "evaluate.sampling_steps",
     "matrix.expected_samples",
-    "matrix.synthetic_per_task",
+    "matrix.samples_per_task",
     "matrix.steps",
     "matrix.guidance_scale",
     "matrix.num_frames",
@@ -107,8 +106,6 @@ NON_NEGATIVE = {
     "grpo.guidance_scale",
     "train.warmup_steps",
     "train.weight_decay",
-    "evaluate.eta",
-    "evaluate.max_samples_per_task",
     "evalkit.crf",
     "model.tiny_seed",
     "model.prompt_cache_bytes",
@@ -264,26 +261,12 @@ def _grpo_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _evaluate_problems(cfg: Config) -> list[str]:
-    if cfg.evaluate.split == "heldout" and cfg.data.heldout_per_task == 0:
-        return [
-            "evaluate.split = 'heldout': data.heldout_per_task is 0, so no sample is held out; set "
-            "evaluate.split to 'rl' or hold samples out (which removes them from training)"
-        ]
-    return []
-
-
-MATRIX_SAMPLER = re.compile(r"^(unipc|euler|flowcps-(0(\.\d+)?|1(\.0+)?))$")
 MATRIX_MODEL = re.compile(r"^(base|trained|[A-Za-z0-9_.-]+)$")
 
 
 def _matrix_problems(cfg: Config) -> list[str]:
     m = cfg.matrix
-    found = [
-        f"matrix.samplers: {name!r} is not unipc, euler or flowcps-<noise in [0, 1]>"
-        for name in m.samplers
-        if not MATRIX_SAMPLER.match(name)
-    ]
+    found = [f"matrix.samplers: {why}" for name in m.samplers if (why := sampler_problem(name))]
     for name in m.models:
         if name not in ("base", "trained") and name not in m.hub_models:
             found.append(f"matrix.models: {name!r} is not base, trained or a name in matrix.hub_models")
@@ -311,6 +294,17 @@ def _matrix_problems(cfg: Config) -> list[str]:
             f"(the Wan VAE)"
         )
     return found
+
+
+def _evaluation_set_problems(cfg: Config) -> list[str]:
+    """An evaluation set built from the held-out split needs samples held out of training."""
+    if not cfg.matrix.eval_set and cfg.matrix.split == "heldout" and cfg.data.heldout_per_task == 0:
+        return [
+            "matrix.split = 'heldout': data.heldout_per_task is 0, so no sample is held out; set matrix.split to 'rl' "
+            "(the first training prompts, with fresh noise), hold samples out (which removes them from training), or "
+            "give matrix.eval_set"
+        ]
+    return []
 
 
 TRACKERS = ("wandb", "mlflow", "none")
@@ -383,7 +377,7 @@ CHECKS = (
     (("reward", "evalkit"), _reward_problems),
     (("video",), _video_problems),
     (("grpo",), _grpo_problems),
-    (("evaluate", "data"), _evaluate_problems),
+    (("matrix", "data"), _evaluation_set_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),
     (("logging",), _logging_problems),

@@ -10,7 +10,8 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
   key the directories of what is made from it instead (`results`; `evalkit.path` and
   `evalkit.easyocr_models`, the EvalKit's records), or are read as inputs (`matrix.eval_set`: its files,
   so a moved tree is checked and listed again).
-- evaluation: what the evaluate stage measures. A change reruns evaluate and the report only.
+- evaluation: what the evaluation measures (the evaluation set, the matrix's cells and their settings). A change
+  reruns the evaluation stages that read it and the report only.
 - cosmetic: labels that change no computed value (the W&B project, the split name recorded in the
   split manifest). They are passed to the stages that record them but are no stage's param: a
   change reruns nothing and applies the next time such a stage runs.
@@ -37,7 +38,6 @@ _SECTION_CLASSES = {
     "model": CONTRACT,
     "video": CONTRACT,
     "grpo": CONTRACT,
-    "evaluate": EVALUATION,
     "matrix": EVALUATION,
     "slurm": EXECUTION,
     "kubernetes": EXECUTION,
@@ -223,16 +223,14 @@ STAGE_SECTIONS = {
     "preflight": RUN_SECTIONS + ("logging",),
     # kubernetes: `videogrpo k8s-job` reads the train stage's file (execution fields: no param, no rerun).
     "train": RUN_SECTIONS + ("logging", "kubernetes"),
-    "evaluate": RUN_SECTIONS + ("evaluate", "matrix.max_seconds", "matrix.bootstrap", "logging"),
-    "synthesize_eval_set": (
-        "data.task_list",
-        "data.synthetic_seed",
-        "data.gt_frames",
-        "data.gt_height",
-        "data.gt_width",
-        "matrix.synthetic_per_task",
+    # What eval_set may read: the external tree's pin, or the split it builds the set from (eval_set_fields).
+    "eval_set": (
+        "matrix.eval_set",
+        "matrix.eval_set_digest",
+        "matrix.expected_samples",
+        "matrix.split",
+        "matrix.samples_per_task",
     ),
-    "eval_set": ("matrix.eval_set", "matrix.eval_set_digest", "matrix.expected_samples"),
     "fetch_eval_model": ("matrix.pipeline_sha256",),
     "generate_cell": (
         "model",
@@ -251,8 +249,9 @@ STAGE_SECTIONS = {
         "matrix.bootstrap",
         "matrix.seed",
     ),
-    "matrix": ("matrix.models", "matrix.bootstrap", "matrix.seed", "logging"),
-    "report": ("recipe", "logging"),
+    "matrix": ("matrix.bootstrap", "matrix.seed", "logging"),
+    # The training sampler and compare_base: which cells are the held-out check the page shows (config/cells.py).
+    "report": ("recipe", "logging", "grpo.sampler", "grpo.eta", "grpo.eta_range", "matrix.compare_base"),
     "fetch_kernel": (
         "parallel.attention_backend",
         "parallel.attention_kernel_repo",
@@ -287,10 +286,20 @@ def download_fields(cfg: Config, section: str) -> list[str]:
     return [f"{section}.{name}" for name in names]
 
 
+def eval_set_fields(cfg: Config) -> list[str]:
+    """What eval_set reads: the external tree's pin (matrix.eval_set given), or the split of the dataset it builds
+    the evaluation set from; never both, so that a field of the other source reruns nothing."""
+    if cfg.matrix.eval_set:
+        return ["matrix.eval_set", "matrix.eval_set_digest", "matrix.expected_samples"]
+    return ["matrix.eval_set", "matrix.split", "matrix.samples_per_task"]
+
+
 def stage_view(cfg: Config, stage: str) -> dict[str, Any]:
     """The config a stage reads, as nested sections: its Snakemake params, so changing them reruns it."""
     if stage in DOWNLOADS:
         return select(cfg, download_fields(cfg, DOWNLOADS[stage]))
+    if stage == "eval_set":
+        return select(cfg, eval_set_fields(cfg))
     return select(cfg, list(STAGE_SECTIONS[stage]))
 
 

@@ -50,7 +50,7 @@ class DataConfig:
     samples_per_task: int = 1000
     """Samples each task must have after unpacking."""
     heldout_per_task: int = 0
-    """Samples per task held out of training (chosen with shuffle_seed) for evaluate.split `heldout`; the
+    """Samples per task held out of training (chosen with shuffle_seed) for matrix.split `heldout`; the
     released recipes train on every sample (0)."""
     gt_frames: int | None = None
     """Frame count every ground_truth.mp4 must decode to (null: any)."""
@@ -321,43 +321,31 @@ class ParallelConfig:
     the node preflight runs on; a number plans for the cluster's GPUs from a login node)."""
 
 
-@dataclass
-class EvaluateConfig:
-    split: str = "rl"
-    """Samples evaluated: `heldout` (held out of training by data.heldout_per_task) or `rl` (training
-    prompts, with fresh noise: the recipes train on every sample)."""
-    max_samples_per_task: int | None = 4
-    """Samples scored per task, the first of each task in the split (null: all)."""
-    sampler: str = "flowcps"
-    """Sampler of evaluation rollouts."""
-    eta: float = 0.0
-    """Noise level of evaluation rollouts (0: the deterministic Euler ODE)."""
-    sampling_steps: int | None = None
-    """Denoising steps (null: grpo.sampling_steps)."""
-    seed: int = 1234
-    """Seed of the evaluation noise."""
-    compare_base: bool = True
-    """Also score the untrained base model on the same samples and noise."""
-
-
 PUBLISHED_PIPELINE_SHA256 = "968acf1b214bce097f4d034bf26923dbf496ac319c1adb6560c16089f2ab0e50"
 
 
 @dataclass
 class MatrixConfig:
     eval_set: str = ""
-    """Flattened evaluation tree (`In-Domain_50/<task>/<index>/`, ...) holding split_manifest.json; empty: a
-    synthetic tree in that layout, generated here (the tiny default)."""
+    """Flattened evaluation tree (`In-Domain_50/<task>/<index>/`, ...) holding split_manifest.json, such as the
+    release evaluation set; empty: the evaluation set is built from the dataset's `split`."""
     eval_set_digest: str = ""
     """64-hex tree digest the evaluation tree must have (every file, split_manifest.json included); required
     with eval_set."""
     expected_samples: int = 500
-    """Samples split_manifest.json must list (the release split: 500)."""
-    synthetic_per_task: int = 1
-    """Samples per task and domain of the synthetic evaluation tree (eval_set empty)."""
+    """Samples the evaluation tree's split_manifest.json must list (the release split: 500)."""
+    split: str = "rl"
+    """Samples of the evaluation set built from the dataset (eval_set empty): `heldout` (held out of training by
+    data.heldout_per_task) or `rl` (training prompts, sampled with fresh noise: the recipes train on every sample)."""
+    samples_per_task: int | None = 4
+    """Samples per task of the evaluation set built from the dataset: the first of each task in `split` (null:
+    all of them)."""
     models: list[str] = field(default_factory=list)
-    """Models evaluated, one matrix row each: `base` (model.*), `trained` (the run's exported final transformer)
-    or a name in hub_models; empty: no matrix."""
+    """Models evaluated under every sampler, one matrix row each: `base` (model.*), `trained` (the run's exported
+    final transformer) or a name in hub_models. The held-out check's cells come in any case (compare_base)."""
+    compare_base: bool = True
+    """The held-out check, always evaluated: the trained model and, unless this is false, the base model, both
+    under the training sampler (grpo.sampler at grpo.eta, or grpo.eta_range) on the same samples and noise."""
     hub_models: dict[str, str] = field(default_factory=dict)
     """Pinned Hub pipelines to evaluate, name -> `repo_id@<40-hex revision>`."""
     pipeline_sha256: str = PUBLISHED_PIPELINE_SHA256
@@ -365,7 +353,8 @@ class MatrixConfig:
     samplers: list[str] = field(
         default_factory=lambda: ["flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"]
     )
-    """Samplers, one matrix column each: `unipc` (UniPC ODE), `euler` (Euler ODE) or `flowcps-<noise>`."""
+    """Samplers, one matrix column each: `unipc` (UniPC ODE), `euler` (Euler ODE), `flowcps-<eta>`,
+    `dancegrpo-<eta>`, `flowgrpo`, or `flowcps-uniform-<lo>-<hi>` (each sample's eta drawn from the range)."""
     steps: int = 30
     """Denoising steps of every cell."""
     guidance_scale: float = 1.0
@@ -383,7 +372,7 @@ class MatrixConfig:
     procs: int = 1
     """Generation processes per cell job: one per GPU of the node (data parallel), CPU processes on cpu."""
     bootstrap: int = 2000
-    """Bootstrap resamples of the 95 % intervals (over samples) of the matrix and of `evaluate`."""
+    """Bootstrap resamples of the 95 % intervals (over samples) of the matrix and its per-task table."""
     max_seconds: float = 5.0
     """Duration cap of evaluation scorer videos: they play at max(fps, ceil(frames / max_seconds)) (the release
     evaluation's 5 s: 81 frames at 17 fps; the training reward's cap is evalkit.max_seconds)."""
@@ -411,8 +400,8 @@ class SlurmConfig:
     constraint: str = ""
     """Node feature constraint of GPU jobs, e.g. `h100` (empty: none)."""
     gpus_per_node: int | None = None
-    """GPUs per node of a training job (null: parallel.procs_per_node on cuda, none on cpu); preflight and
-    evaluate ask for one."""
+    """GPUs per node of a training job (null: parallel.procs_per_node on cuda, none on cpu); preflight asks for
+    one, a matrix cell's generation for matrix.procs."""
     cpus_per_node: int = 64
     """CPU cores per node of a training job (rollout decoding and the reward pool use them)."""
     mem_mb_per_node: int = 512000
@@ -423,13 +412,13 @@ class SlurmConfig:
     """Resubmissions of a failed training job (a job killed at its time limit resumes from its last
     checkpoint); no other stage is resubmitted, since its failures repeat."""
     evaluate_minutes: int = 600
-    """Wall-time limit of the evaluation job."""
+    """Wall-time limit of a matrix cell's generation job."""
     preflight_minutes: int = 30
     """Wall-time limit of the preflight job."""
     stage_cpus: int = 16
-    """CPU cores of the one-GPU jobs (preflight; evaluate, whose scorer pool runs on them)."""
+    """CPU cores of the GPU jobs besides training (preflight, a matrix cell's generation)."""
     stage_mem_mb: int = 64000
-    """Memory of the one-GPU jobs, in MB."""
+    """Memory of the GPU jobs besides training, in MB."""
     data_cpus: int = 16
     """CPU cores of the data and scorer-runtime jobs."""
     data_mem_mb: int = 32000
@@ -451,8 +440,8 @@ class KubernetesConfig:
     privileged: bool = False
     """Privileged containers in the training Job, as --kubernetes-privileged gives the other pods."""
     gpus_per_node: int | None = None
-    """GPUs per pod of training (null: parallel.procs_per_node on cuda, none on cpu); preflight and evaluate ask
-    for one, a matrix cell for matrix.procs."""
+    """GPUs per pod of training (null: parallel.procs_per_node on cuda, none on cpu); preflight asks for one, a
+    matrix cell for matrix.procs."""
     gpu_manufacturer: str = "nvidia"
     """GPU resource of the pods: `nvidia` (nvidia.com/gpu) or `amd` (amd.com/gpu), as the executor plugin needs."""
     machine_type: str = ""
@@ -494,7 +483,6 @@ class Config:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)

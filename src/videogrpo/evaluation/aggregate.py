@@ -1,8 +1,8 @@
-"""Aggregates of scored cells: per task, per domain and overall, and the matrix of cells.
+"""Aggregates of scored cells: per task, per domain and overall, the matrix of cells and the run's per-task table.
 
 Means are plain means over samples (the reference's summaries; with the release split's equal task sizes
-they equal the means of task means). Intervals are 95 % percentile bootstraps over samples; the change
-from the base model pairs each sample with itself (same prompt, first frame and noise).
+they equal the means of task means), with their standard errors. Intervals are 95 % percentile bootstraps over
+samples; the change from the base model pairs each sample with itself (same prompt, first frame and noise).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import pandas as pd
 from videogrpo.evaluation.evalset import DOMAINS
 
 OVERALL = "overall"
+ALL = "ALL"
+"""The `task` of a cell's row over all its samples in the per-task table."""
 
 
 def bootstrap_interval(values: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:
@@ -26,6 +28,23 @@ def bootstrap_interval(values: np.ndarray, resamples: int, seed: int) -> tuple[f
     return float(low), float(high)
 
 
+def standard_error(values: np.ndarray) -> float:
+    """The standard error of the mean of `values` (NaN below two values)."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+
+
+def _statistics(values: np.ndarray, resamples: int, seed: int) -> dict:
+    low, high = bootstrap_interval(values, resamples, seed)
+    return {
+        "samples": len(values),
+        "mean": float(np.mean(values)),
+        "se": standard_error(values),
+        "ci_low": low,
+        "ci_high": high,
+    }
+
+
 def _groups(scores: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     """(level, name, rows): each task, each domain present, and all samples."""
     groups = [("task", task, part) for task, part in scores.groupby("task", sort=True)]
@@ -34,49 +53,71 @@ def _groups(scores: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 def summarize(scores: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
-    """One row per task, domain and overall: samples, mean score, its bootstrap interval."""
-    rows = []
-    for level, name, part in _groups(scores):
-        low, high = bootstrap_interval(part.score.to_numpy(), resamples, seed)
-        rows.append(
-            {
-                "level": level,
-                "name": name,
-                "samples": len(part),
-                "mean": float(part.score.mean()),
-                "ci_low": low,
-                "ci_high": high,
-            }
-        )
+    """One cell: one row per task, domain and overall: samples, mean score, its standard error and bootstrap
+    interval."""
+    rows = [
+        {"level": level, "name": name, **_statistics(part.score.to_numpy(), resamples, seed)}
+        for level, name, part in _groups(scores)
+    ]
     return pd.DataFrame(rows)
+
+
+def _cell_rows(
+    cells: dict[tuple[str, str], pd.DataFrame], base: str | None, resamples: int, seed: int, levels: tuple[str, ...]
+) -> list[dict]:
+    """Every cell's groups of `levels` (`_groups`), each with its statistics and, for a model other than `base`
+    under a sampler that has a base cell, the paired change from it: each sample against itself in the base cell
+    (same prompt, first frame and noise), a 95 % bootstrap interval over those differences."""
+    rows = []
+    for (model, sampler), scores in cells.items():
+        base_scores = cells.get((base, sampler)) if base and model != base else None
+        base_by_name = base_scores.set_index("name").score if base_scores is not None else None
+        by_name = scores.set_index("name").score
+        for level, name, part in _groups(scores):
+            if level not in levels:
+                continue
+            row = {"model": model, "sampler": sampler, "level": level, "name": name, "domain": name}
+            if level == "task":
+                row.update(domain=part.domain.iloc[0], task=name)
+            elif level == OVERALL and "task" in levels:
+                row.update(domain=OVERALL, task=ALL)
+            row.update(_statistics(part.score.to_numpy(), resamples, seed))
+            if base_by_name is not None:
+                names = part["name"].to_numpy()
+                deltas = by_name.loc[names].to_numpy() - base_by_name.loc[names].to_numpy()
+                row["delta_vs_base"] = float(deltas.mean())
+                row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, resamples, seed)
+            rows.append(row)
+    return rows
+
+
+MATRIX_COLUMNS = ("model", "sampler", "domain")
+PER_TASK_COLUMNS = ("model", "sampler", "domain", "task")
+STATISTICS = ("samples", "mean", "se", "ci_low", "ci_high", "delta_vs_base", "delta_ci_low", "delta_ci_high")
+
+
+def _table(rows: list[dict], keys: tuple[str, ...]) -> pd.DataFrame:
+    columns = [*keys, *(c for c in STATISTICS if any(c in row for row in rows))]
+    return pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
 
 
 def matrix_table(
     cells: dict[tuple[str, str], pd.DataFrame], base: str | None, resamples: int, seed: int
 ) -> pd.DataFrame:
-    """Every cell's domain and overall means with intervals, and (given the base model's name) each other
-    model's paired change from the base under the same sampler."""
-    rows = []
-    for (model, sampler), scores in cells.items():
-        indexed = scores.set_index("name").score
-        base_scores = cells.get((base, sampler)) if base and model != base else None
-        for level, name, part in _groups(scores):
-            if level == "task":
-                continue
-            low, high = bootstrap_interval(part.score.to_numpy(), resamples, seed)
-            row = {
-                "model": model,
-                "sampler": sampler,
-                "domain": name,
-                "samples": len(part),
-                "mean": float(part.score.mean()),
-                "ci_low": low,
-                "ci_high": high,
-            }
-            if base_scores is not None:
-                names = part["name"].to_numpy()
-                deltas = indexed.loc[names].to_numpy() - base_scores.set_index("name").score.loc[names].to_numpy()
-                row["delta_vs_base"] = float(deltas.mean())
-                row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, resamples, seed)
-            rows.append(row)
-    return pd.DataFrame(rows)
+    """Every cell's domain and overall means with standard errors and intervals, and (given the base model's
+    name) each other model's paired change from the base under the same sampler."""
+    return _table(_cell_rows(cells, base, resamples, seed, ("domain", OVERALL)), MATRIX_COLUMNS)
+
+
+def per_task_table(
+    cells: dict[tuple[str, str], pd.DataFrame], base: str | None, resamples: int, seed: int
+) -> pd.DataFrame:
+    """The per-task table of the run: every cell's tasks and its overall (`task` ALL), with standard errors,
+    intervals and the paired change from the base cell of the same sampler; by sampler, then task (ALL last),
+    then model, so that the models of a task stand together. The held-out check is its rows of the trained and
+    base models under the training sampler."""
+    rows = _cell_rows(cells, base, resamples, seed, ("task", OVERALL))
+    samplers = list(dict.fromkeys(sampler for _, sampler in cells))
+    models = list(dict.fromkeys(model for model, _ in cells))
+    rows.sort(key=lambda r: (samplers.index(r["sampler"]), r["task"] == ALL, r["task"], models.index(r["model"])))
+    return _table(rows, PER_TASK_COLUMNS)

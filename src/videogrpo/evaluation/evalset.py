@@ -1,10 +1,13 @@
-"""The evaluation set of the reference's release evaluation (REFERENCE section 10).
+"""A run's one evaluation set, in the layout of the reference's release evaluation.
 
 A flattened tree `<domain>/<task>/<index>/{first_frame.png, prompt.txt, ground_truth.mp4, metadata.json}`
 with domains In-Domain_50 then Out-of-Domain_50, and `split_manifest.json` at its root: a list of
 `{"task", "split", "bench": [sample ids]}` records, the sample id of `<task>/<index>` being bench[index]
 (metadata.json's `task_id` must equal it). The evaluation list is the exact set the manifest names, in
 domain, task, index order; a sample's position in it offsets its seed.
+
+The tree is an external one (the release set, matrix.eval_set), or one built in that layout from the materialized
+dataset's configured split (`write_dataset_tree`): every task of the dataset is a training task, so In-Domain_50.
 """
 
 from __future__ import annotations
@@ -17,13 +20,24 @@ from pathlib import Path
 
 import numpy as np
 
-from videogrpo.errors import DataError, DigestMismatch
+from videogrpo import atomic
+from videogrpo.data.dataset import SampleRef, load_split
+from videogrpo.errors import ConfigError, DataError, DigestMismatch
 from videogrpo.provenance.digest import sha256_file
 
 DOMAINS = ("In-Domain_50", "Out-of-Domain_50")
 SAMPLE_FILES = ("first_frame.png", "prompt.txt", "ground_truth.mp4", "metadata.json")
 MANIFEST = "split_manifest.json"
 INDEX = re.compile(r"^\d{5}$")
+# A tree sample's files from a materialized dataset sample (data/materialize.py's layout); metadata.json apart.
+DATASET_FILES = {
+    "first_frame.png": "first_frame.png",
+    "prompt.txt": "video/prompt.txt",
+    "ground_truth.mp4": "video/ground_truth.mp4",
+}
+# The final frame a built set is scored against: the dataset's own, as the training reward reads it (an external
+# tree has none: eval_set takes the last frame of its ground-truth video).
+DATASET_FINAL_FRAME = "video/final_frame.png"
 
 
 class EvalSetError(DataError):
@@ -127,6 +141,49 @@ def eval_samples(root: Path, expected: int) -> list[EvalSample]:
         shown = "\n  - ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
         raise EvalSetError(f"{root}: the evaluation set is not the exact set of its split manifest:\n  - {shown}")
     return samples
+
+
+def dataset_samples(dataset: Path, split: str, per_task: int | None) -> list[SampleRef]:
+    """The first `per_task` samples of each task in the materialized dataset's `split` (task-grouped order, as the
+    split manifest lists them; None: all)."""
+    samples = load_split(dataset, split)
+    if not samples:
+        raise ConfigError(
+            f"{dataset}: the {split!r} split is empty (matrix.split = {split!r}); hold samples out with "
+            f"data.heldout_per_task, or evaluate the 'rl' split"
+        )
+    kept, seen = [], {}
+    for sample in samples:
+        seen[sample.task] = seen.get(sample.task, 0) + 1
+        if per_task is None or seen[sample.task] <= per_task:
+            kept.append(sample)
+    return kept
+
+
+def write_dataset_tree(root: Path, samples: list[SampleRef]) -> dict[str, SampleRef]:
+    """The evaluation tree of dataset samples in the release layout, with its split manifest; returns each sample's
+    name in the tree -> the dataset sample it was copied from.
+
+    The files are the dataset's, copied; metadata.json gains `task_id` = the sample id, as the layout names each
+    sample by it. A sample's index is its place among its task's samples."""
+    by_task: dict[str, list[SampleRef]] = {}
+    for sample in samples:
+        by_task.setdefault(sample.task, []).append(sample)
+    placed, records = {}, []
+    for task, members in by_task.items():
+        for index, sample in enumerate(members):
+            name = f"{DOMAINS[0]}/{task}/{index:05d}"
+            target = root / name
+            target.mkdir(parents=True)
+            source = sample.directory
+            for leaf, relative in DATASET_FILES.items():
+                atomic.write_bytes(target / leaf, (source / relative).read_bytes())
+            metadata = json.loads((source / "metadata.json").read_text(encoding="utf-8"))
+            atomic.write_json(target / "metadata.json", dict(metadata, task_id=sample.sample_id))
+            placed[name] = sample
+        records.append({"task": task, "split": DOMAINS[0], "bench": [s.sample_id for s in members]})
+    atomic.write_json(root / MANIFEST, records)
+    return placed
 
 
 def _task_id(path: Path) -> str | None:

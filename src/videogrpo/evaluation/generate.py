@@ -1,9 +1,12 @@
 """Generation of one matrix cell: every evaluation sample by one model with one sampler.
 
-Samplers (REFERENCE section 10): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
+Samplers (config/cells.py names them): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
 UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
-with the model's flow shift) and `flowcps-<noise>` (the Flow-CPS transition of training, over
-sigma = shift t / (1 + (shift - 1) t)). Both model kinds sample through `videogrpo.evaluation.sampling`: for TI2V latent
+with the model's flow shift), and training's own transitions (`grpo.samplers`) over
+sigma = shift t / (1 + (shift - 1) t): `flowcps-<noise>`, `dancegrpo-<noise>`, `flowgrpo`, and
+`flowcps-uniform-<lo>-<hi>`, whose every sample draws its noise level from the range. Noise, and a drawn noise
+level, are keyed by (matrix.seed, the sample's position, step): the same in every cell, whichever process makes
+a sample. Both model kinds sample through `videogrpo.evaluation.sampling`: for TI2V latent
 frame 0 is the first frame's latent after every step; for I2V-A14B nothing is pinned and each step goes to
 the expert the model's boundary names. A trained cell substitutes the exported transformer (TI2V) or the
 exported expert folder(s) (I2V) for the base pipeline's.
@@ -22,28 +25,25 @@ from pathlib import Path
 
 import torch
 
-from videogrpo.config.checks import MATRIX_SAMPLER
+from videogrpo.config.cells import Sampler, parse_sampler
 from videogrpo.data.video import video_problem, write_mp4
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.evaluation.evalset import EvalSample
 
 SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
+# The key slot of a sample's drawn noise level (a flowcps-uniform cell): after every step number, so that it is
+# never a step's noise key.
+ETA_DRAW = 1 << 31
 
 
-@dataclass(frozen=True)
-class Sampler:
-    kind: str
-    """`unipc`, `euler` or `flowcps`."""
-    noise: float = 0.0
-    """Flow-CPS noise level eta in [0, 1]."""
+def sample_eta(sampler: Sampler, seed: int, index: int) -> float:
+    """The noise level sample `index` is generated at: the sampler's own, or its draw from the sampler's range,
+    keyed by (seed, index) as training keys its per-prompt draw by (seed, batch, prompt)."""
+    from videogrpo.grpo.rollout import seeded_uniform
 
-
-def parse_sampler(name: str) -> Sampler:
-    """A sampler cell name: `unipc`, `euler` or `flowcps-<noise>` with noise in [0, 1]."""
-    match = MATRIX_SAMPLER.match(name)  # the grammar the config check enforces
-    if not match:
-        raise ConfigError(f"matrix.samplers: {name!r} is not a sampler; use unipc, euler or flowcps-<noise> (0..1)")
-    return Sampler(name) if match.group(2) is None else Sampler("flowcps", float(match.group(2)))
+    if sampler.noise_range is None:
+        return sampler.noise
+    return seeded_uniform(*sampler.noise_range, seed, SEED_TAG, index, ETA_DRAW)
 
 
 def ode_scheduler(kind: str, model_dir: Path, shift: float):
@@ -101,15 +101,15 @@ def generate_video(
     device = model.device
     condition = condition.to(device)
     x = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index).unsqueeze(0)
-    if sampler.kind == "flowcps":
+    if sampler.kind in ("unipc", "euler"):
+        how = sampling.ODE(ode_scheduler(sampler.kind, model_dir, shift), s.steps)
+    else:  # a transition of training (grpo.samplers), at the sample's noise level
         how = sampling.SDE(
-            "flowcps",
+            sampler.kind,
             sigma_schedule(s.steps, shift),
-            sampler.noise,
+            sample_eta(sampler, s.seed, sample.index),
             lambda i: seeded_normal(shape, device, s.seed, SEED_TAG, sample.index, i + 1).unsqueeze(0),
         )
-    else:
-        how = sampling.ODE(ode_scheduler(sampler.kind, model_dir, shift), s.steps)
     return model.decode(sampling.sample_latents(model, transformer, embeds, condition, x, how, s.guidance_scale))[0]
 
 

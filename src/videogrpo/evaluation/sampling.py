@@ -1,4 +1,4 @@
-"""Sampling of evaluation videos, one path for both model kinds (`evaluate` and the matrix's cells).
+"""Sampling of evaluation videos, one path for both model kinds (the matrix's cells, the held-out check among them).
 
 The kinds differ in four facts, all kept here so that the stages differ only in what they select:
 - the model: `ti2v` is WanTI2V (one transformer), `i2v_a14b` WanI2VA14B (two experts, routed in its
@@ -12,10 +12,10 @@ The kinds differ in four facts, all kept here so that the stages differ only in 
 Evaluation takes no log-probabilities, so the rollout's frame mask (0 on TI2V's pinned frame, all ones
 for I2V) plays no part here.
 
-`sample_latents` runs a Gaussian sampler of training (`SDE`) or a diffusers ODE scheduler (`ODE`); for
-TI2V its SDE steps are the training rollout's (`grpo.rollout.rollout`) to the bit, and its ODE steps
-are those of diffusers' Wan pipelines. The weights a stage substitutes are inputs of its StageRun, so
-their digests were checked against the train manifest before any is read here.
+`sample_latents` runs a Gaussian transition of training (`SDE`: `grpo.samplers.transition`, the one the
+rollout steps with) or a diffusers ODE scheduler (`ODE`: the steps of diffusers' Wan pipelines), the latent
+in float32 between steps. The weights a stage substitutes are inputs of its StageRun, so their digests were
+checked against the train manifest before any is read here.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def exported_folders(cfg, final_dir: Path) -> dict[str, Path]:
 def substitute_experts(model: WanI2VA14B, folders: Mapping[str, Path], attention_backend: str) -> dict:
     """The I2V model's experts with `folders` (expert name -> Diffusers folder) in place of the base ones, on
     the model itself: each base expert is let go before its replacement loads, since two A14B experts in
-    float32 are 112 GB. The base experts are therefore gone afterwards (evaluate samples the base first)."""
+    float32 are 112 GB. The base experts are therefore gone afterwards (a cell holds one model: a trained cell
+    loads the base pipeline and substitutes its experts once)."""
     for name, folder in folders.items():
         if name not in model.experts:
             raise ConfigError(f"{folder}: the model has no {name}-noise expert to replace")
@@ -156,13 +157,9 @@ def sample_latents(
     init: torch.Tensor,
     how: SDE | ODE,
     guidance_scale: float = 1.0,
-    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The clean latents [B, C, F, h, w] (in `dtype`) denoised from the noise `init` by `how`.
-
-    `dtype` is where the latent lives between steps: `evaluate` keeps it in the trajectory dtype, as the
-    training rollout does; the matrix in float32.
-    """
+    """The clean latents [B, C, F, h, w] (float32) denoised from the noise `init` by `how`."""
+    dtype = torch.float32
     x = pin(model, init.to(dtype).clone(), condition)
     if isinstance(how, SDE):
         for i in range(len(how.sigmas) - 1):

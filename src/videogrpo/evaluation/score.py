@@ -69,6 +69,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
     if todo:
         # Errors are collected, not raised at the first: the caller refuses the cell naming every one.
         with RuleScorer.for_config(cfg, evalkit, fail_on_error=False) as scorer:
+            print(f"scoring with {e.workers} scorer workers (evalkit.workers)", flush=True)
             pending = []
             for sample in todo:
                 record_path, keep = paths(sample)

@@ -1,8 +1,8 @@
 """The MLflow run of a run identity: found by its tag or started once, and what the trainer and stages log there.
 
 MLflow chooses its run ids itself, so the run identity (`<recipe>-<12 hex>`, the run directory's name) is the
-run's name and its tag `videogrpo.run_identity`. Every writer (the trainer, a resumed trainer, evaluate,
-matrix, report) looks the run up by that tag, so a resume or a later stage continues that run instead of
+run's name and its tag `videogrpo.run_identity`. Every writer (the trainer, a resumed trainer, matrix,
+report) looks the run up by that tag, so a resume or a later stage continues that run instead of
 opening a second one. The server comes from $MLFLOW_TRACKING_URI, credentials from MLflow's own variables
 (MLFLOW_TRACKING_USERNAME/PASSWORD, MLFLOW_TRACKING_TOKEN): neither is ever a config field, a param or a
 manifest entry. mlflow is imported only where a run is opened: a dry run never pays for it.
@@ -148,7 +148,7 @@ class Run(Server):
         if found:
             return found[0].info.run_id
         made = self.client.create_run(self.experiment_id, run_name=self.identity, tags={IDENTITY_TAG: self.identity})
-        # Two writers can both find none (evaluate and matrix after a training that logged nowhere): each keeps
+        # Two writers can both find none (matrix and report after a training that logged nowhere): each keeps
         # the oldest run and deletes its own newer one, so one run of the identity remains.
         oldest = self._tagged()[0].info.run_id
         if oldest != made.info.run_id:

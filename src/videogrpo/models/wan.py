@@ -14,8 +14,8 @@ load in `model.frozen_dtype` (bf16 in the recipes); they compute in it and hand 
 Prompt embeddings are cached on CPU, bounded in bytes (`prompt_cache.PromptCache`). Where the frozen
 models live between uses is the trainer's offload schedule (`grpo.offload`), not this module's.
 
-The flow shift of the sigma schedule is the model's (`flow_shift`): training, `evaluate` and the
-matrix read it with one function; `grpo.shift` overrides it for training and `evaluate` only when set.
+The flow shift of the sigma schedule is the model's (`scheduler_flow_shift`): training and the matrix's cells
+read it with one function; `grpo.shift` overrides it for training only (`flow_shift`), when set.
 """
 
 from __future__ import annotations

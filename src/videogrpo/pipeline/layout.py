@@ -55,13 +55,16 @@ def evalkit_key(cfg: Config) -> str:
 
 
 def evalset_key(cfg: Config, task_list_text: str) -> str:
-    """Directory name of an evaluation set: its pinned tree digest, or the synthetic generator's settings."""
-    from videogrpo.config.identity import STAGE_SECTIONS
+    """Directory name of an evaluation set: its pinned tree digest, or, for one built from the dataset, its split
+    and a digest of what chooses its samples (the dataset's contract fields, which fix its splits, and the
+    evaluation set's own)."""
+    from videogrpo.config.identity import eval_set_fields, identity_fields, stage_view
 
     if cfg.matrix.eval_set:
         return f"evalset-{cfg.matrix.eval_set_digest[:12]}"
-    generator = select(cfg, list(STAGE_SECTIONS["synthesize_eval_set"]))
-    return f"synthetic-{_short_digest([generator, task_names(task_list_text)])}"
+    dataset = identity_fields(stage_view(cfg, "materialize_dataset"))
+    chosen = select(cfg, eval_set_fields(cfg))
+    return f"{cfg.matrix.split}-{_short_digest([dataset, task_names(task_list_text), chosen])}"
 
 
 def matrix_key(cfg: Config, task_list_text: str) -> str:
@@ -72,10 +75,13 @@ def matrix_key(cfg: Config, task_list_text: str) -> str:
 
 
 def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
-    """matrix.models name -> its directory in the matrix (the `model` wildcard): the base model's by what it
-    is (shared by runs), the trained one's by its run, a hub model's by its revision."""
+    """The name of each model of the run's cells (matrix.models and the held-out check's) -> its directory in the
+    matrix (the `model` wildcard): the base model's by what it is (shared by runs), the trained one's by its run, a
+    hub model's by its revision."""
+    from videogrpo.config.cells import cell_model_names
+
     names = {}
-    for name in cfg.matrix.models:
+    for name in cell_model_names(cfg):
         if name == "base":
             names[name] = f"base-{model_key(cfg)}"
         elif name == "trained":

@@ -103,7 +103,7 @@ def check_model_dir(model_dir: Path, manifest: Path, transformers: tuple[str, ..
 
 
 def check_flow_shift(cfg: Config, model_dir: Path) -> Check:
-    """The flow shift training and `evaluate` sample with, and where it comes from (the model, or grpo.shift)."""
+    """The flow shift training samples with, and where it comes from (the model, or grpo.shift)."""
     from videogrpo.errors import ConfigError
     from videogrpo.models.wan import flow_shift
 

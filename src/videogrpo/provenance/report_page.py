@@ -275,7 +275,7 @@ def _videos(videos: dict[str, list[str]]) -> str:
         for task, sample, base, trained in pairs
     )
     note = (
-        f"{len(pairs)} of {total} samples shown; all are in <code>evaluate/videos/</code>."
+        f"{len(pairs)} of {total} samples shown; all are in the two cells' <code>videos/</code> folders."
         if total > len(pairs)
         else ""
     )
@@ -344,12 +344,14 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
 def render_html(
     provenance: dict[str, Any],
     metrics: list[dict],
-    table: list[dict],
+    check: list[dict],
     videos: dict[str, list[str]] | None = None,
     matrix: list[dict] | None = None,
+    check_sampler: str = "",
 ) -> str:
-    """The report page. `videos`: per variant, paths of evaluation videos relative to the report; `matrix`: the
-    evaluation matrix's rows (matrix.csv)."""
+    """The report page. `check`: the held-out check's rows of the matrix's per-task table (the trained and base
+    model under the training sampler, `check_sampler`); `videos`: per model (`base`, `trained`), paths of the
+    check's videos relative to the report; `matrix`: the evaluation matrix's rows (matrix.csv)."""
     git = provenance["git"]
     dirty = ' <span class="warn">(uncommitted changes)</span>' if git.get("dirty") else ""
     parts = [
@@ -379,17 +381,20 @@ def render_html(
             "time_step_s",
         ]
         parts.append(_table(metrics, columns, {"learning_rate": learning_rate_text}))
-    parts.append("<h2>Evaluation: trained against base, same samples and noise (evaluate.split)</h2>")
-    if table:
+    under = f" (<code>{html.escape(check_sampler)}</code>)" if check_sampler else ""
+    parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
+    if check:
         parts.append(
-            "<p>Mean EvalKit score per task, its standard error (<code>_se</code>), and <code>delta</code> = trained "
-            "minus base with a 95 % paired bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>)."
-            "</p>"
+            "<p>The two cells of the evaluation matrix that sample as training does, on the run's evaluation set: "
+            "their rows of the matrix's per-task table (<code>matrix/per_task.csv</code>). Mean EvalKit score per "
+            "task and over ALL samples, its standard error (<code>se</code>) and 95 % bootstrap interval, and "
+            "<code>delta_vs_base</code> = trained minus base on the same samples and noise, with a 95 % paired "
+            "bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>).</p>"
         )
-        parts.append(_table(table, list(table[0].keys())))
+        parts.append(_table(check, list(check[0].keys())))
         parts.append(_videos(videos or {}))
     else:
-        parts.append("<p class='warn'>No evaluation table.</p>")
+        parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")
     if matrix:
         parts.append("<h2>Evaluation matrix (matrix.models x matrix.samplers, the evaluation set)</h2>")
         parts.append(

@@ -150,12 +150,13 @@ def _final_metrics(run_dir: Path) -> dict[str, Any]:
         found.update(
             {f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float)) and not k.startswith("time_")}
         )
-    table = run_dir / "evaluate/per_task.csv"
-    if table.is_file():
+    table = run_dir / "matrix/per_task.csv"
+    if table.is_file():  # each cell over all its samples, the held-out check's among them
         with open(table, newline="") as f:
             for row in csv.DictReader(f):
                 if row["task"] == "ALL":
-                    found.update({f"evaluate.{k}": v for k, v in row.items() if k != "task"})
+                    cell = f"matrix.{row['model']}:{row['sampler']}"
+                    found.update({f"{cell}.{k}": v for k, v in row.items() if k not in ("model", "sampler", "task")})
     return found
 
 

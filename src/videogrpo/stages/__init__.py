@@ -16,8 +16,6 @@ STAGES = (
     "check_scorer_runtime",
     "preflight",
     "train",
-    "evaluate",
-    "synthesize_eval_set",
     "eval_set",
     "fetch_eval_model",
     "generate_cell",

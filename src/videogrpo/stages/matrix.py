@@ -1,6 +1,8 @@
-"""matrix: the run's evaluation matrix, every (model, sampler) cell's domain and overall means with
-bootstrap intervals and the paired change from the base model, plus every cell's per-task means (both tables
-also artifacts of the run's MLflow run where logging.tracker lists mlflow)."""
+"""matrix: the run's evaluation tables from its scored cells. matrix.csv: every (model, sampler) cell's domain and
+overall means with standard errors, bootstrap intervals and the paired change from the base model under the same
+sampler; per_task.csv: the same per task and over ALL samples, the held-out check (trained against base under the
+training sampler) among its rows. Both are also artifacts of the run's MLflow run where logging.tracker lists
+mlflow."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pandas as pd
 
 from videogrpo import atomic
 from videogrpo.errors import VideoGRPOError
-from videogrpo.evaluation.aggregate import matrix_table
+from videogrpo.evaluation.aggregate import matrix_table, per_task_table
 from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cell", action="append", default=[], metavar="MODEL:SAMPLER=SCORES_CSV", help="a scored cell (repeat)"
     )
     parser.add_argument("--table", required=True, type=Path, help="the matrix (CSV) to create")
-    parser.add_argument("--per-task", required=True, type=Path, help="per-task means of every cell (CSV) to create")
+    parser.add_argument("--per-task", required=True, type=Path, help="every cell per task (CSV) to create")
     parser.add_argument("--run-id", help="the run identity: the MLflow run its matrix goes to (logging.tracker)")
 
 
@@ -42,15 +44,9 @@ def run(args: argparse.Namespace) -> int:
         differing = [f"{m}:{s}" for (m, s), listed in names.items() if listed != reference]
         if differing:
             raise VideoGRPOError(f"cells {differing} scored other samples than the first cell; rerun them")
-        base = "base" if "base" in cfg.matrix.models else None
+        base = "base" if any(model == "base" for model, _ in scores) else None
         table = matrix_table(scores, base, cfg.matrix.bootstrap, cfg.matrix.seed)
-        per_task = (
-            pd.concat([frame.assign(model=m, sampler=s) for (m, s), frame in scores.items()])
-            .groupby(["model", "sampler", "domain", "task"], sort=False)
-            .score.agg(["count", "mean"])
-            .reset_index()
-            .rename(columns={"count": "samples"})
-        )
+        per_task = per_task_table(scores, base, cfg.matrix.bootstrap, cfg.matrix.seed)
         with atomic.atomic_path(args.table) as tmp:
             table.to_csv(tmp, index=False)
         with atomic.atomic_path(args.per_task) as tmp:

@@ -1,5 +1,9 @@
-"""report: every manifest merged into provenance.json, and an HTML page with the reward curve and table (both
-also logged to the run's MLflow run where logging.tracker lists mlflow)."""
+"""report: every manifest merged into provenance.json, and an HTML page with the reward curve, the held-out check
+and the evaluation matrix (both files also logged to the run's MLflow run where logging.tracker lists mlflow).
+
+The held-out check is two of the matrix's cells, the trained and the base model under the training sampler
+(config/cells.py): the page shows their rows of the matrix's per-task table and their videos of the same samples.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import os
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.config import check_models, training_sampler
 from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
@@ -28,53 +33,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a stage's manifest (repeat for every stage)",
     )
     parser.add_argument("--metrics", required=True, type=Path, help="training metrics (JSON lines)")
-    parser.add_argument("--table", required=True, type=Path, help="evaluation per-task table (CSV)")
-    parser.add_argument("--matrix", type=Path, help="the evaluation matrix (CSV), when the run has one")
+    parser.add_argument("--per-task", required=True, type=Path, help="the matrix's per-task table (CSV)")
+    parser.add_argument("--matrix", required=True, type=Path, help="the evaluation matrix (CSV)")
     parser.add_argument("--provenance", required=True, type=Path, help="provenance.json to create")
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
     parser.add_argument("--crate", required=True, type=Path, help="the run's ro-crate-metadata.json (run dir root)")
     parser.add_argument("--invocation", type=Path, help="the config files and --config overrides as given (JSON)")
 
 
-def evaluation_videos(provenance: dict, html: Path) -> dict[str, list[str]]:
-    """The evaluate stage's videos by variant, as paths relative to the report page."""
-    record = provenance["stages"].get("evaluate", {}).get("outputs", {}).get("videos")
-    if not record:
-        return {}
+def check_videos(provenance: dict, models: tuple[str, ...], sampler: str, html: Path) -> dict[str, list[str]]:
+    """The held-out check's videos by model (`base`, `trained`), from its cells' generate_cell manifests, as paths
+    relative to the report page (`<domain>/<task>/<index>.mp4` under each cell's videos/)."""
     found: dict[str, list[str]] = {}
-    for rel in sorted(record.get("entries", {})):
-        found.setdefault(rel.split("/")[0], []).append(os.path.relpath(Path(record["path"]) / rel, html.parent))
+    for model in models:
+        record = provenance["stages"].get(f"generate_cell:{model}:{sampler}", {}).get("outputs", {}).get("videos")
+        if record:
+            found[model] = [
+                os.path.relpath(Path(record["path"]) / rel, html.parent) for rel in sorted(record.get("entries", {}))
+            ]
     return found
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
     manifests = {name: Path(path) for name, path in manifests.items()}
-    # Every stage's manifest is upstream: the metrics and the table must be what train and evaluate made.
+    sampler, models = training_sampler(cfg), check_models(cfg)
+    # Every stage's manifest is upstream: the metrics and the tables must be what train and matrix made.
+    inputs = dict(manifests, metrics=args.metrics, per_task=args.per_task, matrix=args.matrix)
     with StageRun(
-        "report",
-        args.manifest,
-        inputs=dict(
-            manifests, metrics=args.metrics, table=args.table, **({"matrix": args.matrix} if args.matrix else {})
-        ),
-        params=sections,
-        upstream=[*manifests.values(), *args.upstream],
+        "report", args.manifest, inputs=inputs, params=sections, upstream=[*manifests.values(), *args.upstream]
     ) as stage:
         provenance = build_provenance(
             manifests, args.run_id, json.loads(args.invocation.read_text()) if args.invocation else {}
         )
         metrics = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
-        with open(args.table, newline="") as f:
-            table = list(csv.DictReader(f))
-        matrix = None
-        if args.matrix:
-            with open(args.matrix, newline="") as f:
-                matrix = list(csv.DictReader(f))
+        check = [row for row in read_csv(args.per_task) if row["sampler"] == sampler and row["model"] in models]
+        videos = check_videos(provenance, models, sampler, args.html)
         atomic.write_json(args.provenance, provenance)
-        atomic.write_text(
-            args.html, render_html(provenance, metrics, table, evaluation_videos(provenance, args.html), matrix)
-        )
+        atomic.write_text(args.html, render_html(provenance, metrics, check, videos, read_csv(args.matrix), sampler))
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))
