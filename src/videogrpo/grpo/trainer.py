@@ -159,7 +159,18 @@ class Trainer:
     """The offload schedule (`grpo/offload.py`), set by __init__; this default, which keeps everything where it is,
     serves a trainer assembled without __init__ (the manual ref_diff harness)."""
 
-    def __init__(self, cfg: Config, paths: TrainPaths, ctx: distributed.Context, run_id: str):
+    def __init__(
+        self,
+        cfg: Config,
+        paths: TrainPaths,
+        ctx: distributed.Context,
+        run_id: str,
+        *,
+        order: list[SampleRef] | None = None,
+        scorer=None,
+    ):
+        """`order` and `scorer`, when given, stand in for the training order read from `paths.dataset` and for
+        the scorer the reward config makes (tools/ref_diff hands in its prompts and fixed rewards)."""
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
         # Seeded per data replica: TP peers must draw alike (every draw of the run is counter-keyed; this one's
         # stream is for anything that is not).
@@ -184,14 +195,18 @@ class Trainer:
             {"text_encoder": [self.model.text_encoder], "vae": [self.model.vae.encoder, self.model.vae.decoder]},
             decodes=self.scores,
         )
-        self.order = training_order(load_split(paths.dataset, "rl"), cfg.data.shuffle_seed)
+        self.order = (
+            order if order is not None else training_order(load_split(paths.dataset, "rl"), cfg.data.shuffle_seed)
+        )
         self.actions = run_plan(cfg, len(self.order))
         self.total = replay.total_updates(self.actions)
         self.shift, self.shift_source = flow_shift(cfg, paths.model)
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, self.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = waves(cfg, ctx.rank, ctx.world_size)
-        if not self.scores:
+        if scorer is not None:
+            self.scorer = scorer
+        elif not self.scores:
             self.scorer = NoScorer()
         elif cfg.reward.kind == "vbvr_vlm":
             tasks = sorted({sample.task for sample in self.order})
