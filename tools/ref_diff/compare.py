@@ -1,0 +1,283 @@
+"""Differences between a project side file (A) and a reference side file (B): per rolled-out batch and per update,
+the one-line summary of a run, and the schedule grid. Imports neither side's code (runs in either environment).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+NAN = float("nan")
+
+
+def maxdiff(x: torch.Tensor, y: torch.Tensor) -> float:
+    return (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
+
+
+def rel(x: torch.Tensor, y: torch.Tensor) -> float:
+    return maxdiff(x, y) / max(y.float().abs().max().item(), 1e-30) if x.numel() else 0.0
+
+
+def cat(dct: dict, keys: list[str]) -> torch.Tensor:
+    return torch.cat([dct[k].flatten() for k in keys]) if keys else torch.zeros(0)
+
+
+def bf16_ulps(x: torch.Tensor, y: torch.Tensor) -> tuple[int, float]:
+    """(elements that differ, largest difference in bf16 ulps of the larger magnitude)."""
+    x, y = x.float(), y.float()
+    diff = (x - y).abs()
+    ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(x.abs(), y.abs()).clamp_min(1e-30))) - 7)
+    return int((diff > 0).sum()), (diff / ulp).max().item()
+
+
+def d(pair) -> float:
+    a, b = pair
+    return abs(a - b) if a is not None and b is not None else NAN
+
+
+def diffs(A: dict, B: dict) -> dict:
+    """Per rolled-out batch and per update differences of two side files (A: the project, B: the reference)."""
+    keys = sorted(A["before"])
+    same_init = keys == sorted(B["before"]) and all(torch.equal(A["before"][k], B["before"][k]) for k in keys)
+    out = dict(
+        same_init=same_init, batches=[], updates=[], rolled_a=sorted(A["rollouts"]), rolled_b=sorted(B["rollouts"])
+    )
+    for bi in sorted(set(A["rollouts"]) & set(B["rollouts"])):
+        ra, rb = A["rollouts"][bi], B["rollouts"][bi]
+        n, ulps = bf16_ulps(ra["latents"], rb["latents"])
+        out["batches"].append(
+            dict(
+                batch=bi,
+                lat=maxdiff(ra["latents"], rb["latents"]),
+                lat_rel=rel(ra["latents"], rb["latents"]),
+                lat_n=n,
+                lat_ulps=ulps,
+                numel=ra["latents"].numel(),
+                lp=maxdiff(ra["log_probs"], rb["log_probs"]),
+                lp_rel=rel(ra["log_probs"], rb["log_probs"]),
+            )
+        )
+    prev_a, prev_b = A["before"], B["before"]
+    for ua, ub in zip(A["updates"], B["updates"]):
+        ma, mb = ua["metrics"], ub["metrics"]
+        pa, pb = cat(ua["params"], keys), cat(ub["params"], keys)
+        da, db = pa - cat(prev_a, keys), pb - cat(prev_b, keys)
+        mk = sorted(ua["exp_avg"])
+        same_m = mk == sorted(ub["exp_avg"])
+        same_lp = ua["new_log_probs"].shape == ub["new_log_probs"].shape
+        rec = dict(
+            update=ua["update"],
+            replayed=(ua["replayed"], ub["replayed"]),
+            rolled=(ua["rolled_out"], ub["rolled_out"]),
+            stale=(ma.get("delayed_replay_staleness", 0.0), mb.get("delayed_replay_staleness", 0.0)),
+            clip=(ma["ppo_clip_range"], mb["ppo_clip_range"]),
+            lr=(ma["learning_rate"], mb["learning_rate"]),
+            new_lp=maxdiff(ua["new_log_probs"], ub["new_log_probs"]) if same_lp else NAN,
+            params=maxdiff(pa, pb),
+            params_rel=rel(pa, pb),
+            upd=maxdiff(da, db),
+            upd_rel=maxdiff(da, db) / db.abs().max().item() if db.abs().max() > 0 else NAN,
+            cos=torch.nn.functional.cosine_similarity(da, db, dim=0).item() if da.norm() > 0 else NAN,
+            m1=rel(cat(ua["exp_avg"], mk), cat(ub["exp_avg"], mk)) if same_m and mk else NAN,
+            m2=rel(cat(ua["exp_avg_sq"], mk), cat(ub["exp_avg_sq"], mk)) if same_m and mk else NAN,
+            moments=(len(mk), len(ub["exp_avg"])),
+        )
+        for k in (
+            "grad_norm",
+            "policy_loss",
+            "kl_loss",
+            "advantage_mean",
+            "ppo_ratio_mean",
+            "ppo_ratio_abs_max",
+            "ppo_clip_fraction",
+        ):
+            rec[k] = (ma.get(k), mb.get(k))
+        out["updates"].append(rec)
+        prev_a, prev_b = ua["params"], ub["params"]
+    return out
+
+
+def same_schedule(A: dict, B: dict, D: dict) -> bool:
+    U = D["updates"]
+    return (
+        len(A["updates"]) == len(B["updates"])
+        and D["rolled_a"] == D["rolled_b"]
+        and A["total"] == B["total"]
+        and all(
+            r["replayed"][0] == r["replayed"][1]
+            and r["rolled"][0] == r["rolled"][1]
+            and r["stale"][0] == r["stale"][1]
+            and r["clip"][0] == r["clip"][1]
+            and r["moments"][0] == r["moments"][1]
+            for r in U
+        )
+    )
+
+
+def largest(A: dict, B: dict) -> dict:
+    """The largest difference of each compared quantity over all batches and updates of one comparison."""
+    D = diffs(A, B)
+    U, Bt = D["updates"], D["batches"]
+
+    def mx(rows, k):
+        return max((x[k] for x in rows), default=NAN)
+
+    def mxd(k):
+        return max((d(x[k]) for x in U), default=NAN)
+
+    return dict(
+        updates=len(U),
+        schedule=same_schedule(A, B, D),
+        same_init=D["same_init"],
+        lr=max((abs(x["lr"][0] - x["lr"][1]) for x in U), default=NAN),
+        latents=mx(Bt, "lat"),
+        latents_n=sum(x["lat_n"] for x in Bt),
+        latents_numel=sum(x["numel"] for x in Bt),
+        old_lp=mx(Bt, "lp"),
+        new_lp=mx(U, "new_lp"),
+        grad_norm=mxd("grad_norm"),
+        policy_loss=mxd("policy_loss"),
+        kl_loss=mxd("kl_loss"),
+        params=mx(U, "params"),
+        params_rel=mx(U, "params_rel"),
+        exp_avg=mx(U, "m1"),
+        exp_avg_sq=mx(U, "m2"),
+    )
+
+
+def print_compare(A: dict, B: dict) -> None:
+    s = A["set"]
+    if A["set"] != B["set"]:
+        print("WARNING: the two sides ran different settings")
+    D = diffs(A, B)
+    eta = f"eta range {s['eta_range']}" if s.get("eta_range") else f"eta {s['eta']}"
+    print(
+        f"{A['side']} vs {B['side']}: {s.get('kind', 'ti2v')} sampler {s['sampler']} {eta} T {s['T']} G {s['G']} "
+        f"{'delayed replay' if s['delayed'] else 'synchronous'} world {s['world']}{' fsdp' if s.get('fsdp') else ''} "
+        f"lr {s['lr']:g} warmup {s['warmup']} max_grad_norm {s['max_grad_norm']} perturb {s['perturb']} | updates "
+        f"{len(A['updates'])} / {len(B['updates'])}, total (LR schedule) {A['total']} / {B['total']}"
+    )
+    print("initial weights identical:", D["same_init"])
+    x_t = [r["x_t_vs_inputs"] for r in A["rollouts"].values() if "x_t_vs_inputs" in r]
+    if x_t:
+        print(f"the project's own x_T draws vs the ones the reference was handed: max|diff| {max(x_t):.1e}")
+    print("rolled-out batches: {} / {}".format(D["rolled_a"], D["rolled_b"]))
+    print(" batch  latents max|diff|   rel     differing elements (max bf16 ulps)   old log-p max|diff|   rel")
+    for r in D["batches"]:
+        print(
+            f" {r['batch']:5d}  {r['lat']:.3e}  {r['lat_rel']:.3e}  {r['lat_n']:6d} of {r['numel']} "
+            f"({r['lat_ulps']:.2f})          {r['lp']:.3e}  {r['lp_rel']:.3e}"
+        )
+    print(
+        " upd  replayed rolled-out  stale  clip         lr A        lr B        grad_norm A   |dgn|     "
+        "policy_loss A  |dpl|      kl_loss A     |dkl|      new log-p |d|"
+    )
+    for r in D["updates"]:
+        rep = "{}/{}".format(*r["replayed"])
+        rol = ("{}/{}".format(*r["rolled"])).replace(" ", "")
+        print(
+            f" {r['update']:3d}  {rep:8s} {rol:11s} {r['stale'][0]:g}/{r['stale'][1]:g}    "
+            f"{r['clip'][0]:.0e}/{r['clip'][1]:.0e}  {r['lr'][0]:.4e}  {r['lr'][1]:.4e}  "
+            f"{r['grad_norm'][0]:.6e}  {d(r['grad_norm']):.2e}  {r['policy_loss'][0]:+.6e}  "
+            f"{d(r['policy_loss']):.2e}  {r['kl_loss'][0]:.6e}  {d(r['kl_loss']):.2e}  {r['new_lp']:.2e}"
+        )
+    print(
+        " upd  params max|dA-dB|  rel     update max|dA-dB|  rel    cos(update)   exp_avg rel   exp_avg_sq rel  moments"
+    )
+    for r in D["updates"]:
+        print(
+            f" {r['update']:3d}  {r['params']:.3e}  {r['params_rel']:.2e}   {r['upd']:.3e}  {r['upd_rel']:.2e}   "
+            f"{r['cos']:.7f}     {r['m1']:.2e}      {r['m2']:.2e}       {r['moments'][0]}/{r['moments'][1]}"
+        )
+    print(" upd  ppo_ratio_mean A   |d|       ratio_abs_max A  |d|       clip_fraction A/B   advantage_mean |d|")
+    for r in D["updates"]:
+        if r["ppo_ratio_mean"][1] is None:  # the reference's standard (non-shared-prompt) path logs none
+            print(f" {r['update']:3d}  {r['ppo_ratio_mean'][0]:.9f}   (the reference's standard path logs none)")
+            continue
+        print(
+            f" {r['update']:3d}  {r['ppo_ratio_mean'][0]:.9f}  {d(r['ppo_ratio_mean']):.2e}  "
+            f"{r['ppo_ratio_abs_max'][0]:.6e}   {d(r['ppo_ratio_abs_max']):.2e}  "
+            f"{r['ppo_clip_fraction'][0]:.4f}/{r['ppo_clip_fraction'][1]:.4f}     {d(r['advantage_mean']):.2e}"
+        )
+    print("timing (s): total {:.2f} / {:.2f}".format(A["t_total"], B["t_total"]))
+
+
+def fmt(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+COLUMNS = ("latents", "old log-p", "new log-p", "grad norm", "policy loss", "KL", "params (rel)", "exp_avg rel")
+
+
+def summary_rows(pairs: list[tuple[str, str, str]]) -> list[str]:
+    """Markdown rows (label, mode) of `largest` for each (label, project file, reference file)."""
+    rows = [
+        "| run (updates) | mode | schedule | " + " | ".join(COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for label, a, b in pairs:
+        A, B = torch.load(a), torch.load(b)
+        x = largest(A, B)
+        name, _, mode = label.rpartition(" ")
+        lat = fmt(x["latents"])
+        if x["latents_n"] and x["latents"] > 1e-5:
+            lat += f" ({x['latents_n']} of {x['latents_numel']})"
+        sched = ("same" if x["schedule"] else "DIFFERS") + ("" if x["same_init"] else ", init DIFFERS")
+        cells = [
+            lat,
+            fmt(x["old_lp"]),
+            fmt(x["new_lp"]),
+            fmt(x["grad_norm"]),
+            fmt(x["policy_loss"]),
+            fmt(x["kl_loss"]),
+            f"{fmt(x['params'])} ({fmt(x['params_rel'])})",
+            fmt(x["exp_avg"]),
+        ]
+        rows.append(f"| {name} ({x['updates']}) | {mode} | {sched} | " + " | ".join(cells) + " |")
+    return rows
+
+
+GRID = [
+    dict(batches=b, epochs=e, save_steps=sv, max_steps=m, delayed=dl, warmup=2)
+    for dl in (True, False)
+    for b in (1, 2, 3, 5)
+    for e in (1, 2)
+    for sv in (0, 2, 3)
+    for m in (None, 1, 2, 4)
+]
+"""The schedule grid: synchronous and delayed; 1-5 batches per epoch; 1-2 epochs; save_steps 0/2/3; max_steps
+none/1/2/4 (192 configurations)."""
+
+
+def plan_compare(a: str, b: str, lr: float) -> int:
+    """Print the grid points whose schedules differ; returns their number."""
+    A, B = json.loads(Path(a).read_text()), json.loads(Path(b).read_text())
+    bad = 0
+    for ra, rb in zip(A, B):
+        assert ra["point"] == rb["point"]
+        problems = []
+        if ra["total"] != rb["total"]:
+            problems.append(f"total updates {ra['total']} / {rb['total']}")
+        if len(ra["updates"]) != len(rb["updates"]):
+            problems.append(f"updates made {len(ra['updates'])} / {len(rb['updates'])}")
+        for ua, ub in zip(ra["updates"], rb["updates"]):
+            for k in ("replayed", "rolled_out", "staleness", "flush", "clip"):
+                if ua[k] != ub[k]:
+                    problems.append(f"update {ua['update']}: {k} {ua[k]} / {ub[k]}")
+            if abs(ua["lr"] - ub["lr"]) > 1e-12 * lr:
+                problems.append(f"update {ua['update']}: lr {ua['lr']:.6e} / {ub['lr']:.6e}")
+        if problems:
+            bad += 1
+            print(ra["point"], "; ".join(problems[:6]))
+    n = sum(len(r["updates"]) for r in A)
+    print(
+        f"plan: {len(A)} schedules ({n} updates; synchronous and delayed, 1-5 batches/epoch, 1-2 epochs, "
+        f"save_steps 0/2/3, max_steps none/1/2/4): {len(A) - bad} identical "
+        f"(replayed batch, rolled-out batches, staleness, flush, clip range, lr), {bad} differ"
+    )
+    return bad
