@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The full comparison of this project's GRPO trainer with the reference's (README.md beside this file).
+#
+#   tools/ref_diff/run_all.sh REFERENCE [WORK]
+#
+# REFERENCE: a checkout of pufanyi/vbvr-rl, or its git directory (a clone or a bare mirror; REF_COMMIT names the
+# commit, default HEAD). WORK: the scratch folder (default $DIFF_WORK, else a new temporary one); what is already
+# there (the reference's tree and venv, the tiny models) is reused. PROJECT_PY: the project's python (default
+# .venv/bin/python of this checkout, else python3); the project side imports this checkout's src/. WORLD2=0 skips
+# the 2-rank runs; MODES="fp32" runs one precision mode.
+set -euo pipefail
+REF=${1:?usage: run_all.sh REFERENCE [WORK]}
+REF=$(cd "$REF" && pwd)
+D=${2:-${DIFF_WORK:-$(mktemp -d)}}
+mkdir -p "$D" && D=$(cd "$D" && pwd)
+H=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$H/../.." && pwd)
+P=${PROJECT_PY:-$REPO/.venv/bin/python}
+[ -x "$P" ] || P=$(command -v python3)
+V=$D/.venv/bin/python
+S=$H/ref_diff.py
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+export DIFF_WORK=$D OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONDONTWRITEBYTECODE=1 PYTHONWARNINGS=ignore
+export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH} VBVR_RL_ROOT=$D/vbvr-rl
+START=$(date +%s)
+cd "$D"
+
+# The reference's tree: a plain copy of the checkout, or the commit's tree out of a git directory.
+if [ ! -d vbvr-rl/src/trainer ]; then
+  mkdir -p vbvr-rl
+  if [ -d "$REF/src/trainer" ]; then
+    cp -r "$REF/." vbvr-rl/
+    git -C "$REF" rev-parse HEAD > reference_commit 2>/dev/null || echo "unknown (not a git checkout)" > reference_commit
+  else
+    git --git-dir="$REF" archive "${REF_COMMIT:-HEAD}" | tar -x -C vbvr-rl
+    git --git-dir="$REF" rev-parse "${REF_COMMIT:-HEAD}" > reference_commit
+  fi
+fi
+echo "reference: $REF at $(cat reference_commit 2>/dev/null || echo unknown); work folder $D"
+
+# The reference's environment: its lock file's pins for what its trainer imports, and the CPU build of torch.
+if [ ! -x "$V" ]; then
+  echo "=== building the reference's environment in $D/.venv (python3.11, $TORCH_SPEC, pins of vbvr-rl/uv.lock)"
+  python3.11 -m venv .venv
+  .venv/bin/pip install -q "$TORCH_SPEC"
+  .venv/bin/pip install -q $(python3.11 "$H/reference_pins.py" vbvr-rl)
+fi
+$P "$S" models
+mkdir -p cmp
+
+echo "=== probes: the reference's own rollout, replay, loss and expert routing on the tiny models"
+$V "$S" probe 2>&1 | grep -E '^\((a|b|c|d)\)'
+
+echo "=== schedules: which batch each update rolls out and replays, staleness, flush, clip range, lr"
+$P "$S" plan-videogrpo cmp/plan_videogrpo.json
+$V "$S" plan-reference cmp/plan_reference.json 2>&1 | grep '^plan-reference'
+$V "$S" plan-compare cmp/plan_videogrpo.json cmp/plan_reference.json
+
+torchrun() { local py=$1; shift; $py -m torch.distributed.run --standalone --nproc-per-node=2 "$@"; }
+SUMMARY=()
+# pair NAME WORLD INPUT-FLAGS...: the inputs, then both sides in each mode, then their comparison
+pair() {
+  local n=$1 w=$2; shift 2
+  $P "$S" inputs cmp/$n.in.pt --world=$w "$@" 2>&1 | grep '^inputs' | cut -c1-200
+  for v in ${MODES:-fp32 bf16}; do
+    if [ $v = fp32 ]; then fa=""; fb="--fp32"; else fa="--traj-bf16"; fb=""; fi
+    local a=cmp/$n.videogrpo_$v.pt b=cmp/$n.reference_$v.pt
+    if [ $w = 1 ]; then
+      $P "$S" videogrpo cmp/$n.in.pt $a $fa > $a.log 2>&1 || { tail -30 $a.log; exit 1; }
+      $V "$S" reference cmp/$n.in.pt $b $fb > $b.log 2>&1 || { tail -30 $b.log; exit 1; }
+    else
+      torchrun $P "$S" videogrpo cmp/$n.in.pt $a $fa > $a.log 2>&1 || { tail -30 $a.log; exit 1; }
+      torchrun $V "$S" reference cmp/$n.in.pt $b $fb > $b.log 2>&1 || { tail -30 $b.log; exit 1; }
+    fi
+    if [ $v = fp32 ]; then echo "=== $n: fp32 (project grpo.trajectory_dtype float32; reference --fp32)"
+    else echo "=== $n: bf16 (project grpo.trajectory_dtype bfloat16; reference as shipped)"; fi
+    $V "$S" compare $a $b
+    SUMMARY+=("$n $v=$a:$b")
+    [ $w = 1 ] || SUMMARY+=("$n rank1 $v=$a.rank1:$b.rank1")
+  done
+}
+# One update: dancegrpo eta 0.3, flowcps eta 0.7.
+pair one_dancegrpo 1 --sampler=dancegrpo --eta=0.3
+pair one_flowcps 1 --sampler=flowcps --eta=0.7
+# Several updates: warm-up 2 then cosine over 6, AdamW moments carried, KL active (perturbed policy), the gradient
+# clip active on some updates (dancegrpo), 2 of 3 timesteps replayed per update.
+pair multi_dancegrpo 1 --sampler=dancegrpo --eta=0.3 --updates=6 --warmup=2 --fraction=0.7 --perturb=0.05 --max_grad_norm=0.14
+pair multi_flowcps 1 --sampler=flowcps --eta=0.7 --updates=6 --warmup=2 --fraction=0.7 --perturb=0.05
+# One-step-delayed replay (shared-prompt mode): 4 batches x 2 epochs (a prefill and a skipped batch per epoch),
+# delayed clip range 1e-2; peak lr 1e-2 so that the stale replays' ratios leave the clip range.
+pair delayed_dancegrpo 1 --sampler=dancegrpo --eta=0.3 --delayed --batches=4 --epochs=2 --warmup=2 --fraction=0.7 --perturb=0.05 --lr=1e-2
+# A14B: the two-expert I2V model (high-noise expert above the boundary, low-noise below), the reference's standard
+# path. Flow-CPS with one eta per prompt, one replayed timestep per update (so some updates train one expert
+# only); dancegrpo with two timesteps per update and the joint gradient clip active.
+pair a14b_flowcps_eta_range 1 --kind=i2v_a14b --sampler=flowcps --eta_range=0.5,0.9 --updates=6 --warmup=2 --fraction=0.4 --perturb=0.05
+pair a14b_dancegrpo 1 --kind=i2v_a14b --sampler=dancegrpo --eta=0.3 --updates=3 --warmup=1 --fraction=0.7 --perturb=0.05 --max_grad_norm=0.05
+if [ "${WORLD2:-1}" != 0 ]; then
+  # 2 gloo ranks sharing each prompt's group: plain replication (all-reduce) and FSDP2 with delayed replay.
+  pair world2_dancegrpo 2 --sampler=dancegrpo --eta=0.3 --updates=3 --warmup=1 --fraction=0.7 --perturb=0.05
+  pair world2_fsdp_delayed_flowcps 2 --sampler=flowcps --eta=0.7 --delayed --batches=3 --epochs=2 --warmup=1 --fraction=0.7 --perturb=0.05 --fsdp=1
+fi
+echo "=== summary: largest |project - reference| over all rolled-out batches and updates"
+$V "$S" summary "${SUMMARY[@]}" | tee summary.md
+echo "full comparison in $(( $(date +%s) - START )) s"
