@@ -15,6 +15,8 @@ from videogrpo.provenance.manifest import StageRun, read_manifest
 from videogrpo.provenance.verify import run_rows
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")
+
+
 # The manifest rounds wall_s to 3 decimals and gpu_h to 6, each from the unrounded wall time: a gpu_h
 # recomputed from the rounded wall_s may differ by half a unit of each rounding, whatever the wall time.
 def gpu_h_tolerance(gpus: int) -> float:
