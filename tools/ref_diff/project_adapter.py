@@ -230,15 +230,16 @@ def run_trainer(d: dict, model: Path, run_dir: Path, traj: str = "float32") -> d
         prepared = prepare(batch_index)
         latents = torch.cat([c.trajectory.latents for c in prepared.chunks]).float()
         members = [g for c in prepared.chunks for g in c.members]
-        x_t = d["init"][batch_index].to(torch.float32 if traj == "float32" else torch.bfloat16).float()
-        frames = slice(1, None) if tr.model.pins_first_frame else slice(None)  # TI2V: frame 0 is the condition
         rollouts[batch_index] = dict(
             latents=latents,
             log_probs=torch.cat([c.trajectory.log_probs for c in prepared.chunks]).float(),
             members=members,
-            x_t_vs_inputs=(latents[:, 0, :, frames] - x_t[:, frames]).abs().max().item(),
             seconds=time.time() - t0,
         )
+        if "init" in d:  # the x_T the reference is handed (stored comparisons keep no noise)
+            x_t = d["init"][batch_index].to(torch.float32 if traj == "float32" else torch.bfloat16).float()
+            frames = slice(1, None) if tr.model.pins_first_frame else slice(None)  # TI2V: frame 0 is the condition
+            rollouts[batch_index]["x_t_vs_inputs"] = (latents[:, 0, :, frames] - x_t[:, frames]).abs().max().item()
         return prepared
 
     def update_recorded(action, prepared):

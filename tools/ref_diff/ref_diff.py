@@ -129,6 +129,43 @@ def main(argv: list[str]) -> None:
 
         if compare.plan_compare(args[0], args[1], LR):
             raise SystemExit(1)
+    elif cmd == "store":
+        import stored
+        import torch
+
+        out, inp, project, reference, mode = args
+        d, A, B = torch.load(inp), torch.load(project), torch.load(reference)
+        torch.save(
+            dict(
+                note=__doc__.split("\n")[0],
+                produced_by=dict(
+                    command="tools/ref_diff/run_all.sh (its `stored` cases)",
+                    project_commit=option(flags, "project-commit"),
+                    reference_commit=option(flags, "reference-commit"),
+                    reference_side=B["side"],
+                    torch=str(torch.__version__),
+                ),
+                mode=mode,
+                traj="bfloat16" if mode == "bf16" else "float32",
+                inputs=stored.stored_inputs(d),
+                reference=stored.compact(B),
+            ),
+            out,
+        )
+        problems, _ = stored.check(stored.compact(A), stored.compact(B), mode)
+        print(f"store: {out} ({Path(out).stat().st_size // 1024} KB)", "; ".join(problems) or "project side within")
+        if problems:
+            raise SystemExit(1)
+    elif cmd == "check":
+        import stored
+        from common import model_dir
+
+        for path in args:
+            s = __import__("torch").load(path)["inputs"]["set"]
+            _, problems, rows = stored.run_stored(path, Path(option(flags, "model") or model_dir(s)), WORK / "check")
+            for name, diff, tol, ok in rows:
+                print(f"{name:32s} {diff:.3e}  (tolerance {tol:.3e}){'' if ok else '  EXCEEDED'}")
+            print(f"{path}: " + ("; ".join(problems) if problems else "within the stored reference's tolerances"))
     elif cmd == "probe":
         import probe
 

@@ -39,11 +39,12 @@ fi
 echo "reference: $REF at $(cat reference_commit 2>/dev/null || echo unknown); work folder $D"
 
 # The reference's environment: its lock file's pins for what its trainer imports, and the CPU build of torch.
-if [ ! -x "$V" ]; then
+if [ ! -f .venv/complete ]; then
   echo "=== building the reference's environment in $D/.venv (python3.11, $TORCH_SPEC, pins of vbvr-rl/uv.lock)"
-  python3.11 -m venv .venv
-  .venv/bin/pip install -q "$TORCH_SPEC"
-  .venv/bin/pip install -q $(python3.11 "$H/reference_pins.py" vbvr-rl)
+  rm -rf .venv && python3.11 -m venv .venv
+  { .venv/bin/pip install -q "$TORCH_SPEC" && .venv/bin/pip install -q $(python3.11 "$H/reference_pins.py" vbvr-rl); } \
+    > pip.log 2>&1 || { tail -20 pip.log; exit 1; }
+  touch .venv/complete
 fi
 $P "$S" models
 mkdir -p cmp
@@ -99,6 +100,24 @@ if [ "${WORLD2:-1}" != 0 ]; then
   pair world2_dancegrpo 2 --sampler=dancegrpo --eta=0.3 --updates=3 --warmup=1 --fraction=0.7 --perturb=0.05
   pair world2_fsdp_delayed_flowcps 2 --sampler=flowcps --eta=0.7 --delayed --batches=3 --epochs=2 --warmup=1 --fraction=0.7 --perturb=0.05 --fsdp=1
 fi
+# The stored comparisons of tests/test_ref_diff.py: small inputs and the reference's results on them, checked against
+# the project side here; `cp $WORK/stored/*.pt tests/data/ref_diff/` refreshes the test's copies.
+mkdir -p stored
+PROJECT_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+stored() {
+  local n=$1 v=$2; shift 2
+  if [ $v = fp32 ]; then fa=""; fb="--fp32"; else fa="--traj-bf16"; fb=""; fi
+  local i=cmp/stored_$n.in.pt a=cmp/stored_$n.videogrpo.pt b=cmp/stored_$n.reference.pt
+  $P "$S" inputs $i "$@" > $i.log 2>&1 || { tail -30 $i.log; exit 1; }
+  $P "$S" videogrpo $i $a $fa > $a.log 2>&1 || { tail -30 $a.log; exit 1; }
+  $V "$S" reference $i $b $fb > $b.log 2>&1 || { tail -30 $b.log; exit 1; }
+  $V "$S" store stored/$n.pt $i $a $b $v --project-commit=$PROJECT_COMMIT --reference-commit=$(cat reference_commit)
+}
+echo "=== stored comparisons (tests/data/ref_diff)"
+stored ti2v_dancegrpo_fp32 fp32 --sampler=dancegrpo --eta=0.3 --updates=2 --warmup=1 --fraction=0.7 --perturb=0.05 --max_grad_norm=0.1
+stored ti2v_flowcps_delayed_fp32 fp32 --sampler=flowcps --eta=0.7 --delayed --batches=3 --fraction=0.7 --perturb=0.05 --lr=1e-3 --delayed_clip_range=1e-4
+stored ti2v_flowcps_delayed_bf16 bf16 --sampler=flowcps --eta=0.7 --delayed --batches=3 --fraction=0.7 --perturb=0.05 --lr=1e-3 --delayed_clip_range=1e-4
+stored a14b_flowcps_eta_range_fp32 fp32 --kind=i2v_a14b --sampler=flowcps --eta_range=0.5,0.9 --updates=2 --fraction=0.4 --perturb=0.05
 echo "=== summary: largest |project - reference| over all rolled-out batches and updates"
 $V "$S" summary "${SUMMARY[@]}" | tee summary.md
 echo "full comparison in $(( $(date +%s) - START )) s"
