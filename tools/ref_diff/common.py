@@ -43,12 +43,14 @@ DEFAULTS = dict(
     max_steps=0,
     world=1,
     fsdp=0,
+    tp=1,
     save_steps=10_000,
 )
 """Every setting of a comparison (the `inputs` step's flags; both sides read them from the inputs file).
 
 kind: `ti2v` (the tiny TI2V model, one transformer) or `i2v_a14b` (the tiny two-expert I2V model);
-eta_range: [lo, hi] draws one Flow-CPS eta per prompt (the reference's grpo_cps_noise_scale_range)."""
+eta_range: [lo, hi] draws one Flow-CPS eta per prompt (the reference's grpo_cps_noise_scale_range);
+tp: the tensor-parallel degree (with fsdp=1; the data-parallel degree is world / tp)."""
 
 FLOATS = ("eta", "lr", "weight_decay", "max_grad_norm", "clip_range", "delayed_clip_range", "kl_coeff", "fraction")
 FLOATS += ("perturb", "shift")
@@ -86,8 +88,9 @@ def plan_shape(s: dict) -> tuple[int, int, int | None]:
 
 def shared_prompts(s: dict) -> bool:
     """The reference's grpo_shared_prompt_batch (and the project's grpo.shared_prompts): delayed replay and more
-    than one rank need it; otherwise both run their standard path."""
-    return bool(s["delayed"] or s["world"] > 1)
+    than one data-parallel rank need it; otherwise (one rank, or one tensor-parallel pair) both run their
+    standard path."""
+    return bool(s["delayed"] or s["world"] > s.get("tp", 1))
 
 
 def perturb(module: torch.nn.Module, scale: float, seed: int) -> None:

@@ -161,7 +161,7 @@ def make_config(s: dict, traj: str) -> Config:
     t.auto_resume, t.resume_from, t.gradient_checkpointing, t.batch_size = False, None, False, 1
     t.offload_inference_models, t.experts = False, "both"
     p.param_dtype, p.reduce_dtype, p.attention_backend, p.compile = "float32", "float32", "native", False
-    p.device, p.backend, p.tensor_parallel = "cpu", "gloo", 1
+    p.device, p.backend, p.tensor_parallel = "cpu", "gloo", s.get("tp", 1)
     p.data_parallel = "fsdp" if s["fsdp"] else "replicate"
     cfg.logging.tracker, cfg.logging.wandb_mode = ["none"], "disabled"
     cfg.video.num_frames, cfg.video.height, cfg.video.width = s["frames"], s["height"], s["width"]

@@ -6,8 +6,9 @@ Every patch the tool applies to the reference:
      no-op, torch.cuda.device_count() 1 (its device set-up names CUDA).
   P2 TORCH_DISTRIBUTED_BACKEND=gloo (which the reference honours) and a single-rank env:// rendezvous by
      default (under torchrun its RANK, WORLD_SIZE, ... are kept).
-  P3 `src.trainer.base_rl_trainer.init_device_mesh` -> device type 'cuda' mapped to 'cpu', so that its FSDP2
-     meshes are made over gloo.
+  P3 `src.trainer.base_rl_trainer.init_device_mesh` -> device type 'cuda' mapped to 'cpu', so that its FSDP2 and
+     TP meshes are made over gloo; `src.trainer.tensor_parallel.torch` -> a proxy whose torch.cuda.current_device()
+     is 0 (its TP RMSNorm places its weight on the mesh's device type with the current CUDA index).
   P4 the configuration (reference_side.make_cfg): fsdp only when asked, no HSDP, no fused AdamW, no gradient
      checkpointing, no dataloader workers, no liger kernel or attention backend, no compile, no W&B, no resume.
   P5 a subclass overrides `_build_dataset` with an in-memory precomputed-latent dataset (the wrapper then loads
@@ -75,6 +76,11 @@ def apply_cpu_patches() -> None:
     brt.torch = TorchProxy("torch_proxy_brt", {"device": _cpu_device, "cuda": cuda})
     mesh = brt.init_device_mesh
     brt.init_device_mesh = lambda device_type, *a, **k: mesh("cpu" if device_type == "cuda" else device_type, *a, **k)
+    import src.trainer.tensor_parallel as tp
+
+    tp_cuda = _CudaProxy("cuda_proxy_tp")
+    tp_cuda.current_device = lambda: 0
+    tp.torch = TorchProxy("torch_proxy_tp", {"cuda": tp_cuda})
 
 
 class NoiseQueue:

@@ -178,6 +178,7 @@ def run_reference(inp: str, out: str, fp32: bool = False, model: str | None = No
         seed=s["seed"],
         save_steps=s["save_steps"],
         fsdp=bool(s["fsdp"]),
+        tensor_parallel_size=s.get("tp", 1),
         train_experts="both",
     )
     tr = CPUDanceGRPOTrainer(cfg)

@@ -7,7 +7,7 @@
 # commit, default HEAD). WORK: the scratch folder (default $DIFF_WORK, else a new temporary one); what is already
 # there (the reference's tree and venv, the tiny models) is reused. PROJECT_PY: the project's python (default
 # .venv/bin/python of this checkout, else python3); the project side imports this checkout's src/. WORLD2=0 skips
-# the 2-rank runs; MODES="fp32" runs one precision mode.
+# the 2-rank runs (data parallel and tensor parallel); MODES="fp32" runs one precision mode.
 set -euo pipefail
 REF=${1:?usage: run_all.sh REFERENCE [WORK]}
 REF=$(cd "$REF" && pwd)
@@ -99,6 +99,10 @@ if [ "${WORLD2:-1}" != 0 ]; then
   # 2 gloo ranks sharing each prompt's group: plain replication (all-reduce) and FSDP2 with delayed replay.
   pair world2_dancegrpo 2 --sampler=dancegrpo --eta=0.3 --updates=3 --warmup=1 --fraction=0.7 --perturb=0.05
   pair world2_fsdp_delayed_flowcps 2 --sampler=flowcps --eta=0.7 --delayed --batches=3 --epochs=2 --warmup=1 --fraction=0.7 --perturb=0.05 --fsdp=1
+  # Tensor parallelism: one TP pair (TP 2 x FSDP2 over 1 data replica), both trainers' standard path; TI2V, and A14B
+  # with one eta per prompt and one replayed timestep per update.
+  pair tp2_dancegrpo 2 --tp=2 --fsdp=1 --sampler=dancegrpo --eta=0.3 --updates=3 --warmup=1 --fraction=0.7 --perturb=0.05
+  pair tp2_a14b_flowcps_eta_range 2 --tp=2 --fsdp=1 --kind=i2v_a14b --sampler=flowcps --eta_range=0.5,0.9 --updates=3 --warmup=1 --fraction=0.4 --perturb=0.05
 fi
 # The stored comparisons of tests/test_ref_diff.py: small inputs and the reference's results on them, checked against
 # the project side here; `cp $WORK/stored/*.pt tests/data/ref_diff/` refreshes the test's copies.
