@@ -5,7 +5,8 @@
 #
 # REFERENCE: a checkout of pufanyi/vbvr-rl or its git directory (a bare mirror will do); REF_COMMIT names the
 # commit to compare (default HEAD; the measured one is 252c2ff). WORK: the scratch folder (default $DIFF_WORK,
-# else a new temporary one); what is already there (the reference's tree and venv, the tiny models) is reused. PROJECT_PY: the project's python (default
+# else a new temporary one); what is already there (the reference's tree and venv, the tiny models) is
+# reused. PROJECT_PY: the project's python (default
 # .venv/bin/python of this checkout, else python3); the project side imports this checkout's src/. WORLD2=0 skips
 # the 2-rank runs (data parallel and tensor parallel); MODES="fp32" runs one precision mode.
 set -euo pipefail
