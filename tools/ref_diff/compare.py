@@ -38,6 +38,12 @@ def d(pair) -> float:
     return abs(a - b) if a is not None and b is not None else NAN
 
 
+def stepped(moments: dict, before: dict) -> list[str]:
+    """The transformers (snapshot prefixes) whose AdamW moments this update changed: the experts it trained."""
+    changed = {k.split(".")[0] for k, v in moments.items() if k not in before or not torch.equal(v, before[k])}
+    return sorted(changed)
+
+
 def diffs(A: dict, B: dict) -> dict:
     """Per rolled-out batch and per update differences of two side files (A: the project, B: the reference)."""
     keys = sorted(A["before"])
@@ -61,6 +67,7 @@ def diffs(A: dict, B: dict) -> dict:
             )
         )
     prev_a, prev_b = A["before"], B["before"]
+    moments_a, moments_b = {}, {}
     for ua, ub in zip(A["updates"], B["updates"]):
         ma, mb = ua["metrics"], ub["metrics"]
         pa, pb = cat(ua["params"], keys), cat(ub["params"], keys)
@@ -84,6 +91,7 @@ def diffs(A: dict, B: dict) -> dict:
             m1=rel(cat(ua["exp_avg"], mk), cat(ub["exp_avg"], mk)) if same_m and mk else NAN,
             m2=rel(cat(ua["exp_avg_sq"], mk), cat(ub["exp_avg_sq"], mk)) if same_m and mk else NAN,
             moments=(len(mk), len(ub["exp_avg"])),
+            stepped=(stepped(ua["exp_avg"], moments_a), stepped(ub["exp_avg"], moments_b)),
         )
         for k in (
             "grad_norm",
@@ -97,6 +105,7 @@ def diffs(A: dict, B: dict) -> dict:
             rec[k] = (ma.get(k), mb.get(k))
         out["updates"].append(rec)
         prev_a, prev_b = ua["params"], ub["params"]
+        moments_a, moments_b = ua["exp_avg"], ub["exp_avg"]
     return out
 
 
@@ -112,6 +121,7 @@ def same_schedule(A: dict, B: dict, D: dict) -> bool:
             and r["stale"][0] == r["stale"][1]
             and r["clip"][0] == r["clip"][1]
             and r["moments"][0] == r["moments"][1]
+            and r["stepped"][0] == r["stepped"][1]
             for r in U
         )
     )
@@ -185,12 +195,14 @@ def print_compare(A: dict, B: dict) -> None:
             f"{d(r['policy_loss']):.2e}  {r['kl_loss'][0]:.6e}  {d(r['kl_loss']):.2e}  {r['new_lp']:.2e}"
         )
     print(
-        " upd  params max|dA-dB|  rel     update max|dA-dB|  rel    cos(update)   exp_avg rel   exp_avg_sq rel  moments"
+        " upd  params max|dA-dB|  rel     update max|dA-dB|  rel    cos(update)   exp_avg rel   exp_avg_sq rel  "
+        "moments  experts stepped A / B"
     )
     for r in D["updates"]:
         print(
             f" {r['update']:3d}  {r['params']:.3e}  {r['params_rel']:.2e}   {r['upd']:.3e}  {r['upd_rel']:.2e}   "
-            f"{r['cos']:.7f}     {r['m1']:.2e}      {r['m2']:.2e}       {r['moments'][0]}/{r['moments'][1]}"
+            f"{r['cos']:.7f}     {r['m1']:.2e}      {r['m2']:.2e}       {r['moments'][0]}/{r['moments'][1]}   "
+            f"{','.join(r['stepped'][0])} / {','.join(r['stepped'][1])}"
         )
     print(" upd  ppo_ratio_mean A   |d|       ratio_abs_max A  |d|       clip_fraction A/B   advantage_mean |d|")
     for r in D["updates"]:

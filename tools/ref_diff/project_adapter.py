@@ -15,8 +15,8 @@ What the tool relies on:
   rows, in the order the scorer receives them;
 - `trainer.update(action, prepared)` returns the update's metrics; `trainer.rolled_out` lists the batches
   rolled out since the last update;
-- `trainer.experts.experts`: each `Expert`'s `name` (`transformer`, or `high`/`low`), wrapped `module` and
-  `optimizer`;
+- `trainer.experts.experts`: each `Expert`'s `name` (`transformer`, or `high`/`low`, whose Diffusers folders
+  `models.i2v.EXPERT_FOLDERS` names), wrapped `module` and `optimizer`;
 - the module-level `replay_log_prob` of `grpo/trainer.py`, wrapped for the duration of a run to record the
   policy's replayed log-probabilities;
 - the counter-keyed draws of the rollout (`seeded_normal` keyed (seed, batch, prompt, member, step), x_T with
@@ -55,14 +55,12 @@ from videogrpo.grpo import replay
 from videogrpo.grpo import trainer as trainer_module
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.rollout import seeded_normal, seeded_uniform, trained_timesteps
-from videogrpo.models.i2v import WanI2VA14B, first_frame_mask
+from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, first_frame_mask
 from videogrpo.models.wan import WanTI2V
 from videogrpo.parallel import process_groups
 
 X_T_STEP = 0x1A17
 ETA_STREAM = 0xE7A
-EXPERT_PREFIX = {"transformer": "transformer", "high": "transformer", "low": "transformer_2"}
-"""The project's expert names and the Diffusers folders (the reference's attribute names) they load from."""
 
 
 def build_tiny_models(work: Path) -> None:
@@ -214,7 +212,8 @@ def run_trainer(d: dict, model: Path, run_dir: Path, traj: str = "float32") -> d
 
     tr.model.encode_conditions = conditions
     tr.model.decode = lambda latents: [None] * latents.shape[0]
-    experts = {EXPERT_PREFIX[e.name]: e for e in tr.experts.experts}
+    # Keyed by Diffusers folder (`transformer`, `transformer_2`): the reference's attribute names.
+    experts = {EXPERT_FOLDERS.get(e.name, e.name): e for e in tr.experts.experts}
     modules = {prefix: e.module for prefix, e in experts.items()}
     for prefix, module in modules.items():
         perturb(module, s["perturb"], perturb_seed(prefix))

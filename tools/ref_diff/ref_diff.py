@@ -137,7 +137,10 @@ def main(argv: list[str]) -> None:
         d, A, B = torch.load(inp), torch.load(project), torch.load(reference)
         torch.save(
             dict(
-                note=__doc__.split("\n")[0],
+                note=(
+                    "A stored comparison of tools/ref_diff (README.md there): the inputs (no noise: the project "
+                    "draws its own) and the reference trainer's results on them, compacted by stored.compact."
+                ),
                 produced_by=dict(
                     command="tools/ref_diff/run_all.sh (its `stored` cases)",
                     project_commit=option(flags, "project-commit"),

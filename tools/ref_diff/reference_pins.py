@@ -31,7 +31,6 @@ PACKAGES = (
     "regex",
     "rich",
     "safetensors",
-    "sentencepiece",
     "tokenizers",
     "torchdata",
     "transformers",
@@ -42,10 +41,10 @@ PACKAGES = (
 def pins(checkout: Path) -> list[str]:
     lock = tomllib.loads((checkout / "uv.lock").read_text())
     found = {p["name"]: p["version"] for p in lock["package"]}
-    missing = [name for name in PACKAGES if name not in found and name != "sentencepiece"]
+    missing = [name for name in PACKAGES if name not in found]
     if missing:
         raise SystemExit(f"{checkout}/uv.lock pins no {', '.join(missing)}: is this the reference checkout?")
-    return [f"{name}=={found[name]}" for name in PACKAGES if name in found]
+    return [f"{name}=={found[name]}" for name in PACKAGES]
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 #
 #   tools/ref_diff/run_all.sh REFERENCE [WORK]
 #
-# REFERENCE: a checkout of pufanyi/vbvr-rl, or its git directory (a clone or a bare mirror; REF_COMMIT names the
-# commit, default HEAD). WORK: the scratch folder (default $DIFF_WORK, else a new temporary one); what is already
-# there (the reference's tree and venv, the tiny models) is reused. PROJECT_PY: the project's python (default
+# REFERENCE: a checkout of pufanyi/vbvr-rl or its git directory (a bare mirror will do); REF_COMMIT names the
+# commit to compare (default HEAD; the measured one is 252c2ff). WORK: the scratch folder (default $DIFF_WORK,
+# else a new temporary one); what is already there (the reference's tree and venv, the tiny models) is
+# reused. PROJECT_PY: the project's python (default
 # .venv/bin/python of this checkout, else python3); the project side imports this checkout's src/. WORLD2=0 skips
 # the 2-rank runs (data parallel and tensor parallel); MODES="fp32" runs one precision mode.
 set -euo pipefail
@@ -25,15 +26,18 @@ export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH} VBVR_RL_ROOT=$D/vbvr-rl
 START=$(date +%s)
 cd "$D"
 
-# The reference's tree: a plain copy of the checkout, or the commit's tree out of a git directory.
+# The reference's tree: the commit's tree out of a git checkout or git directory (REF_COMMIT, default HEAD), or a
+# plain copy of a tree that is not in git. A WORK that already has one keeps it (remove WORK/vbvr-rl to change).
 if [ ! -d vbvr-rl/src/trainer ]; then
-  mkdir -p vbvr-rl
-  if [ -d "$REF/src/trainer" ]; then
+  rm -rf vbvr-rl && mkdir -p vbvr-rl
+  if [ -e "$REF/.git" ] || [ "$(git -C "$REF" rev-parse --is-bare-repository 2>/dev/null)" = true ]; then
+    git -C "$REF" archive "${REF_COMMIT:-HEAD}" | tar -x -C vbvr-rl
+    git -C "$REF" rev-parse "${REF_COMMIT:-HEAD}" > reference_commit
+  elif [ -d "$REF/src/trainer" ]; then
     cp -r "$REF/." vbvr-rl/
-    git -C "$REF" rev-parse HEAD > reference_commit 2>/dev/null || echo "unknown (not a git checkout)" > reference_commit
+    echo "unknown (not a git checkout)" > reference_commit
   else
-    git --git-dir="$REF" archive "${REF_COMMIT:-HEAD}" | tar -x -C vbvr-rl
-    git --git-dir="$REF" rev-parse "${REF_COMMIT:-HEAD}" > reference_commit
+    echo "$REF: neither a checkout of the reference nor its git directory" >&2; exit 1
   fi
 fi
 echo "reference: $REF at $(cat reference_commit 2>/dev/null || echo unknown); work folder $D"
@@ -46,7 +50,7 @@ if [ ! -f .venv/complete ]; then
     > pip.log 2>&1 || { tail -20 pip.log; exit 1; }
   touch .venv/complete
 fi
-$P "$S" models
+$P "$S" models > models.log 2>&1 || { tail -20 models.log; exit 1; }
 mkdir -p cmp
 
 echo "=== probes: the reference's own rollout, replay, loss and expert routing on the tiny models"

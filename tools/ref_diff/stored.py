@@ -86,6 +86,9 @@ def _cat(dct: dict) -> torch.Tensor:
 
 def compact(record: dict) -> dict:
     """A side file reduced to what a stored comparison keeps."""
+    from compare import stepped
+
+    before = [{}] + [u["exp_avg"] for u in record["updates"]]
     return dict(
         side=record["side"],
         total=record["total"],
@@ -107,8 +110,9 @@ def compact(record: dict) -> dict:
                 exp_avg=sample(_cat(u["exp_avg"])),
                 exp_avg_sq=sample(_cat(u["exp_avg_sq"])),
                 moments=sorted({k.split(".")[0] for k in u["exp_avg"]}),
+                stepped=stepped(u["exp_avg"], previous),
             )
-            for u in record["updates"]
+            for u, previous in zip(record["updates"], before)
         ],
     )
 
@@ -159,7 +163,7 @@ def check(project: dict, reference: dict, mode: str) -> tuple[list[str], list[tu
     for ua, ub in zip(project["updates"], reference["updates"]):
         u = ua["update"]
         lr_sum += ub["metrics"]["learning_rate"]
-        for k in ("replayed", "rolled_out", "moments"):
+        for k in ("replayed", "rolled_out", "moments", "stepped"):
             if ua[k] != ub[k]:
                 problems.append(f"update {u}: {k} {ua[k]} / {ub[k]}")
         for k in ("ppo_clip_range", "delayed_replay_staleness"):

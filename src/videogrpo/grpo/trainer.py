@@ -156,10 +156,6 @@ def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
 
 
 class Trainer:
-    placement = offload.Placement(torch.device("cpu"), False, {}, {})
-    """The offload schedule (`grpo/offload.py`), set by __init__; this default, which keeps everything where it is,
-    serves a trainer assembled without __init__ (the manual ref_diff harness)."""
-
     def __init__(
         self,
         cfg: Config,
