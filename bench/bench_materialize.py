@@ -4,7 +4,7 @@
 
 In one invocation, on archives it generates in a temporary directory (incompressible media: random
 bytes in the VBVR member layout, ~200 KB per sample, gzip level 1) on the same file system:
-1. `videogrpo materialize-dataset` as the workflow runs it (a fetch manifest upstream, so every
+1. `videogrpo stage materialize-dataset` as the workflow runs it (a fetch manifest upstream, so every
    archive's SHA-256 is compared; unpack, checks, atomic writes, digests of everything, manifest),
    with `--workers 2` (the default on a 2-core job) and `--workers 1`;
 2. `tar -xzf` of one archive at a time, of two at a time, and one at a time followed by `sha256sum` of
@@ -145,6 +145,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
         def stage(workers: int) -> list[str]:
             return [
                 videogrpo,
+                "stage",
                 "materialize-dataset",
                 "--config-json",
                 f"@{root / 'config.json'}",

@@ -3,10 +3,10 @@
     .venv/bin/python bench/bench_matrix.py [--per-task 4] [--repeats 2]
 
 In one invocation, for every sampler of the tiny default (unipc, euler, flowcps-0.7): the whole
-`videogrpo generate-cell` stage (process start, model load, every video generated, validated and
+`videogrpo stage generate-cell` stage (process start, model load, every video generated, validated and
 promoted, its manifest) with one process and with two data-parallel processes, against the bare
 generation loop of the same videos in this process (model already loaded: what the stage cannot go
-below); then the whole `videogrpo score-cell` stage (scorer pool in the EvalKit checkout, preparation,
+below); then the whole `videogrpo stage score-cell` stage (scorer pool in the EvalKit checkout, preparation,
 scoring, aggregates, manifest). Videos per second are printed with the ratios. Record the output in
 bench/RESULTS.md.
 """

@@ -29,7 +29,7 @@ def trainer_config(**sections) -> dict:
 
 
 def data_stage(tmp_path: Path, name: str, *args: str, **data: object) -> subprocess.CompletedProcess:
-    """`videogrpo <name>` on a small synthetic dataset, as its rule runs it (`data` fields override)."""
+    """`videogrpo stage <name>` on a small synthetic dataset, as its rule runs it (`data` fields override)."""
     data = {
         "source": "synthetic",
         "task_list": str(REPO / "config/tasks/synthetic.txt"),
@@ -40,7 +40,7 @@ def data_stage(tmp_path: Path, name: str, *args: str, **data: object) -> subproc
         "gt_width": SIDE,
         **data,
     }
-    argv = [str(Path(sys.executable).parent / "videogrpo"), name, "--config-json", json.dumps({"data": data})]
+    argv = [str(Path(sys.executable).parent / "videogrpo"), "stage", name, "--config-json", json.dumps({"data": data})]
     argv += [*args, "--manifest", str(tmp_path / f"{name}.manifest.json")]
     return subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
 

@@ -42,7 +42,7 @@ def fetch(out: Path, kind: str, seed: int = 0) -> tuple[Path, Path]:
     model = config.from_dict({"model": {"source": "tiny", "kind": kind, "tiny_seed": seed}}, partial=True)
     view = config.stage_view(model, "fetch_model")
     manifest = out.parent / "fetch_model.manifest.json"
-    argv = ["fetch-model", "--config-json", json.dumps(view), "--out", str(out), "--manifest", str(manifest)]
+    argv = ["stage", "fetch-model", "--config-json", json.dumps(view), "--out", str(out), "--manifest", str(manifest)]
     assert cli.main(argv) == 0
     return out, manifest
 

@@ -41,7 +41,7 @@ def materialize_manifest(dataset: Path, out: Path) -> Path:
 
 def build_eval_set(dataset: Path, manifest: Path, out: Path, **matrix) -> int:
     """`videogrpo eval-set --dataset ...` as the workflow runs it without matrix.eval_set."""
-    argv = ["eval-set", "--config-json", json.dumps({"matrix": matrix}), "--dataset", str(dataset)]
+    argv = ["stage", "eval-set", "--config-json", json.dumps({"matrix": matrix}), "--dataset", str(dataset)]
     argv += ["--out-tree", str(out / "tree"), "--samples", str(out / "samples.json")]
     argv += ["--final-frames", str(out / "final_frames"), "--upstream", str(manifest)]
     return cli.main([*argv, "--manifest", str(out / "eval_set.manifest.json")])

@@ -84,6 +84,7 @@ def test_fetch_model_stage_from_the_hub_writes_a_manifest(tiny_model, tmp_path):
         result = subprocess.run(
             [
                 str(Path(sys.executable).parent / "videogrpo"),
+                "stage",
                 "fetch-model",
                 "--config-json",
                 json.dumps(sections),

@@ -68,6 +68,7 @@ def fetch(endpoint: str, out: Path, manifest: Path, revision: str = COMMIT) -> s
     return subprocess.run(
         [
             str(Path(sys.executable).parent / "videogrpo"),
+            "stage",
             "fetch-kernel",
             "--config-json",
             json.dumps(sections),
