@@ -38,7 +38,7 @@ def stage(name: str, sections: dict, *args: str) -> float:
     """Wall time of one stage invocation through the CLI."""
     start = time.perf_counter()
     subprocess.run(
-        [str(BIN / "videogrpo"), name, "--config-json", json.dumps(sections), *args],
+        [str(BIN / "videogrpo"), "stage", name, "--config-json", json.dumps(sections), *args],
         check=True,
         capture_output=True,
         env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
