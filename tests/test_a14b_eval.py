@@ -307,7 +307,7 @@ GENERATION = {
 
 
 def stage(name: str, sections: dict, *args: str) -> subprocess.CompletedProcess:
-    command = [str(BIN / "videogrpo"), name, "--config-json", json.dumps(sections), *args]
+    command = [str(BIN / "videogrpo"), "stage", name, "--config-json", json.dumps(sections), *args]
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(command, env=environment, capture_output=True, text=True)
 

@@ -128,7 +128,8 @@ def fetch_model_stage(endpoint, tmp_path, token=None, out="model"):
     env.pop("HF_TOKEN", None)
     if token:
         env["HF_TOKEN"] = token
-    command = [str(Path(sys.executable).parent / "videogrpo"), "fetch-model", "--config-json", json.dumps(sections)]
+    command = [str(Path(sys.executable).parent / "videogrpo"), "stage", "fetch-model"]
+    command += ["--config-json", json.dumps(sections)]
     command += ["--out", str(tmp_path / out), "--manifest", str(tmp_path / f"{out}.manifest.json")]
     return subprocess.run(command, env=env, capture_output=True, text=True)
 

@@ -58,7 +58,7 @@ def pod_env(container: dict, index: int) -> dict[str, str]:
 def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_launch_contract(tmp_path):
     cfg = five_b(tmp_path)
     workdir = tmp_path / "videogrpo"
-    command = ["videogrpo", "train", "--config-json", "@results/.stage-config/train-x.json"]
+    command = ["videogrpo", "stage", "train", "--config-json", "@results/.stage-config/train-x.json"]
     service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", command, workdir)
     k8s_job.validate([service, job])
     name = "train-rl-5b-cps-0123456789ab"
@@ -271,9 +271,9 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
     (shell,) = [line for line in train.splitlines() if line.startswith("Shell command: ")]
     submit, _, training = shell.removeprefix("Shell command: ").partition(" -- ")
     run_id = config.run_identity(five_b(tmp_path), (REPO / "config/tasks/vbvr_in_domain_50.txt").read_text())
-    assert submit.startswith("videogrpo k8s-job --config-json @results/.stage-config/train-")
+    assert submit.startswith("videogrpo stage k8s-job --config-json @results/.stage-config/train-")
     assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml --apply" in submit
-    assert training.startswith("videogrpo train --config-json @results/.stage-config/train-")
+    assert training.startswith("videogrpo stage train --config-json @results/.stage-config/train-")
     for stage in ("preflight", "generate_cell"):  # one-GPU pods through the executor plugin, on the README's node type
         assert "gpu=1, gpu_manufacturer=nvidia, machine_type=p5.48xlarge" in rule_block(text, stage)
 
@@ -287,7 +287,7 @@ def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
     text = out.stdout + out.stderr
     train = rule_block(text, "train")
     assert "gpu=8, gpu_manufacturer=nvidia" in train and "mem_mb=512000" in train
-    assert "Shell command: videogrpo train --config-json" in train  # no Job: the plugin's pod trains
+    assert "Shell command: videogrpo stage train --config-json" in train  # no Job: the plugin's pod trains
 
 
 def test_the_module_imports_nothing_heavy():

@@ -266,17 +266,17 @@ def test_the_recipes_fetch_the_kernel_and_every_stage_that_sets_the_backend_load
         return out.stdout
 
     def command(text: str, stage: str) -> str:
-        return next(line for line in text.splitlines() if f" videogrpo {stage} " in line)
+        return next(line for line in text.splitlines() if f" videogrpo stage {stage} " in line)
 
     recipe = dry("--configfile", "config/recipes/rl_5b_cps.yaml")
     key = f"{tmp_path}/kernels/kernels-community--flash-attn3@{COMMIT[:12]}"
-    assert "rule fetch_kernel:" in recipe and "videogrpo fetch-kernel --config-json" in recipe
+    assert "rule fetch_kernel:" in recipe and "videogrpo stage fetch-kernel --config-json" in recipe
     assert f"--kernel-cache {key}/cache " in command(recipe, "train")
     assert f"--kernel-cache {key}/cache --kernel-manifest {key}/fetch_kernel.manifest.json" in command(
         recipe, "preflight"
     )
-    offline = f"Shell command: KERNELS_CACHE={key}/cache HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1 videogrpo "
-    cells = [line for line in recipe.splitlines() if " videogrpo generate-cell " in line]
+    offline = f"Shell command: KERNELS_CACHE={key}/cache HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=1 videogrpo stage "
+    cells = [line for line in recipe.splitlines() if " videogrpo stage generate-cell " in line]
     assert len(cells) == 2 and all(line.startswith(offline) for line in cells)  # the recipe's check pair
     (tmp_path / "fa3.yaml").write_text("parallel:\n  attention_backend: _flash_3_hub\n")
     tiny_fa3 = dry("--configfile", str(tmp_path / "fa3.yaml"))

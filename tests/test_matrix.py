@@ -54,7 +54,7 @@ GENERATION = {
 
 
 def stage(name: str, sections: dict, *args: str, check: bool = True, wait: bool = True, **env: str):
-    command = [str(BIN / "videogrpo"), name, "--config-json", json.dumps(sections), *args]
+    command = [str(BIN / "videogrpo"), "stage", name, "--config-json", json.dumps(sections), *args]
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", **env)
     if not wait:
         return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -116,7 +116,7 @@ def test_an_evaluation_tree_that_does_not_exist_is_named_by_its_field(tmp_path):
     missing = tmp_path / "VBVR-Pro-Eval"
     sections = {"matrix": {"eval_set": str(missing), "eval_set_digest": "ab" * 32}}
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "videogrpo"), "eval-set", "--config-json", json.dumps(sections)]
+        [str(Path(sys.executable).parent / "videogrpo"), "stage", "eval-set", "--config-json", json.dumps(sections)]
         + ["--tree", str(missing), "--samples", str(tmp_path / "s.json"), "--final-frames", str(tmp_path / "ff")]
         + ["--manifest", str(tmp_path / "m.json")],
         capture_output=True,

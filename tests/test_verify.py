@@ -34,7 +34,7 @@ def edit_keeping_mtime(path: Path, data: bytes) -> None:
 
 
 def stage(*argv: str) -> None:
-    assert cli.main(list(argv)) == 0
+    assert cli.main(["stage", *argv]) == 0
 
 
 def make_run(root: Path, evalkit: Path, tree: Path, kind: str) -> dict[str, Path]:
