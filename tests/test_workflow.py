@@ -75,7 +75,7 @@ def test_a_driver_inside_a_slurm_allocation_runs_to_its_report(demo, workdir):
     )
     assert jobs_run(out.stdout + out.stderr) == {"report": 1, "all": 1}
     recorded = json.loads(invocation.read_text())
-    assert recorded["config_overrides"] == {"train": {"lr": 1.0e-4}}
+    assert recorded["config_overrides"] == {"train": {"lr": "1.0e-4"}}  # as given on the command line
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
     assert provenance["invocation"] == recorded
 
