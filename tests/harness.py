@@ -203,12 +203,13 @@ def adam_tolerance(lr: float, updates: int) -> float:
 
 
 def report_tables(page: str) -> list[list[list[str]]]:
-    """The tables of an HTML report page: rows of cell texts, the header row first."""
+    """The data tables of an HTML report page (plain, or of class `data`): rows of cell texts, the header row
+    first."""
     import html
     import re
 
     tables = []
-    for body in re.findall(r"<table>(.*?)</table>", page, re.S):
+    for body in re.findall(r"<table(?: class='data')?>(.*?)</table>", page, re.S):
         rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
         tables.append([[html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.S)] for row in rows])
     return tables

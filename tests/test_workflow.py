@@ -188,7 +188,7 @@ def test_the_demo_evaluates_the_matrix_of_two_models_by_three_samplers(demo, wor
 
 def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, workdir):
     run(["snakemake", "--cores", "2"], workdir)  # up to date first
-    out = run(["snakemake", "evaluate_matrix", "--cores", "2"], workdir)
+    out = run(["snakemake", "matrix", "--cores", "2"], workdir)
     assert "Nothing to be done" in out.stdout + out.stderr  # the demo made every cell
     out = run(["snakemake", "-n", "--config", "matrix={samplers: [unipc, euler, flowcps-0.3]}"], workdir)
     assert jobs_run(out.stdout + out.stderr) == {
@@ -202,14 +202,14 @@ def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, 
     text = out.stdout + out.stderr
     assert jobs_run(text) == {"generate_cell": 6, "score_cell": 6, "matrix": 1, "report": 1, "all": 1}
     assert f"results/runs/{first_run_id(workdir)}/report" in text  # evaluation settings: the same run
-    out = run(["snakemake", "-n", "evaluate_matrix"], workdir)
+    out = run(["snakemake", "-n", "matrix"], workdir)
     assert "Nothing to be done" in out.stdout + out.stderr
 
 
 def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, workdir, repo):
     """The README's command for the published TI2V-5B checkpoints: 2 models x 6 samplers listed, no training."""
     readme = (repo / "README.md").read_text()
-    (command,) = re.findall(r"^(snakemake -n evaluate_matrix .*published_5b.*)$", readme, re.M)
+    (command,) = re.findall(r"^(snakemake -n matrix .*published_5b.*)$", readme, re.M)
     env = {"EVAL_SET": "/data/VBVR-Pro-Eval", "EVAL_DIGEST": "ab" * 32}
 
     def written() -> list[Path]:  # what stages made (a dry run writes the stage config files only)
@@ -231,7 +231,6 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
         "generate_cell": 14,  # 2 models x 6 samplers, and the run's check pair
         "score_cell": 14,
         "matrix": 1,
-        "evaluate_matrix": 1,
     }
     for sampler in ("flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"):
         for model in ("rule_rl@003373efcbc3", "judge_rl@1282a14cf537"):
@@ -242,7 +241,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     assert "/flowcps-0.7/scores.csv" in text and training <= set(jobs)
     assert written() == before
     # The README's second form: this run's trained model and its base, through the SLURM profile (dry run).
-    (command,) = re.findall(r"^(snakemake --profile profiles/slurm evaluate_matrix .*release.yaml.*)$", readme, re.M)
+    (command,) = re.findall(r"^(snakemake --profile profiles/slurm matrix .*release.yaml.*)$", readme, re.M)
     cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", readme, re.S).group(1)
     (workdir / "cluster.yaml").write_text(cluster_yaml)
     out = run(["bash", "-c", command.replace("snakemake ", "snakemake -n ", 1)], workdir, **env)
@@ -456,7 +455,7 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     (command,) = [
         line.removeprefix("Shell command: ").strip()
         for line in printed.stdout.splitlines()
-        if line.startswith("Shell command: videogrpo train")
+        if line.startswith("Shell command: videogrpo stage train")
     ]
     command = command.split(" 2>&1 | tee ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
     with socket.socket() as sock:
@@ -551,7 +550,7 @@ def test_dag_inspection_commands_of_the_readme(demo, workdir):
     summary = run(["snakemake", "--summary"], workdir).stdout
     assert re.search(r"report/report\.html\t.*\treport\t.*\tok\tno update", summary), summary[-2000:]
     detailed = run(["snakemake", "--detailed-summary"], workdir).stdout
-    assert "videogrpo report --config-json" in detailed
+    assert "videogrpo stage report --config-json" in detailed
     for argv in (["snakemake", "--list-changes", "code"], ["snakemake", "--list-changes", "input"]):
         listed = run(argv, workdir).stdout
         assert "results/" not in listed, (argv, listed)

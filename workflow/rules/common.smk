@@ -54,6 +54,8 @@ def storage_endpoint():
 
 
 RESULTS = CFG.results
+if (_problem := layout.results_problem(RESULTS)) is not None:
+    raise WorkflowError(_problem)
 RUN = f"{RESULTS}/runs/{RUN_ID}"
 MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
 DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"

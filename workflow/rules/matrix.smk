@@ -135,9 +135,3 @@ rule matrix:
     shell:
         "videogrpo stage matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
         " --per-task {output.per_task:q} --run-id {params.run_id} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
-
-
-rule evaluate_matrix:
-    input:
-        table=MATRIX_TABLE,
-    localrule: True

@@ -7,6 +7,8 @@ the settings that generate it), so runs that share an input share its download.
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 from videogrpo.config import Config, canonical_json, select, task_names
@@ -94,3 +96,21 @@ def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
 def hub_model_key(name: str, spec: str) -> str:
     """Directory name of a hub model to evaluate: its matrix name and revision."""
     return f"{name}@{spec.partition('@')[2][:12]}"
+
+
+def results_problem(results: str | Path) -> str | None:
+    """Why outputs cannot be written under `results`, found without writing (a dry run writes nothing): the nearest
+    existing folder on its path is no directory, or is not writable; None when it can be made."""
+    path = Path(results)
+    existing = next((p for p in [path, *path.parents] if p.exists() or p.is_symlink()), Path("."))
+    reason = None
+    if not existing.is_dir():
+        reason = f"{existing} is no directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = f"{existing} is not writable"
+    if reason is None:
+        return None
+    return (
+        f"results = {str(results)!r}: cannot write {path} ({reason}); point `results` at a writable directory, "
+        f"e.g. --config results=/scratch/$USER/videogrpo-results"
+    )

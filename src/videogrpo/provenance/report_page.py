@@ -294,6 +294,8 @@ th { background: #f3f3f3; }
 table.wide { width: 100%; }
 table.wide td { overflow-wrap: anywhere; }
 table.wide td:last-child { overflow-wrap: normal; white-space: nowrap; }
+table.data { width: 100%; }
+table.data td { overflow-wrap: anywhere; }
 table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
 img { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; }
@@ -391,7 +393,7 @@ def render_html(
             "<code>delta_vs_base</code> = trained minus base on the same samples and noise, with a 95 % paired "
             "bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>).</p>"
         )
-        parts.append(_table(check, list(check[0].keys())))
+        parts.append(_table(check, list(check[0].keys()), css="data"))
         parts.append(_videos(videos or {}))
     else:
         parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")
@@ -405,7 +407,7 @@ def render_html(
         pivot, columns = _matrix_pivot(matrix)
         parts.append(_table(pivot, columns))
         parts.append(f"<img alt='evaluation matrix' src='data:image/png;base64,{matrix_png(matrix)}'>")
-        parts.append(_table(matrix, list(matrix[0].keys())))
+        parts.append(_table(matrix, list(matrix[0].keys()), css="data"))
     parts.append("<h2>Stages: what each job cost</h2>")
     parts.append(
         "<p>One row per stage job, by start (UTC): <code>job id</code> is the SLURM job the stage ran in, "
