@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -458,19 +459,42 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
         if line.startswith("Shell command: videogrpo stage train")
     ]
     command = command.split(" 2>&1 | tee ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
+    config_file = workdir / re.search(r"--config-json '?@(\S+?)'? ", command).group(1)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     contract = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
-    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", RANK="1", **contract)
-    machine1 = subprocess.Popen(
-        ["bash", "-c", command], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline", **contract)
+    # Machine 0 first: its run writes each stage's config file when it starts (the dry run above wrote nothing).
+    machine0 = subprocess.Popen(
+        ["snakemake", "--cores", "2", "train", *override],
+        cwd=workdir,
+        env=dict(env, RANK="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
+    machine1 = None
     try:
-        run(["snakemake", "--cores", "2", "train", *override], workdir, RANK="0", **contract)
+        deadline = time.monotonic() + 120
+        while not config_file.is_file():
+            assert machine0.poll() is None and time.monotonic() < deadline, "machine 0 wrote no config file"
+            time.sleep(0.2)
+        machine1 = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=workdir,
+            env=dict(env, RANK="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         output, _ = machine1.communicate(timeout=300)
+        first, _ = machine0.communicate(timeout=300)
     finally:
-        machine1.kill()
+        for machine in (machine0, machine1):
+            if machine is not None and machine.poll() is None:
+                machine.kill()
+    assert machine0.returncode == 0, first[-3000:]
     assert machine1.returncode == 0, output
     assert "[launch] node 1/2" in output and "(manual)" in output
     runs = sorted(workdir.glob("results/runs/*/train.manifest.json"), key=lambda p: p.stat().st_mtime)
