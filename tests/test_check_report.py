@@ -429,19 +429,17 @@ def test_the_videos_pair_base_and_trained_of_the_same_sample(tmp_path):
 
     tasks = ["S-1_move", "S-2_fill"]
     cells = {
-        "base": "results/matrix/k/base-tiny/flowcps-0.7/videos",
-        "trained": "results/matrix/k/run/flowcps-0.7/videos",
+        "base": "results/matrix/k/base-tiny/flowcps-0.7/prepared",
+        "trained": "results/matrix/k/run/flowcps-0.7/prepared",
     }
 
     def entries(samples: list[str]) -> dict:
         return {f"In-Domain_50/{task}/{s}.mp4": ["0" * 64, 1] for task in tasks for s in samples}
 
-    # The check's cells by their generate_cell manifests (another sampler's cell is not the check's).
+    # The check's cells by their score_cell manifests: the videos as scored (another sampler's cell is not the check's).
     provenance = {
         "stages": {
-            f"generate_cell:{model}:{sampler}": {
-                "outputs": {"videos": {"path": cells[model], "entries": entries(made)}}
-            }
+            f"score_cell:{model}:{sampler}": {"outputs": {"prepared": {"path": cells[model], "entries": entries(made)}}}
             for model, sampler, made in (
                 ("base", "flowcps-0.7", ["00001", "00002", "00003"]),
                 ("trained", "flowcps-0.7", ["00003", "00001"]),
@@ -456,8 +454,8 @@ def test_the_videos_pair_base_and_trained_of_the_same_sample(tmp_path):
         (task, s) for task in tasks for s in ("00001", "00003")
     ]
     for task, sample, base, trained in pairs:
-        assert base == f"../../../matrix/k/base-tiny/flowcps-0.7/videos/In-Domain_50/{task}/{sample}.mp4"
-        assert trained == f"../../../matrix/k/run/flowcps-0.7/videos/In-Domain_50/{task}/{sample}.mp4"
+        assert base == f"../../../matrix/k/base-tiny/flowcps-0.7/prepared/In-Domain_50/{task}/{sample}.mp4"
+        assert trained == f"../../../matrix/k/run/flowcps-0.7/prepared/In-Domain_50/{task}/{sample}.mp4"
     page = render_html(_provenance(), [], [{"task": "ALL", "samples": "4"}], videos)
     rows = re.findall(r"<tr><th scope='row'>(.*?)</tr>", page)
     assert len(rows) == 4

@@ -275,7 +275,7 @@ def _videos(videos: dict[str, list[str]]) -> str:
         for task, sample, base, trained in pairs
     )
     note = (
-        f"{len(pairs)} of {total} samples shown; all are in the two cells' <code>videos/</code> folders."
+        f"{len(pairs)} of {total} samples shown; all are in the two cells' <code>prepared/</code> folders."
         if total > len(pairs)
         else ""
     )
@@ -295,6 +295,9 @@ table.wide { width: 100%; }
 table.wide td { overflow-wrap: anywhere; }
 table.wide td:last-child { overflow-wrap: normal; white-space: nowrap; }
 table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
+/* The held-out check's table: its fourth column, the task, wraps (VBVR task names run to 70 characters). */
+div.fit table { width: 100%; }
+div.fit td:nth-child(4) { overflow-wrap: anywhere; }
 img { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-size: 0.85em; }
@@ -391,7 +394,7 @@ def render_html(
             "<code>delta_vs_base</code> = trained minus base on the same samples and noise, with a 95 % paired "
             "bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>).</p>"
         )
-        parts.append(_table(check, list(check[0].keys())))
+        parts.append(f"<div class='fit'>{_table(check, list(check[0].keys()))}</div>")
         parts.append(_videos(videos or {}))
     else:
         parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")
