@@ -224,3 +224,27 @@ def assert_table_shows_csv(shown: list[list[str]], rows: list[dict]) -> None:
                 assert abs(float(cell) - float(value)) <= 5e-5, (cell, value)
             except ValueError:
                 assert cell == value, (cell, value)
+
+
+def assert_check_shows_csv(shown: list[list[str]], rows: list[dict]) -> None:
+    """The report's held-out check (header first: task, samples, one `mean ± se` column per model, then the trained
+    model's `delta [low, high]`) holds exactly the per-task CSV's rows of the check, numbers to 4 decimals."""
+    from videogrpo.provenance.report_page import CHECK_CHANGE
+
+    def same(text: str, value: str) -> bool:  # an empty CSV cell (no interval below two samples) is a dash
+        return text == "–" if value == "" else abs(float(text) - float(value)) <= 5e-5
+
+    header, body = shown[0], shown[1:]
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    tasks = list(dict.fromkeys(row["task"] for row in rows))
+    assert header[: 2 + len(models)] == ["task", "samples", *models] and [line[0] for line in body] == tasks
+    for row in rows:
+        line = body[tasks.index(row["task"])]
+        mean, se = line[2 + models.index(row["model"])].split(" ± ")
+        assert line[1] == row["samples"] and same(mean, row["mean"]) and same(se, row["se"]), (line, row)
+        if row.get("delta_vs_base"):
+            delta, interval = line[header.index(CHECK_CHANGE)].split(" [")
+            low, high = interval.removesuffix("]").split(", ")
+            assert same(delta, row["delta_vs_base"]), (line, row)
+            assert same(low, row["delta_ci_low"]) and same(high, row["delta_ci_high"]), (line, row)
+    assert (CHECK_CHANGE in header) == any(row.get("delta_vs_base") for row in rows)

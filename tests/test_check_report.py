@@ -24,7 +24,7 @@ from videogrpo.evaluation.evalset import load_samples
 from videogrpo.provenance.manifest import StageRun
 
 from conftest import TASKS
-from harness import assert_table_shows_csv, report_tables, trainer_config
+from harness import assert_check_shows_csv, report_tables, trainer_config
 
 CPU = torch.device("cpu")
 
@@ -332,8 +332,10 @@ def test_the_report_shows_the_check_rows_of_the_per_task_csv_as_they_are(check, 
     page = render_html(_provenance(), [], rows, None, None, "flowcps-0.7")
     assert "No training metrics were recorded" in page and "Reward during training" not in page
     assert "Held-out check: trained against base under the training sampler (<code>flowcps-0.7</code>)" in page
-    (shown,) = [t for t in report_tables(page) if t[0][:4] == ["model", "sampler", "domain", "task"]]
-    assert_table_shows_csv(shown, rows)
+    (shown,) = [t for t in report_tables(page) if t[0][:2] == ["task", "samples"]]
+    assert shown[0] == ["task", "samples", "base", "trained", "trained - base [95 % paired interval]"]
+    assert [line[0] for line in shown[1:]] == [*TASKS, ALL]  # per task, the models side by side
+    assert_check_shows_csv(shown, rows)
 
 
 def _provenance(**timings) -> dict:
@@ -365,8 +367,11 @@ def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
         "domain": "overall",
         "task": "ALL",
         "samples": "6",
+        "mean": "0.3",
+        "se": "0.01",
         "delta_vs_base": "-2.9000502486220547e-05",
         "delta_ci_low": "-6.4e-05",
+        "delta_ci_high": "",
     }
     matrix = [
         {
@@ -384,8 +389,8 @@ def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
     page = render_html(_provenance(), metrics, [row], {}, matrix)
     assert not re.search(r"-0\.0+(?![0-9])", page), page
     tables = report_tables(page)
-    (evaluation,) = [t for t in tables if t[0][:4] == ["model", "sampler", "domain", "task"]]
-    assert evaluation[1][5:] == ["0.0000", "-0.0001"]
+    (evaluation,) = [t for t in tables if t[0][:2] == ["task", "samples"]]
+    assert evaluation[1] == ["ALL", "6", "0.3000 ± 0.0100", "0.0000 [-0.0001, –]"]
     (pivot,) = [t for t in tables if t[0] == ["model", "unipc"]]
     assert pivot[1] == ["trained", "0.300 [0.000, 1.000]"]
 
@@ -429,19 +434,17 @@ def test_the_videos_pair_base_and_trained_of_the_same_sample(tmp_path):
 
     tasks = ["S-1_move", "S-2_fill"]
     cells = {
-        "base": "results/matrix/k/base-tiny/flowcps-0.7/videos",
-        "trained": "results/matrix/k/run/flowcps-0.7/videos",
+        "base": "results/matrix/k/base-tiny/flowcps-0.7/prepared",
+        "trained": "results/matrix/k/run/flowcps-0.7/prepared",
     }
 
     def entries(samples: list[str]) -> dict:
         return {f"In-Domain_50/{task}/{s}.mp4": ["0" * 64, 1] for task in tasks for s in samples}
 
-    # The check's cells by their generate_cell manifests (another sampler's cell is not the check's).
+    # The check's cells by their score_cell manifests: the videos as scored (another sampler's cell is not the check's).
     provenance = {
         "stages": {
-            f"generate_cell:{model}:{sampler}": {
-                "outputs": {"videos": {"path": cells[model], "entries": entries(made)}}
-            }
+            f"score_cell:{model}:{sampler}": {"outputs": {"prepared": {"path": cells[model], "entries": entries(made)}}}
             for model, sampler, made in (
                 ("base", "flowcps-0.7", ["00001", "00002", "00003"]),
                 ("trained", "flowcps-0.7", ["00003", "00001"]),
@@ -456,9 +459,10 @@ def test_the_videos_pair_base_and_trained_of_the_same_sample(tmp_path):
         (task, s) for task in tasks for s in ("00001", "00003")
     ]
     for task, sample, base, trained in pairs:
-        assert base == f"../../../matrix/k/base-tiny/flowcps-0.7/videos/In-Domain_50/{task}/{sample}.mp4"
-        assert trained == f"../../../matrix/k/run/flowcps-0.7/videos/In-Domain_50/{task}/{sample}.mp4"
-    page = render_html(_provenance(), [], [{"task": "ALL", "samples": "4"}], videos)
+        assert base == f"../../../matrix/k/base-tiny/flowcps-0.7/prepared/In-Domain_50/{task}/{sample}.mp4"
+        assert trained == f"../../../matrix/k/run/flowcps-0.7/prepared/In-Domain_50/{task}/{sample}.mp4"
+    check = [{"model": m, "task": "ALL", "samples": "4", "mean": "0.5", "se": "0.1"} for m in ("base", "trained")]
+    page = render_html(_provenance(), [], check, videos)
     rows = re.findall(r"<tr><th scope='row'>(.*?)</tr>", page)
     assert len(rows) == 4
     for row, (task, sample, base, trained) in zip(rows, pairs):

@@ -23,6 +23,8 @@ from demo import first_run_id, run
 
 from videogrpo.provenance.cost_page import axis_of
 
+from harness import assert_check_shows_csv
+
 pytestmark = pytest.mark.e2e
 
 WINDOW = "1280,2000"
@@ -66,20 +68,6 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         timeout=120,
         check=True,
     )
-
-
-def as_shown(value: str) -> str:
-    """A CSV cell as the page must show it: integers and text as they are, other numbers to four decimals, and
-    one that rounds to zero without a sign."""
-    try:
-        return str(int(value))
-    except ValueError:
-        pass
-    try:
-        text = f"{float(value):.4f}"
-    except ValueError:
-        return value
-    return text[1:] if re.fullmatch(r"-0\.0+", text) else text
 
 
 class Page(HTMLParser):
@@ -135,10 +123,10 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     assert "<h1>Run " in dom and len(page.tables) >= 6
 
     # Base and trained side by side: one row per evaluated sample, base then trained, the same task and sample,
-    # from the held-out check's two cells (the training sampler's column of the matrix).
+    # from the held-out check's two cells (the training sampler's column of the matrix), as the scorer saw them.
     cells = {
-        "base": next(workdir.glob("results/matrix/*/base-*/flowcps-0.7/videos")),
-        "trained": next(workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7/videos")),
+        "base": next(workdir.glob("results/matrix/*/base-*/flowcps-0.7/prepared")),
+        "trained": next(workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7/prepared")),
     }
     evaluated = {(p.parent.name, p.stem) for p in cells["trained"].rglob("*.mp4")}
     assert len(evaluated) == 6 and evaluated == {(p.parent.name, p.stem) for p in cells["base"].rglob("*.mp4")}
@@ -169,9 +157,7 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     assert not re.search(r"-0\.0+(?![0-9])", text), re.search(r".{80}-0\.0+(?![0-9]).{20}", text)
     with open(run_dir / "matrix/per_task.csv", newline="") as f:
         rows = [row for row in csv.DictReader(f) if row["sampler"] == "flowcps-0.7"]  # the held-out check's
-    evaluation = page.table(list(rows[0]))
-    for got, want in zip(evaluation[1:], rows, strict=True):
-        assert got == [as_shown(v) for v in want.values()]
+    assert_check_shows_csv(page.table(["task", "samples", "base", "trained"]), rows)
     assert ">None<" not in dom and not re.search(
         r"\bNone\b", re.sub(r"<[^>]+>", " ", dom.split("<h2>Configuration")[0])
     )

@@ -51,7 +51,8 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     (note,) = [line for line in notes if line.startswith("note: train: ")]
     assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
     assert note.endswith("next run applies it (`--forcerun train` reruns it and what follows it)"), note
-    assert any(line.startswith("note: score_cell: evalkit.workers 2 -> 1") for line in notes)
+    (scoring,) = [line for line in notes if line.startswith("note: score_cell: ")]
+    assert "evalkit.workers 2 -> 1" in scoring and "evalkit.threads_per_worker 1 -> 2" in scoring, scoring
     configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("score_cell-*.json")]
     assert any(c["evalkit"]["workers"] == 1 and c["evalkit"]["threads_per_worker"] == 2 for c in configs)
     log = (cell / "score_cell.log").read_text()

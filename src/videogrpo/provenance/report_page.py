@@ -275,7 +275,7 @@ def _videos(videos: dict[str, list[str]]) -> str:
         for task, sample, base, trained in pairs
     )
     note = (
-        f"{len(pairs)} of {total} samples shown; all are in the two cells' <code>videos/</code> folders."
+        f"{len(pairs)} of {total} samples shown; all are in the two cells' <code>prepared/</code> folders."
         if total > len(pairs)
         else ""
     )
@@ -297,6 +297,8 @@ table.wide td:last-child { overflow-wrap: normal; white-space: nowrap; }
 table.data { width: 100%; }
 table.data td { overflow-wrap: anywhere; }
 table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
+/* The held-out check's table: its first column, the task, wraps (VBVR task names run to 70 characters). */
+div.fit td:first-child { overflow-wrap: anywhere; }
 img { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-size: 0.85em; }
@@ -329,6 +331,35 @@ def matrix_png(matrix: list[dict]) -> str:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _figure_png(fig)
+
+
+CHECK_CHANGE = "trained - base [95 % paired interval]"
+
+
+def _number_text(text: str) -> str:
+    """A CSV number to four decimals; empty or NaN (no interval below two samples) as a dash."""
+    value = _float(text)
+    return "–" if value != value else fixed(value)
+
+
+def check_pivot(check: list[dict]) -> tuple[list[dict], list[str]]:
+    """The held-out check per task (ALL last), from its rows of the per-task table: each model's `mean ± se` and the
+    trained model's paired change from the base, `delta [ci_low, ci_high]`."""
+    models = list(dict.fromkeys(row["model"] for row in check))
+    by_cell = {(row["task"], row["model"]): row for row in check}
+    rows = []
+    for task in dict.fromkeys(row["task"] for row in check):
+        found = {model: by_cell[(task, model)] for model in models if (task, model) in by_cell}
+        row = {"task": task, "samples": next(iter(found.values()))["samples"]}
+        for model in models:
+            cell = found.get(model)
+            row[model] = f"{_number_text(cell['mean'])} ± {_number_text(cell['se'])}" if cell else ""
+        trained = found.get("trained", {})
+        if trained.get("delta_vs_base", ""):
+            low, high = (_number_text(trained[k]) for k in ("delta_ci_low", "delta_ci_high"))
+            row[CHECK_CHANGE] = f"{_number_text(trained['delta_vs_base'])} [{low}, {high}]"
+        rows.append(row)
+    return rows, ["task", "samples", *models, *([CHECK_CHANGE] if any(CHECK_CHANGE in r for r in rows) else [])]
 
 
 def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
@@ -387,13 +418,14 @@ def render_html(
     parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
     if check:
         parts.append(
-            "<p>The two cells of the evaluation matrix that sample as training does, on the run's evaluation set: "
-            "their rows of the matrix's per-task table (<code>matrix/per_task.csv</code>). Mean EvalKit score per "
-            "task and over ALL samples, its standard error (<code>se</code>) and 95 % bootstrap interval, and "
-            "<code>delta_vs_base</code> = trained minus base on the same samples and noise, with a 95 % paired "
-            "bootstrap interval (<code>delta_ci_low</code>, <code>delta_ci_high</code>).</p>"
+            "<p>The two cells of the evaluation matrix that sample as training does, on the run's evaluation set, "
+            "from their rows of the matrix's per-task table (<code>matrix/per_task.csv</code>, which also holds the "
+            "bootstrap intervals of the means): the mean EvalKit score per task and over ALL samples with its "
+            "standard error, and trained minus base on the same samples and noise with its 95 % paired bootstrap "
+            "interval.</p>"
         )
-        parts.append(_table(check, list(check[0].keys()), css="data"))
+        pivot, columns = check_pivot(check)
+        parts.append(f"<div class='fit'>{_table(pivot, columns)}</div>")
         parts.append(_videos(videos or {}))
     else:
         parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")

@@ -2,7 +2,8 @@
 and the evaluation matrix (both files also logged to the run's MLflow run where logging.tracker lists mlflow).
 
 The held-out check is two of the matrix's cells, the trained and the base model under the training sampler
-(config/cells.py): the page shows their rows of the matrix's per-task table and their videos of the same samples.
+(config/cells.py): the page shows their rows of the matrix's per-task table and their videos of the same samples,
+as the scorer saw them.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_videos(provenance: dict, models: tuple[str, ...], sampler: str, html: Path) -> dict[str, list[str]]:
-    """The held-out check's videos by model (`base`, `trained`), from its cells' generate_cell manifests, as paths
-    relative to the report page (`<domain>/<task>/<index>.mp4` under each cell's videos/)."""
+    """The held-out check's videos by model (`base`, `trained`) as the EvalKit scored them (each cell's score_cell
+    output `prepared/<domain>/<task>/<index>.mp4`), as paths relative to the report page."""
     found: dict[str, list[str]] = {}
     for model in models:
-        record = provenance["stages"].get(f"generate_cell:{model}:{sampler}", {}).get("outputs", {}).get("videos")
+        record = provenance["stages"].get(f"score_cell:{model}:{sampler}", {}).get("outputs", {}).get("prepared")
         if record:
             found[model] = [
                 os.path.relpath(Path(record["path"]) / rel, html.parent) for rel in sorted(record.get("entries", {}))
