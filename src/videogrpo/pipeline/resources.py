@@ -13,7 +13,7 @@ from typing import Any
 from videogrpo.config import Config
 from videogrpo.launch import k8s_job
 
-KINDS = ("train", "preflight", "evaluate", "generate", "cpu")
+KINDS = ("train", "preflight", "generate", "cpu")
 
 
 def slurm_resources(cfg: Config, kind: str) -> dict[str, Any]:
