@@ -506,3 +506,25 @@ def test_update_axes_have_integer_ticks_and_task_titles_show_the_whole_name():
         assert 0 <= box.x0 and box.x1 <= width and box.y1 <= height, (shown[k].get_title(), box)
         for other in boxes[k + 1 :]:  # no title runs into another panel's title
             assert box.x1 <= other.x0 or other.x1 <= box.x0 or box.y1 <= other.y0 or other.y1 <= box.y0
+
+
+def test_a_matrix_where_a_model_lacks_a_sampler_renders_the_cells_it_has():
+    """matrix.models [base] with three samplers: the run's check adds only trained under the training sampler, so
+    the trained row has one cell. The plot draws no bar where there is no cell; the table shows a dash there."""
+    from videogrpo.provenance.report_page import _matrix_pivot, matrix_png
+
+    def row(model: str, sampler: str, mean: str) -> dict:
+        return {
+            "model": model,
+            "sampler": sampler,
+            "domain": "overall",
+            "mean": mean,
+            "ci_low": "0.1",
+            "ci_high": "0.9",
+        }
+
+    matrix = [row("base", "unipc", "0.4"), row("base", "flowcps-0.7", "0.5"), row("trained", "flowcps-0.7", "0.6")]
+    assert matrix_png(matrix)  # a PNG, not a KeyError for trained under unipc
+    pivot, columns = _matrix_pivot(matrix)
+    assert columns == ["model", "unipc", "flowcps-0.7"]
+    assert pivot[1] == {"model": "trained", "unipc": "–", "flowcps-0.7": "0.600 [0.100, 0.900]"}

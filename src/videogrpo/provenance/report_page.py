@@ -319,11 +319,13 @@ def matrix_png(matrix: list[dict]) -> str:
     samplers = list(dict.fromkeys(row["sampler"] for row in overall))
     width = 0.8 / len(models)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(samplers) * len(models) / 2 + 2), 3.2))
+    missing = {"mean": "", "ci_low": "", "ci_high": ""}  # a model without a cell under a sampler: no bar there
     for k, model in enumerate(models):
         rows = {row["sampler"]: row for row in overall if row["model"] == model}
-        means = [float(rows[s]["mean"]) for s in samplers]
-        low = [_float(rows[s]["mean"]) - _float(rows[s]["ci_low"]) for s in samplers]
-        high = [_float(rows[s]["ci_high"]) - _float(rows[s]["mean"]) for s in samplers]
+        cells = [rows.get(s, missing) for s in samplers]
+        means = [_float(c["mean"]) for c in cells]
+        low = [_float(c["mean"]) - _float(c["ci_low"]) for c in cells]
+        high = [_float(c["ci_high"]) - _float(c["mean"]) for c in cells]
         xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(samplers))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=model)
     ax.set_xticks(range(len(samplers)), samplers)
@@ -370,7 +372,8 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
     for model in dict.fromkeys(row["model"] for row in overall):
         cells = {row["sampler"]: row for row in overall if row["model"] == model}
         shown = {s: [fixed(_float(c[k]), 3) for k in ("mean", "ci_low", "ci_high")] for s, c in cells.items()}
-        rows.append({"model": model, **{s: f"{mean} [{low}, {high}]" for s, (mean, low, high) in shown.items()}})
+        shown_text = {s: f"{mean} [{low}, {high}]" for s, (mean, low, high) in shown.items()}
+        rows.append({"model": model, **{s: shown_text.get(s, "–") for s in samplers}})  # "–": no such cell
     return rows, ["model", *samplers]
 
 
