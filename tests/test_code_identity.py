@@ -92,3 +92,24 @@ def test_the_trainer_math_is_what_the_trainer_runs_but_its_logging():
     for rel in ("grpo/tracking.py", "grpo/mlflow_run.py", "grpo/flops.py", "launch/torchrun.py", "cli.py"):
         assert rel not in math, rel
     assert all(len(value) == 64 for value in math.values())
+
+
+def test_the_parse_cache_is_reused_until_a_file_changes_and_a_broken_cache_is_ignored(package, monkeypatch):
+    module = package / "grpo" / "samplers.py"
+    first = code._ParseCache(package)
+    digest = first.get(module)[0]
+    first.save()
+    assert (package / "__pycache__" / "code-identity.json").is_file()
+
+    def no_parse(path):
+        raise AssertionError(f"{path} parsed again although unchanged")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(code, "_parse", no_parse)
+        assert code._ParseCache(package).get(module)[0] == digest  # from the file, not parsed
+
+    module.write_text(module.read_text() + "\nEDITED = 1\n")  # a new size and mtime: parsed again
+    assert code._ParseCache(package).get(module)[0] != digest
+
+    (package / "__pycache__" / "code-identity.json").write_text("{not json")
+    assert code._ParseCache(package).get(module)[0] == code._parse(module)[0]

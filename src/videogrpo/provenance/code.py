@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 from pathlib import Path
 
+from videogrpo import atomic
 from videogrpo.provenance.digest import sha256_bytes, sha256_file, strip_docstrings, tree_digest_of_entries
 
 PACKAGE = "videogrpo"
@@ -71,10 +73,8 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-@functools.cache
-def _parsed(path: Path, mtime_ns: int) -> tuple[str, frozenset[str], frozenset[str]]:
-    """(code digest, dotted names it imports, dotted names its strings name) of a Python file, parsed once per
-    version of the file."""
+def _parse(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
+    """(code digest, dotted names it imports, dotted names its strings name) of a Python file."""
     tree = strip_docstrings(ast.parse(path.read_text(encoding="utf-8")))
     imported: set[str] = set()
     named: set[str] = set()
@@ -94,19 +94,77 @@ def _parsed(path: Path, mtime_ns: int) -> tuple[str, frozenset[str], frozenset[s
     return digest, ours(imported), ours(named)
 
 
+class _ParseCache:
+    """Parsed files by (size, mtime_ns), kept in memory and in `__pycache__/code-identity.json` beside the package.
+
+    Every stage job computes its code identity, and parsing the package's syntax trees costs about a second
+    and a half of CPU a job. The file is keyed like Python's own bytecode cache (a source's size and
+    modification time) and is only ever an accelerator: unreadable, stale or from another version, it is
+    ignored and rebuilt; a read-only package simply goes without it.
+    """
+
+    VERSION = 1
+
+    def __init__(self, package_dir: Path | None):
+        self.file = package_dir / "__pycache__" / "code-identity.json" if package_dir else None
+        self.entries: dict[str, list] | None = None
+        self.dirty = False
+
+    def _load(self) -> dict[str, list]:
+        if self.file is None:
+            return {}
+        try:
+            data = json.loads(self.file.read_text(encoding="utf-8"))
+            return data["files"] if data.get("version") == self.VERSION else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def get(self, path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
+        if self.entries is None:
+            self.entries = self._load()
+        st = path.stat()
+        key = str(path)
+        entry = self.entries.get(key)
+        if isinstance(entry, list) and len(entry) == 5 and entry[:2] == [st.st_size, st.st_mtime_ns]:
+            return entry[2], frozenset(entry[3]), frozenset(entry[4])
+        digest, imported, named = _parse(path)
+        self.entries[key] = [st.st_size, st.st_mtime_ns, digest, sorted(imported), sorted(named)]
+        self.dirty = True
+        return digest, imported, named
+
+    def save(self) -> None:
+        if not self.dirty or self.entries is None or self.file is None:
+            return
+        self.dirty = False
+        text = json.dumps({"version": self.VERSION, "files": self.entries}, sort_keys=True)
+        try:
+            self.file.parent.mkdir(exist_ok=True)
+            atomic.write_text(self.file, text)
+        except OSError:
+            pass  # a read-only install: parse each time
+
+
+@functools.cache
+def _cache(package_dir: Path | None) -> _ParseCache:
+    return _ParseCache(package_dir)
+
+
 def parsed(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
-    return _parsed(path, path.stat().st_mtime_ns)
+    """(code digest, dotted names of this package it imports, those its strings name) of a Python file."""
+    # Only this installed package keeps its cache on disk; another tree (a test's copy) parses in memory.
+    return _cache(PACKAGE_DIR if path.is_relative_to(PACKAGE_DIR) else None).get(path)
+
+
+def _edges(name: str, modules: dict[str, Path], named: bool = True) -> frozenset[str]:
+    _, imports, names = parsed(modules[name])
+    resolved = (_resolve(dotted, modules) for dotted in (imports | names if named else imports))
+    return frozenset(m for m in resolved if m)
 
 
 def import_graph(package_dir: Path = PACKAGE_DIR, named: bool = True) -> dict[str, frozenset[str]]:
     """Module -> the package's modules it imports and, with `named`, those its strings name (`-m ...`)."""
     modules = module_files(package_dir)
-    graph = {}
-    for name, path in modules.items():
-        _, imports, names = parsed(path)
-        resolved = (_resolve(dotted, modules) for dotted in (imports | names if named else imports))
-        graph[name] = frozenset(m for m in resolved if m)
-    return graph
+    return {name: _edges(name, modules, named) for name in modules}
 
 
 def _with_parents(module: str) -> list[str]:
@@ -116,17 +174,17 @@ def _with_parents(module: str) -> list[str]:
 
 def closure(roots: tuple[str, ...], package_dir: Path = PACKAGE_DIR, leave_out: tuple[str, ...] = ()) -> list[str]:
     """The modules that running `roots` runs, sorted: shared plumbing and `leave_out` neither counted nor followed."""
-    graph = import_graph(package_dir)
+    modules = module_files(package_dir)
     seen: set[str] = set()
     todo = [parent for root in roots for parent in _with_parents(root)]
     while todo:
         module = todo.pop()
-        if module in seen or module not in graph:
+        if module in seen or module not in modules:
             continue
         seen.add(module)
         if is_shared(module) or module in leave_out:
             continue
-        for dep in graph[module]:
+        for dep in _edges(module, modules):  # parsed as reached: a stage's closure, not the whole package
             todo.extend(_with_parents(dep))
     return sorted(m for m in seen if not is_shared(m) and m not in leave_out)
 
@@ -153,6 +211,7 @@ def part_digests(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[st
 def code_identity(roots: tuple[str, ...], package_dir: Path = PACKAGE_DIR) -> str:
     """One digest of the code `roots` run (64 hex): the rule param of a stage, the key of its resumable work."""
     parts = part_digests(closure(roots, package_dir), package_dir)
+    _cache(PACKAGE_DIR).save()
     return tree_digest_of_entries({rel: (digest, 0) for rel, digest in parts.items()})
 
 
