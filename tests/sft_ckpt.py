@@ -1,6 +1,6 @@
 """Checkpoint writers for the SFT-initialisation tests (tests/test_sft_init.py, tests/sft_init_worker.py).
 
-`write_reference` writes the reference trainer's layout as its DCP holds it (REFERENCE section 11, read from
+`write_reference` writes the reference trainer's layout as its DCP holds it (docs/reference-system.md#a14b, read from
 pufanyi/vbvr-rl src/trainer/checkpoint_runtime.py): one dcp.save per expert sub-folder of
 {"train_state": {step, epoch, batch_idx, <model key>: state dict, rng_cpu}, "ema": {"shadow":
 {"<model key>.<param>": tensor}, "decay"}} (the "ema" entry only when the run had EMA), the optimizer and

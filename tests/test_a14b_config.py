@@ -202,7 +202,8 @@ def test_the_a14b_recipe_plans_both_experts_at_tp2_x_fsdp4():
     data["parallel"]["device_memory_gib"] = 141
     plan = memory_plan.plan_for_config(config.from_dict(data, partial=True), shape)
     terms = {t.name: t.bytes for t in plan.terms}
-    # 161 x 256 x 256: 41 x 32 x 32 latents, 10,496 tokens (REFERENCE section 11); 4 prompts x 1 member a forward.
+    # 161 x 256 x 256: 41 x 32 x 32 latents, 10,496 tokens (docs/reference-system.md#a14b); 4 prompts x 1 member a
+    # forward.
     assert plan.facts["video_tokens"] == 10496 and plan.facts["latent_shape"] == [16, 41, 32, 32]
     assert plan.facts["sharding"] == 8  # FSDP over 4 replicas x TP 2: not the world size 8 x 2
     assert terms["master weights"] == 4 * 2 * counts.total // 8
@@ -231,7 +232,8 @@ def test_the_tiny_a14b_dry_run_lists_every_stage(tmp_path):
 
 def test_the_a14b_recipe_as_released_uses_sdpa_and_its_dry_run_needs_no_network(tmp_path):
     data = yaml.safe_load((REPO / "config/recipes/rl_a14b_rule.yaml").read_text())
-    assert data["parallel"]["attention_backend"] == "native"  # diffusers' default: SDPA (REFERENCE section 6)
+    # diffusers' default: SDPA (docs/reference-system.md#recipes)
+    assert data["parallel"]["attention_backend"] == "native"
     assert (data["evalkit"]["max_seconds"], data["evalkit"]["fail_on_error"]) == (5.0, True)
     assert not config.uses_hub_kernel(config.from_dict(data, partial=True))
     # A closed port as the Hub, and offline mode: a dry run that reached the network would fail.

@@ -1,4 +1,5 @@
-"""The trainer on the two-expert I2V-A14B path (REFERENCE section 11), on the tiny two-expert model in this process:
+"""The trainer on the two-expert I2V-A14B path (docs/reference-system.md#a14b), on the tiny two-expert model in this
+process:
 routing in rollout and replay, gradients only to the expert that served, joint clipping, both experts in
 checkpoints and the export, a resume that ends bit-identical."""
 

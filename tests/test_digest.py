@@ -9,7 +9,7 @@ from videogrpo.provenance import digest
 
 
 def independent_evalkit_digest(root: Path, files: list[str]) -> str:
-    """REFERENCE section 3, written out again without the package's helpers."""
+    """docs/reference-system.md#rule-reward, written out again without the package's helpers."""
     h = hashlib.sha256()
     for rel in files:
         data = (root / rel).read_bytes()

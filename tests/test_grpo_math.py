@@ -24,7 +24,7 @@ def draw(seed):
 
 
 def reference(sampler, x, v, eps, s, s_next, eta):
-    """REFERENCE section 4 in float64 NumPy, written from the formulas (not from samplers.py):
+    """docs/reference-system.md#grpo in float64 NumPy, written from the formulas (not from samplers.py):
     (x', mu, std, per-sample log p over frames 1..). eta may be per sample."""
     eta = np.asarray(eta, dtype=np.float64).reshape(-1, *([1] * (x.ndim - 1)))
     d = s_next - s
@@ -244,7 +244,7 @@ def test_replica_assignment_gives_whole_groups_strided_over_replicas():
     assert sorted(slots) == list(range(16))
 
 
-# ---- the flow shift of the schedule: the model's (REFERENCE section 11), one function for every user ----
+# ---- the flow shift of the schedule: the model's (docs/reference-system.md#a14b), one function for every user ----
 
 
 def scheduler_dir(tmp_path, config):

@@ -131,7 +131,7 @@ def test_routing_rule_matches_the_reference_facts(tmp_path):
     assert boundary_of(tmp_path) == (0.9, 900)
     index.write_text("{}")
     assert boundary_of(tmp_path) == (0.9, 900)
-    # REFERENCE s. 11: shift 5, 30 steps, boundary 900: steps 0-10 high noise, 11-29 low noise.
+    # docs/reference-system.md#a14b: shift 5, 30 steps, boundary 900: steps 0-10 high noise, 11-29 low noise.
     assert expert_schedule(sigma_schedule(30, 5.0), 900, ("high", "low")) == ["high"] * 11 + ["low"] * 19
     assert route(900.0, 900, ("high", "low")) == "high" and route(899.9999, 900, ("high", "low")) == "low"
     # The float32 sigma 0.9 is 0.899999976: its unrounded t falls below 900, so it goes to the low-noise expert.

@@ -1,6 +1,6 @@
 """The VLM judge client against a loopback chat-completions server (tests/judge_server.py), over real HTTP.
 
-What the server received is decoded and compared part by part with REFERENCE section 3; retry counts are
+What the server received is decoded and compared part by part with docs/reference-system.md#vlm-judge; retry counts are
 observed on the server side."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The VLM judge's protocol (REFERENCE section 3): the pinned rubric and protocol sources, parsed without running
+"""The VLM judge's protocol (docs/reference-system.md#vlm-judge): the pinned rubric and protocol sources, parsed
+without running
 them, the rubric's output fields, the structured-output regex, and the validation of an answer."""
 
 from __future__ import annotations

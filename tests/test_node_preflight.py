@@ -1,4 +1,4 @@
-"""Per-node preflight (REFERENCE section 12): every decision over constructed facts, the real probe on this
+"""Per-node preflight (docs/reference-system.md#memory): every decision over constructed facts, the real probe on this
 machine, and the preflight-only switch end to end through `videogrpo train`."""
 
 from __future__ import annotations

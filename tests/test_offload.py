@@ -1,4 +1,5 @@
-"""The memory plan of REFERENCE section 12 on CPU: frozen models offloaded between uses, trajectories parked on
+"""The memory plan of docs/reference-system.md#memory on CPU: frozen models offloaded between uses, trajectories
+parked on
 CPU, rollout and decoding in chunks, a byte-bounded prompt cache on CPU, bf16 frozen weights, no reference model
 at KL weight 0.
 
@@ -142,7 +143,7 @@ def test_a_forward_of_one_row_differs_by_float_rounding_only(tiny_model, dataset
 
 # ---- where every module is when it runs ---------------------------------------------------------------------
 
-# The reference's plan (REFERENCE section 12), written out here and not read from offload.plan: per phase,
+# The reference's plan (docs/reference-system.md#memory), written out here and not read from offload.plan: per phase,
 # where the text encoder and the VAE must be when something runs in it ("*": either).
 REFERENCE_PLAN = {
     "encode": {"text_encoder": "compute", "vae": "compute"},

@@ -1,4 +1,4 @@
-"""The delayed-replay state machine (REFERENCE section 4)."""
+"""The delayed-replay state machine (docs/reference-system.md#grpo)."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Tensor parallel (TP 2) and TP x FSDP of a Wan transformer against the unsharded model (REFERENCE section 11).
+"""Tensor parallel (TP 2) and TP x FSDP of a Wan transformer against the unsharded model
+(docs/reference-system.md#a14b).
 
 The multi-process checks run tests/tp_worker.py under torchrun on gloo, once per layout (module fixtures):
 TP2 on 2 processes, dp 2 x tp 2 on 4. Each rank compares its sharded model with an unsharded copy on the

@@ -638,7 +638,8 @@ def test_recipe_dry_runs_print_their_dag(demo, workdir, recipe):
     assert "/evalsets/rl-" in out.stdout
     if recipe != "rl_a14b_rule":  # the 5B recipes' _flash_3_hub; the A14B recipe runs diffusers' SDPA (native)
         expected |= {"fetch_kernel"}
-    if recipe == "rl_5b_vlm":  # the judge model trains; the EvalKit scores the evaluation (REFERENCE section 10)
+    if recipe == "rl_5b_vlm":  # the judge model trains; the EvalKit scores the evaluation
+        # (docs/reference-system.md#evaluation)
         expected = expected | {"fetch_judge"}
         training = run(["snakemake", "-n", "train", "--configfile", f"config/recipes/{recipe}.yaml"], workdir)
         assert set(jobs_run(training.stdout + training.stderr)) == expected - {

@@ -246,7 +246,7 @@ def rule_reward_inputs(**named):
 
 
 # The EvalKit's records. Evaluation (score_cell) scores with the EvalKit whatever reward.kind (the
-# release evaluation, REFERENCE section 10), so they are always in the DAG; preflight and training read them
+# release evaluation, docs/reference-system.md#evaluation), so they are always in the DAG; preflight and training read them
 # only for the rule reward (RULE_REWARD_STAGES).
 EVALKIT_STAGES = ("fingerprint_evalkit", "check_scorer_runtime")
 RULE_REWARD_STAGES = EVALKIT_STAGES if RULE_REWARD else ()

@@ -3,7 +3,7 @@
 Precedence: dataclass defaults < config/config.yaml < recipe (--configfile) < --config overrides.
 Snakemake merges the YAML layers; `from_dict` fills defaults, coerces the strings that `--config`
 produces, and checks every field and every cross-field rule, naming the field, the value and the
-rule. The dataclass defaults are the values shared by all released recipes (REFERENCE section 6).
+rule. The dataclass defaults are the values shared by all released recipes (docs/reference-system.md#recipes).
 
 This package must stay light: the Snakefile imports it at parse time (no torch, no diffusers). May import only the
 core modules (`errors`).

@@ -155,7 +155,7 @@ def _model_problems(cfg: Config) -> list[str]:
 
 
 def _experts_problems(cfg: Config) -> list[str]:
-    """Choosing an expert means something only for a model that has two (REFERENCE section 11, Which train)."""
+    """Choosing an expert means something only for a model that has two (docs/reference-system.md#a14b, Which train)."""
     if cfg.model.kind == "ti2v" and cfg.train.experts != "both":
         return [
             f"train.experts = {cfg.train.experts!r}: model.kind = 'ti2v' has one transformer, so only 'both' (train "
@@ -257,7 +257,7 @@ def _grpo_problems(cfg: Config) -> list[str]:
     if g.sampling_steps < 2:
         found.append(f"grpo.sampling_steps = {g.sampling_steps}: must be >= 2 (the last step is never trained)")
     if g.delayed_replay and not g.shared_prompts:
-        found.append("grpo.delayed_replay = true: needs grpo.shared_prompts = true (REFERENCE section 4)")
+        found.append("grpo.delayed_replay = true: needs grpo.shared_prompts = true (docs/reference-system.md#grpo)")
     return found
 
 
@@ -398,7 +398,7 @@ def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
 
 
 def topology_problems(cfg: Config) -> list[str]:
-    """World size vs prompts vs group size (REFERENCE section 4, shared-prompt mode)."""
+    """World size vs prompts vs group size (docs/reference-system.md#grpo, shared-prompt mode)."""
     p, g = cfg.grpo, cfg.parallel
     world = cfg.world_size
     found = []

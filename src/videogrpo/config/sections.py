@@ -1,6 +1,6 @@
 """The config sections: typed dataclasses, one docstring per field (the schema's descriptions).
 
-The dataclass defaults are the values shared by all released recipes (REFERENCE section 6).
+The dataclass defaults are the values shared by all released recipes (docs/reference-system.md#recipes).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class EvalKitConfig:
     path: str = ""
     """Checkout directory of the VBVR-compatible EvalKit (empty: no rule reward)."""
     digest: str = ""
-    """64-hex source digest the checkout must have (REFERENCE section 3)."""
+    """64-hex source digest the checkout must have (docs/reference-system.md#rule-reward)."""
     unsupported_score: float = 0.0
     """Score of a task the EvalKit does not know."""
     fail_on_error: bool = True
@@ -280,7 +280,7 @@ class TrainConfig:
     """Recompute activations in the backward pass."""
     offload_inference_models: bool = True
     """Keep the text encoder and VAE on CPU except while they encode or decode, park trajectories on CPU
-    between rollout and replay, and empty the allocator cache before replay (REFERENCE section 12)."""
+    between rollout and replay, and empty the allocator cache before replay (docs/reference-system.md#memory)."""
 
 
 @dataclass
@@ -349,7 +349,8 @@ class MatrixConfig:
     hub_models: dict[str, str] = field(default_factory=dict)
     """Pinned Hub pipelines to evaluate, name -> `repo_id@<40-hex revision>`."""
     pipeline_sha256: str = PUBLISHED_PIPELINE_SHA256
-    """SHA-256 a hub model's custom pipeline.py must have (any other is refused; REFERENCE section 10)."""
+    """SHA-256 a hub model's custom pipeline.py must have (any other is refused;
+    docs/reference-system.md#evaluation)."""
     samplers: list[str] = field(
         default_factory=lambda: ["flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"]
     )

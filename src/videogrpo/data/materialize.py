@@ -1,4 +1,4 @@
-"""Safe, streaming, resumable, parallel unpacking of the VBVR-Pro-RL archives (REFERENCE section 2).
+"""Safe, streaming, resumable, parallel unpacking of the VBVR-Pro-RL archives (docs/reference-system.md#data).
 
 Never calls a tar library's extract: members are streamed (`data/archive.py`), their names checked (no
 absolute paths, no `.` or `..` components, no links or devices, UTF-8 only) and their sizes limited.

@@ -1,6 +1,6 @@
 """Synthetic VBVR-Pro-RL data: small tasks with a rule the final frame can be checked against.
 
-Writes exactly the archive format of the real dataset (REFERENCE section 2): tar.gz archives whose
+Writes exactly the archive format of the real dataset (docs/reference-system.md#data): tar.gz archives whose
 members are `<task>/<task_dir>/<sample_id>/{first_frame.png, metadata.json, video/final_frame.png,
 video/ground_truth.mp4, video/prompt.txt}` plus an ignored extra member, so the materializer and
 validator run on the same code path as for the real data. Archives are byte-reproducible for a seed.

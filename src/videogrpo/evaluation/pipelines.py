@@ -1,4 +1,4 @@
-"""Validation of a Diffusers pipeline directory before it is evaluated (REFERENCE section 10).
+"""Validation of a Diffusers pipeline directory before it is evaluated (docs/reference-system.md#evaluation).
 
 A pipeline is accepted when model_index.json names components that are all present, every safetensors
 file has a readable header that agrees with the file's size and whose tensors match its index, every

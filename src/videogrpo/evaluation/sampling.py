@@ -6,7 +6,7 @@ The kinds differ in four facts, all kept here so that the stages differ only in 
 - the condition: TI2V's is the first frame's latent [B, C, 1, h, w]; I2V's the 20-channel mask and
   first-frame latent [B, 20, F, h, w], fed beside the noisy latent (it needs the frame count to encode);
 - pinning: TI2V sets latent frame 0 to its condition before the first step and after every step; I2V
-  pins nothing, latent frame 0 is denoised like the others (REFERENCE section 11);
+  pins nothing, latent frame 0 is denoised like the others (docs/reference-system.md#a14b);
 - the trained model: the base pipeline with the exported `transformer` (TI2V), or with each exported
   expert folder (`transformer`, `transformer_2`) substituted for the base expert (I2V).
 Evaluation takes no log-probabilities, so the rollout's frame mask (0 on TI2V's pinned frame, all ones

@@ -1,4 +1,4 @@
-"""Group-relative advantages (REFERENCE section 4)."""
+"""Group-relative advantages (docs/reference-system.md#grpo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which prompts and which group members each rank rolls out (REFERENCE section 4, shared-prompt mode)."""
+"""Which prompts and which group members each rank rolls out (docs/reference-system.md#grpo, shared-prompt mode)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def shared_prompt_work(rank: int, world: int, prompts_per_wave: int, group_size:
 
 def replica_work(rank: int, world: int, tensor_parallel: int, batch_size: int, group_size: int) -> RankWork:
     """Outside shared-prompt mode a data replica rolls out whole groups of its batch_size prompts, strided as
-    the reference's distributed sampler deals them (REFERENCE section 11): replica r of R takes the batch's
+    the reference's distributed sampler deals them (docs/reference-system.md#a14b): replica r of R takes the batch's
     positions r, r + R, r + 2R, ...; both ranks of a TP pair (rank // tensor_parallel) take the same ones."""
     replicas = world // tensor_parallel
     replica = rank // tensor_parallel

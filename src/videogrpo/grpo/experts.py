@@ -1,4 +1,4 @@
-"""The trainable transformers of a run: TI2V's one, or I2V-A14B's experts (REFERENCE section 11), each wrapped
+"""The trainable transformers of a run: TI2V's one, or I2V-A14B's experts (docs/reference-system.md#a14b), each wrapped
 for its parallel layout with its own AdamW, stepped together.
 
 One AdamW per expert, one learning rate set on all every update, one joint clipping norm over every

@@ -1,4 +1,5 @@
-"""The learning rate of every optimizer update (REFERENCE section 4): linear warm-up from 0, then cosine decay.
+"""The learning rate of every optimizer update (docs/reference-system.md#grpo): linear warm-up from 0, then cosine
+decay.
 
 One pure function, read by the trainer before each update: the rate depends only on the update's
 index and the run's update count (from `replay.plan`), so a resumed run continues the same curve

@@ -1,4 +1,4 @@
-"""Where the frozen models and the rollouts live during a training step (REFERENCE section 12), and how a
+"""Where the frozen models and the rollouts live during a training step (docs/reference-system.md#memory), and how a
 wave is cut into rollout chunks.
 
 With `train.offload_inference_models` the text encoder and the VAE sit on CPU except while they work:

@@ -1,4 +1,4 @@
-"""The schedule of rollouts and updates: synchronous, or one-step-delayed replay (REFERENCE section 4).
+"""The schedule of rollouts and updates: synchronous, or one-step-delayed replay (docs/reference-system.md#grpo).
 
 The trainer runs exactly the actions `plan` returns, and the number of optimizer updates of a run
 (what the LR schedule and the ETA use) is read off the same plan, so the two cannot disagree.

@@ -1,4 +1,4 @@
-"""Rollout transitions over the model's velocity (REFERENCE section 4).
+"""Rollout transitions over the model's velocity (docs/reference-system.md#grpo).
 
 Each sampler maps (x, v, sigma, sigma') to a Gaussian transition: a mean mu, a noise std, and a
 log-probability of the next latent. Notation: x0_hat = x - sigma v, x1_hat = x + (1 - sigma) v.

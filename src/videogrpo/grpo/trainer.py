@@ -326,7 +326,7 @@ class Trainer:
         return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors}
 
     def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
-        """The rows of `chunk` each replay forward takes: the rollout's chunks (REFERENCE section 11)."""
+        """The rows of `chunk` each replay forward takes: the rollout's chunks (docs/reference-system.md#a14b)."""
         return offload.rollout_chunks(list(zip(chunk.prompts, chunk.members)), self.cfg.grpo.sample_batch_size)
 
     def update(self, action: replay.Action, prepared: Prepared) -> dict:

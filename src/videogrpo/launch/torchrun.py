@@ -3,7 +3,7 @@
 One launcher runs per machine. It finds its place in the job from, in order:
 - an srun task of a SLURM allocation (SLURM_NNODES, SLURM_NODEID, SLURM_LAUNCH_NODE_IPADDR: the first
   node hosts the rendezvous);
-- the manual contract of REFERENCE section 7: MASTER_ADDR, MASTER_PORT (default parallel.master_port),
+- the manual contract of docs/reference-system.md#launch: MASTER_ADDR, MASTER_PORT (default parallel.master_port),
   WORLD_SIZE = number of machines, RANK = this machine's rank; all three of MASTER_ADDR, WORLD_SIZE and
   RANK, or none of them;
 - nothing: a local run on this machine.

@@ -1,4 +1,5 @@
-"""A Wan2.2 I2V-A14B Diffusers pipeline directory: two experts, image-to-video conditioning (REFERENCE s. 11).
+"""A Wan2.2 I2V-A14B Diffusers pipeline directory: two experts, image-to-video conditioning
+(docs/reference-system.md#a14b).
 
 Experts. `transformer` denoises the high-noise steps, `transformer_2` the low-noise ones. The boundary is the
 model's own: `boundary_ratio` in model_index.json (0.9 when null or absent), boundary timestep

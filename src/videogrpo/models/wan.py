@@ -5,7 +5,7 @@ denoising transition must be recorded and replayed. Conventions follow diffusers
 with `expand_timesteps=True`: latents are normalised with the VAE's latents_mean/std, latent frame 0
 holds the VAE-encoded first frame at timestep 0, and the timestep is sigma x 1000 per token.
 
-Precision (REFERENCE section 4): the transformer is loaded in float32, since its parameters are the
+Precision (docs/reference-system.md#grpo): the transformer is loaded in float32, since its parameters are the
 master weights AdamW updates; the compute dtype (`parallel.param_dtype`) is applied by FSDP2's
 mixed-precision policy for sharded models and by autocast otherwise. The rollout trajectory and the
 timestep handed to the transformer are kept in the trajectory dtype (`grpo.trajectory_dtype`): the

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# The reference's process-group timeout (REFERENCE section 12): a collective may wait this long for the
+# The reference's process-group timeout (docs/reference-system.md#memory): a collective may wait this long for the
 # slowest rank, e.g. one decoding and scoring a large rollout group or writing a checkpoint.
 PROCESS_GROUP_TIMEOUT_S = 240 * 60
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism of a Wan transformer (REFERENCE section 11), and TP x FSDP over a ("dp", "tp") mesh.
+"""Tensor parallelism of a Wan transformer (docs/reference-system.md#a14b), and TP x FSDP over a ("dp", "tp") mesh.
 
 Per block, in self- (attn1) and cross-attention (attn2), to_q/to_k/to_v are split column-wise (each rank
 owns heads / TP whole heads) and to_out.0 row-wise (its partial sums all-reduced); the feed-forward's
@@ -167,7 +167,7 @@ class HeadShardedRMSNorm(torch.nn.Module):
 
 
 def block_plan() -> dict:
-    """The TP plan of one WanTransformerBlock (module path -> style), REFERENCE section 11."""
+    """The TP plan of one WanTransformerBlock (module path -> style), docs/reference-system.md#a14b."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan = {}

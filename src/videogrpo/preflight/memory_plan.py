@@ -230,7 +230,7 @@ def gib(value: float) -> str:
 def trained_transformers(kind: str, experts: str) -> tuple[str, ...]:
     """The transformer folders of the pipeline a run trains (model.kind, train.experts): TI2V's `transformer`, or
     the I2V-A14B experts train.experts names (`both`: `transformer` and `transformer_2`); an expert not trained
-    is not loaded (REFERENCE section 11), so it takes no memory."""
+    is not loaded (docs/reference-system.md#a14b), so it takes no memory."""
     if kind != "i2v_a14b":
         return ("transformer",)
     from videogrpo.models.i2v import EXPERT_FOLDERS, EXPERTS

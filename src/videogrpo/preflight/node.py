@@ -1,6 +1,6 @@
 """Per-node preflight: what every machine of a training job must have before torchrun starts there.
 
-REFERENCE section 12: the runtime check and a Triton compiler check on each node, `TRITON_CACHE_DIR` on
+docs/reference-system.md#memory: the runtime check and a Triton compiler check on each node, `TRITON_CACHE_DIR` on
 node-local disk, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, and a switch that runs only these
 checks and exits (`WAN_TRAINER_TRITON_PREFLIGHT_ONLY`, or `videogrpo stage train --preflight-only`).
 

@@ -170,7 +170,7 @@ def tree_digest(root: str | os.PathLike) -> str:
 
 
 def evalkit_files(root: str | os.PathLike) -> list[str]:
-    """The files the VBVR EvalKit source digest covers, in digest order (REFERENCE section 3)."""
+    """The files the VBVR EvalKit source digest covers, in digest order (docs/reference-system.md#rule-reward)."""
     root = Path(root)
     files = ["run_evaluation.py"]
     bench = root / "vbvr_bench"

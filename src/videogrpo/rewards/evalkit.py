@@ -1,4 +1,5 @@
-"""Fingerprints of the EvalKit: its source digest (REFERENCE section 3), and the scorer runtime probe a scorer
+"""Fingerprints of the EvalKit: its source digest (docs/reference-system.md#rule-reward), and the scorer runtime
+probe a scorer
 process runs (`scorer_process.check_runtime` starts one for `check_scorer_runtime`): the runtime contract's
 packages, and the modules the public EvalKit imports at module level (`EVALKIT_MODULE_IMPORTS`)."""
 

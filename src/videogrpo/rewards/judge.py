@@ -1,4 +1,5 @@
-"""The VLM judge reward (REFERENCE section 3): an OpenAI-compatible chat-completions endpoint scores rollouts.
+"""The VLM judge reward (docs/reference-system.md#vlm-judge): an OpenAI-compatible chat-completions endpoint scores
+rollouts.
 
 Per rollout one conversation: the request `judge_protocol.request_body` builds (rubric, first frame, the whole
 rollout as an MP4, the reminder, the rubric's regex); its answer is validated against the rubric's fields and,

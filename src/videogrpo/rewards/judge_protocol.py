@@ -1,4 +1,5 @@
-"""What the VLM judge is sent and what it must answer (REFERENCE section 3), in one place that the tests read too.
+"""What the VLM judge is sent and what it must answer (docs/reference-system.md#vlm-judge), in one place that the
+tests read too.
 
 Two pinned external sources feed it, both Python modules that are parsed with `ast` and never imported or run
 (a pinned file still should not get to execute code in the trainer): the rubric source (`EVAL_PROMPTS`, a dict

@@ -88,7 +88,8 @@ def receive(stream) -> tuple[object, list[bytearray]] | None:
 
 
 def scorer_environment(checkout: str, threads: int, easyocr_models: str) -> dict[str, str]:
-    """The environment of every scorer process (REFERENCE section 3), set before its interpreter starts, so
+    """The environment of every scorer process (docs/reference-system.md#rule-reward), set before its interpreter
+    starts, so
     that numpy and torch read the thread limits at their first import."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
