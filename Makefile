@@ -58,13 +58,19 @@ demo: env
 # test seeing the state the one before left) and the rest, which use the CPU the pipeline leaves idle. The
 # rest's report follows the pipeline's; the exit status fails if either failed.
 UNIT_LOG ?= .pytest-unit.log
+# Both runs note every documented command they run in DOC_LEDGER; then tests/doc_commands.py fails on any shell
+# command of the README or docs/ that no test ran.
+DOC_LEDGER ?= .doc-commands.jsonl
 test: env
+	rm -f $(DOC_LEDGER); export VIDEOGRPO_DOC_LEDGER=$(CURDIR)/$(DOC_LEDGER); \
 	pytest -m "not e2e and not cluster" -p no:cacheprovider > $(UNIT_LOG) 2>&1 & unit=$$!; \
 	pipeline=0; pytest -m "e2e or cluster" || pipeline=$$?; \
 	rest=0; wait $$unit || rest=$$?; \
 	cat $(UNIT_LOG); \
-	echo "make test: pipeline tests exit $$pipeline, the other tests exit $$rest"; \
-	test $$pipeline -eq 0 && test $$rest -eq 0
+	echo '{"command": ["make", "test"], "env": {}, "returncode": 0, "test": "make test"}' >> $(DOC_LEDGER); \
+	docs=0; python tests/doc_commands.py $(DOC_LEDGER) || docs=$$?; \
+	echo "make test: pipeline tests exit $$pipeline, the other tests exit $$rest, documented commands exit $$docs"; \
+	test $$pipeline -eq 0 && test $$rest -eq 0 && test $$docs -eq 0
 
 lint: env   # also run by `make test` (tests/test_lint.py)
 	ruff check .

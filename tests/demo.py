@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
+
 from videogrpo.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +68,7 @@ def copy_checkout(dest: Path) -> Path:
 def run(args: list[str], cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline", **extra_env)
     out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    doc_commands.record(args, out.returncode, extra_env)
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {out.returncode}\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}")
     return out

@@ -241,9 +241,8 @@ def rule_block(text: str, rule: str) -> str:
 
 
 def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
-    """The README's k8s.yaml and commands (the volume here: tmp_path; the bucket: moto's), as dry runs."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Running on Kubernetes")[1].split("\n## ")[0]
+    """docs/kubernetes.md's k8s.yaml and commands (the volume here: tmp_path; the bucket: moto's), as dry runs."""
+    section = (REPO / "docs/kubernetes.md").read_text().split("\n## ")[0]
     k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     cd, dry, real = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import doc_commands
 import pytest
 from demo import (
     CELLS,
@@ -208,8 +209,8 @@ def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, 
 
 
 def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, workdir, repo):
-    """The README's command for the published TI2V-5B checkpoints: 2 models x 6 samplers listed, no training."""
-    readme = (repo / "README.md").read_text()
+    """The documented command for the published TI2V-5B checkpoints: 2 models x 6 samplers listed, no training."""
+    readme = (repo / "docs/evaluation-matrix.md").read_text()
     (command,) = re.findall(r"^(snakemake -n matrix .*published_5b.*)$", readme, re.M)
     env = {"EVAL_SET": "/data/VBVR-Pro-Eval", "EVAL_DIGEST": "ab" * 32}
 
@@ -380,25 +381,6 @@ def test_the_trace_is_every_job_of_the_run_with_what_its_manifest_says_it_cost(d
     assert "--no-sacct" in help_text and "gpu_h" in help_text
 
 
-def test_readme_commands_are_all_exercised_here(repo):
-    """Every command in the README's bash blocks is run by a test of the demo's modules (`make test` runs them
-    all)."""
-    import shlex
-
-    readme = (repo / "README.md").read_text() + (repo / "config/README.md").read_text()
-    sources = [Path(__file__).parent / "conftest.py", *sorted(Path(__file__).parent.glob("test_workflow*.py"))]
-    here = "".join(path.read_text() for path in sources).replace('f"', '"').replace("{recipe}", "rl_5b_cps")
-    commands = [
-        line.split("  #")[0].strip()
-        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
-        for line in block.splitlines()
-    ]
-    for command in filter(None, commands):
-        if command != "make test":
-            as_argv, as_shell = json.dumps(shlex.split(command))[1:-1], json.dumps(command)  # or run by bash -c
-            assert as_argv in here or as_shell in here, f"README command not tested: {command}"
-
-
 def resources_of(dry_run: str, rule: str) -> dict[str, str]:
     block = dry_run.split(f"rule {rule}:")[1].split("\nrule ")[0]
     line = re.search(r"^\s+resources: (.*)$", block, re.M).group(1)
@@ -406,8 +388,9 @@ def resources_of(dry_run: str, rule: str) -> dict[str, str]:
 
 
 def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stage(demo, workdir, repo):
-    """The SLURM block of the README, with its cluster.yaml, run as dry runs (-n) here."""
-    readme = (repo / "README.md").read_text()
+    """The SLURM block of docs/slurm.md (the README's two lines among them), with its cluster.yaml, run as dry
+    runs (-n) here."""
+    readme = (repo / "docs/slurm.md").read_text()
     cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", readme, re.S).group(1)
     (workdir / "cluster.yaml").write_text(cluster_yaml)
     block = re.search(r"```sh\n(snakemake -n --profile profiles/slurm.*?)```", readme, re.S).group(1)
@@ -448,16 +431,15 @@ def test_the_readme_slurm_commands_as_dry_runs_with_resources_that_fit_each_stag
 
 
 def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
-    """The launch contract by hand: two "machines" (one process each) on this host, as the README says."""
+    """The launch contract by hand: two "machines" (one process each) on this host, with the README's commands:
+    machine 0 runs the workflow, machine 1 the training command the dry run prints."""
     import socket
 
-    override = ["--config", "parallel={nodes: 2, procs_per_node: 1}"]
-    printed = run(["snakemake", "-n", "-p", "train", *override], workdir)
-    (command,) = [
-        line.removeprefix("Shell command: ").strip()
-        for line in printed.stdout.splitlines()
-        if line.startswith("Shell command: videogrpo stage train")
-    ]
+    (workdir / "my.yaml").write_text("parallel:\n  nodes: 2\n  procs_per_node: 1\n")
+    printed = run(
+        ["bash", "-c", "snakemake -n -p train --configfile my.yaml | sed -n 's/^Shell command: //p'"], workdir
+    )
+    (command,) = [line.strip() for line in printed.stdout.splitlines() if line.startswith("videogrpo stage train")]
     command = command.split(" 2>&1 | tee ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
     config_file = workdir / re.search(r"--config-json '?@(\S+?)'? ", command).group(1)
     with socket.socket() as sock:
@@ -466,13 +448,9 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
     contract = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
     env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", WANDB_MODE="offline", **contract)
     # Machine 0 first: its run writes each stage's config file when it starts (the dry run above wrote nothing).
+    machine0_argv = ["snakemake", "--cores", "all", "--configfile", "my.yaml"]
     machine0 = subprocess.Popen(
-        ["snakemake", "--cores", "2", "train", *override],
-        cwd=workdir,
-        env=dict(env, RANK="0"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        machine0_argv, cwd=workdir, env=dict(env, RANK="0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     machine1 = None
     try:
@@ -489,11 +467,13 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
             text=True,
         )
         output, _ = machine1.communicate(timeout=300)
-        first, _ = machine0.communicate(timeout=300)
+        first, _ = machine0.communicate(timeout=600)
     finally:
         for machine in (machine0, machine1):
             if machine is not None and machine.poll() is None:
                 machine.kill()
+    doc_commands.record(machine0_argv, machine0.returncode, dict(contract, RANK="0"))
+    doc_commands.record(["bash", "-c", command], machine1.returncode, dict(contract, RANK="1"))
     assert machine0.returncode == 0, first[-3000:]
     assert machine1.returncode == 0, output
     assert "[launch] node 1/2" in output and "(manual)" in output
