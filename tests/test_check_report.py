@@ -528,3 +528,45 @@ def test_a_matrix_where_a_model_lacks_a_sampler_renders_the_cells_it_has():
     pivot, columns = _matrix_pivot(matrix)
     assert columns == ["model", "unipc", "flowcps-0.7"]
     assert pivot[1] == {"model": "trained", "unipc": "–", "flowcps-0.7": "0.600 [0.100, 0.900]"}
+
+
+def test_the_first_screen_is_the_verdict_the_recipe_and_the_run_status():
+    from videogrpo.provenance.report_page import render_html, run_status, verdict_rows
+
+    def row(model, domain, mean, delta=("", "", "")):
+        keys = ("delta_vs_base", "delta_ci_low", "delta_ci_high")
+        return {"model": model, "sampler": "flowcps-0.7", "domain": domain, "samples": "6", "mean": mean,
+                "se": "0.01", "ci_low": "0.0", "ci_high": "0.95", **dict(zip(keys, delta))}  # fmt: skip
+
+    matrix = [
+        row("base", "In-Domain_50", "0.30"),
+        row("trained", "In-Domain_50", "0.40", ("0.1", "0.05", "0.15")),
+        row("base", "overall", "0.35"),
+        row("trained", "overall", "0.34", ("-0.01", "-0.03", "0.01")),
+        row("trained", "Out-of-Domain_50", "0.2", ("-0.1", "-0.2", "-0.05")),
+        {**row("trained", "overall", "0.9", ("0.5", "0.4", "0.6")), "sampler": "euler"},  # not the check's
+    ]
+    verdict = verdict_rows(matrix, "flowcps-0.7")
+    assert [(r["domain"], r["trained"], r["base"], r["verdict"]) for r in verdict] == [
+        ("overall", "0.3400", "0.3500", "no clear difference (the interval holds 0)"),
+        ("In-Domain_50", "0.4000", "0.3000", "better"),
+        ("Out-of-Domain_50", "0.2000", "–", "worse"),
+    ]
+    jobs = [{"stage": "train", "state": "COMPLETED"}, {"stage": "generate_cell", "state": "TIMEOUT"}]
+    assert run_status({"cost": {"jobs": jobs}}) == (
+        "1 of 2 stage jobs did not complete: generate_cell (TIMEOUT)",
+        False,
+    )
+    config = {"recipe": "rl_x", "grpo": {"sampler": "flowcps", "eta": 0.7, "group_size": 32, "prompts_per_step": 32}}
+    assert run_status({"cost": {"jobs": jobs[:1]}}) == (
+        "complete: the 1 stage jobs before this report all completed",
+        True,
+    )
+    provenance = dict(_provenance(), config=config)
+    page = render_html(
+        provenance, [{"step": 1, "reward_mean": 0.3, "reward_std": 0.1}], [], None, matrix, "flowcps-0.7"
+    )
+    first = page.split("<h2>")[0]  # everything above the first section: the first screen
+    assert "Run status: no stage job recorded its cost." in first
+    assert "recipe <b>rl_x</b>" in first and "sampler flowcps, eta 0.7" in first and "32 prompts x group 32" in first
+    assert "no clear difference" in first and "better" in first and "1 updates" in first

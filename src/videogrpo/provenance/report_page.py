@@ -299,6 +299,8 @@ table.data td { overflow-wrap: anywhere; }
 table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
 /* The held-out check's table: its first column, the task, wraps (VBVR task names run to 70 characters). */
 div.fit td:first-child { overflow-wrap: anywhere; }
+div.verdict { border: 2px solid #4a7; border-radius: 6px; padding: 0.2em 1em; margin: 1em 0; background: #f6fbf7; }
+p.ok { color: #275; font-weight: bold; }
 img { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-size: 0.85em; }
@@ -377,6 +379,68 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
     return rows, ["model", *samplers]
 
 
+def _verdict_word(low: float, high: float) -> str:
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return "no clear difference (the interval holds 0)" if low == low else "too few samples for an interval"
+
+
+def verdict_rows(matrix: list[dict], check_sampler: str) -> list[dict]:
+    """Trained against base under the training sampler, overall first and then per domain, from matrix.csv: each
+    model's mean, the paired change with its 95 % interval, and what the interval says."""
+    cells = {(row["model"], row["domain"]): row for row in matrix if row["sampler"] == check_sampler}
+    domains = sorted({domain for model, domain in cells if model == "trained"}, key=lambda d: (d != "overall", d))
+    rows = []
+    for domain in domains:
+        trained, base = cells[("trained", domain)], cells.get(("base", domain))
+        row = {"domain": domain, "samples": trained["samples"], "trained": _number_text(trained["mean"])}
+        row["base"] = _number_text(base["mean"]) if base else "–"
+        if trained.get("delta_vs_base", ""):
+            low, high = _float(trained["delta_ci_low"]), _float(trained["delta_ci_high"])
+            row[CHECK_CHANGE] = (
+                f"{_number_text(trained['delta_vs_base'])} [{_number_text(trained['delta_ci_low'])}, "
+                f"{_number_text(trained['delta_ci_high'])}]"
+            )
+            row["verdict"] = _verdict_word(low, high)
+        rows.append(row)
+    return rows
+
+
+def recipe_summary(config: dict[str, Any], updates: int | None) -> str:
+    """One line of what was trained and how: the recipe and the settings a reader compares runs by."""
+    g, p, t, m, r = (config.get(k, {}) for k in ("grpo", "parallel", "train", "model", "reward"))
+    eta = f"eta in {g['eta_range']}" if g.get("eta_range") else f"eta {g.get('eta')}"
+    layout = html.escape(str(p.get("data_parallel", "?")))
+    if (p.get("tensor_parallel") or 1) > 1:
+        layout += f", tensor parallel {p['tensor_parallel']}"
+    parts = [
+        f"recipe <b>{html.escape(str(config.get('recipe', '?')))}</b>",
+        f"model {html.escape(str(m.get('repo_id') if m.get('source') == 'hub' else m.get('source', '?')))}"
+        f" ({html.escape(str(m.get('kind', '?')))})",
+        f"reward {html.escape(str(r.get('kind', '?')))}",
+        f"sampler {html.escape(str(g.get('sampler', '?')))}, {html.escape(eta)}",
+        f"{g.get('prompts_per_step', '?')} prompts x group {g.get('group_size', '?')} per update",
+        f"lr {t.get('lr', '?')}",
+        f"{updates if updates is not None else '?'} updates",
+        f"{p.get('nodes', '?')} node(s) x {p.get('procs_per_node', '?')} processes ({layout})",
+    ]
+    return "; ".join(parts)
+
+
+def run_status(provenance: dict[str, Any]) -> tuple[str, bool]:
+    """What the run's stage jobs came to: (a sentence, whether all of them completed)."""
+    jobs = (provenance.get("cost") or {}).get("jobs") or []
+    failed = [job for job in jobs if job.get("state", "COMPLETED") != "COMPLETED"]
+    if not jobs:
+        return "no stage job recorded its cost", False
+    if failed:
+        names = ", ".join(f"{job.get('stage')} ({job.get('state')})" for job in failed)
+        return f"{len(failed)} of {len(jobs)} stage jobs did not complete: {names}", False
+    return f"complete: the {len(jobs)} stage jobs before this report all completed", True
+
+
 def render_html(
     provenance: dict[str, Any],
     metrics: list[dict],
@@ -397,6 +461,31 @@ def render_html(
         f"<p>Workflow commit {commit_text(git.get('commit'))}{dirty}; "
         f"report generated {html.escape(provenance['generated_at'])}.</p>",
     ]
+    # The first screen: the verdict, what was trained, and whether the run is whole; the evidence follows.
+    status, whole = run_status(provenance)
+    updates = max((int(m["step"]) for m in metrics if "step" in m), default=None)
+    parts.append("<div class='verdict'>")
+    parts.append(f"<p class='{'ok' if whole else 'warn'}'>Run status: {html.escape(status)}.</p>")
+    verdict = verdict_rows(matrix or [], check_sampler) if check_sampler else []
+    if verdict:
+        parts.append(
+            f"<p><b>Trained against base</b> under the training sampler (<code>{html.escape(check_sampler)}</code>), "
+            "mean EvalKit score on the run's evaluation set and the paired change with its 95 % bootstrap interval:</p>"
+        )
+        columns = [
+            "domain",
+            "samples",
+            "trained",
+            "base",
+            *([CHECK_CHANGE, "verdict"] if any("verdict" in r for r in verdict) else []),
+        ]
+        parts.append(_table(verdict, columns))
+    else:
+        parts.append("<p class='warn'>No trained-against-base comparison in the matrix.</p>")
+    parts.append(
+        f"<p>{recipe_summary(provenance.get('config') or {}, updates)}. The full configuration is at the end.</p>"
+    )
+    parts.append("</div>")
     if not metrics:
         parts.append("<p class='warn'>No training metrics were recorded for this run.</p>")
     else:
