@@ -28,6 +28,10 @@ LEDGER_VARIABLE = "VIDEOGRPO_DOC_LEDGER"
 
 # Documented commands no test can run on a CPU machine without a cluster or the wider internet, and why.
 NOT_RUN_HERE = {
+    (
+        """CFG='{"parallel": {"nodes": 16, "procs_per_node": 8, "device": "cuda", "backend": "nccl", """
+        """"attention_backend": "_flash_3_hub"}}'"""
+    ): "the settings of the two GPU commands that follow it",
     "salloc --nodes=16 --ntasks-per-node=1 --gres=gpu:8": "16 GPU nodes",
     'videogrpo stage train --preflight-only --config-json "$CFG"': "inside a GPU allocation (its logic: "
     "tests/test_node_preflight.py runs the same command in a CPU allocation of the local cluster)",
@@ -95,8 +99,9 @@ def _forms(entry: dict) -> list[str]:
     prefixes = [""] + (
         [" ".join(f"{k}={v}" for k, v in sorted(entry["env"].items())) + " "] if entry.get("env") else []
     )
-    if isinstance(command, str):
-        return [prefix + command.strip() for prefix in prefixes]
+    if isinstance(command, str):  # by bash -c: as typed, and without the -n a dry run added
+        texts = {command.strip(), " ".join(word for word in command.strip().split(" ") if word != "-n")}
+        return [prefix + text for text in texts for prefix in prefixes]
     argv = list(command)
     if argv and Path(argv[0]).name in ("snakemake", "videogrpo", "make", "python", "bash") and "/" in argv[0]:
         argv[0] = Path(argv[0]).name  # the venv's own binary, as the docs' PATH finds it

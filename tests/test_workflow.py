@@ -244,7 +244,8 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     assert written() == before
     # The README's second form: this run's trained model and its base, through the SLURM profile (dry run).
     (command,) = re.findall(r"^(snakemake --profile profiles/slurm matrix .*release.yaml.*)$", readme, re.M)
-    cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", readme, re.S).group(1)
+    slurm_page = (repo / "docs/slurm.md").read_text()
+    cluster_yaml = re.search(r"`cluster.yaml`:\n\n```yaml\n(.*?)```", slurm_page, re.S).group(1)
     (workdir / "cluster.yaml").write_text(cluster_yaml)
     out = run(["bash", "-c", command.replace("snakemake ", "snakemake -n ", 1)], workdir, **env)
     text = out.stdout + out.stderr
