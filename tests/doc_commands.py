@@ -79,8 +79,8 @@ def record(argv: list[str] | str, returncode: int, env: dict[str, str] | None = 
     ledger = os.environ.get(LEDGER_VARIABLE)
     if not ledger:
         return
-    if isinstance(argv, list) and argv[:2] == ["bash", "-c"] and len(argv) == 3:
-        argv = argv[2]
+    if isinstance(argv, list) and argv[:1] == ["bash"] and "-c" in argv and argv.index("-c") == len(argv) - 2:
+        argv = argv[-1]  # bash [-o pipefail] -c TEXT: the text is the command
     line = json.dumps(
         {
             "command": argv,

@@ -7,9 +7,11 @@ Needs the package registry (CI has it): unreachable, the test fails, it does not
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,8 +115,14 @@ def test_gpu_and_cpu_environments_agree_on_every_shared_package(locks):
 
 
 def test_make_gpu_env_installs_by_hash():
-    makefile = (REPO / "Makefile").read_text()
-    recipe = re.search(r"^gpu-env:\n((?:\t.*\n)+)", makefile, re.M).group(1).replace("\\\n", " ")
-    installs = [line for line in recipe.splitlines() if "pip install" in line]
-    assert "--require-hashes -r envs/gpu.lock.txt" in installs[0]
-    assert "--no-deps -e ." in installs[1]
+    """`make gpu-env` as a dry run of itself (`make -n`): every package by its hash, then this one without
+    dependencies; GPU_LIGER=1 adds the liger-kernel lock."""
+    for extra, liger in (([], False), (["GPU_LIGER=1"], True)):
+        argv = ["make", "-n", "gpu-env", *extra]
+        out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+        doc_commands.record(argv, out.returncode)
+        assert out.returncode == 0, out.stdout + out.stderr
+        installs = [line for line in out.stdout.replace("\\\n", " ").splitlines() if "pip install" in line]
+        assert "--require-hashes -r envs/gpu.lock.txt" in installs[0]
+        assert ("-r envs/gpu-liger.lock.txt" in installs[0]) == liger
+        assert "--no-deps -e ." in installs[1]

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import doc_commands
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -14,6 +16,7 @@ def test_the_gpu_smoke_script_runs_every_part_on_cpu(tmp_path):
     run = subprocess.run(
         ["bash", "bench/gpu_smoke.sh", "--cpu"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
+    doc_commands.record(["bash", "bench/gpu_smoke.sh", "--cpu"], run.returncode)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     smoke = (tmp_path / "gpu-smoke.log").read_text()
     parts = ("Node", "Attention backends", "torch.compile on the blocks", "GRPO updates through the trainer: cpu-small")
