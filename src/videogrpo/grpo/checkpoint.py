@@ -57,6 +57,26 @@ def latest_complete(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def ignored_folders(root: Path) -> list[str]:
+    """Why resume skips each checkpoint-like folder under `root`, one line each: a run that starts over while a
+    `step-*` folder is there must say why, or the folder looks like lost progress."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")):
+        if not _STEP_DIR.match(path.name):
+            found.append(f"{path}: not a checkpoint folder name (step-<8 digits>), ignored")
+        elif not (path / MARKER).is_file():
+            # The marker is written last (module docstring): its absence is a save that never finished.
+            made = [name for name in ("dcp", "rng", "state.json") if (path / name).exists()]
+            has = f"it holds {', '.join(made)}" if made else "it is empty"
+            found.append(
+                f"{path}: incomplete (no {MARKER} marker: its save was cut short by an interruption, a crash or a "
+                f"full disk; {has}), ignored; the next save of that step replaces it"
+            )
+    return found
+
+
 def trainer_math() -> dict[str, str]:
     """Code digest of every file of the trainer's math, by package-relative path (`grpo/loss.py`)."""
     return code.part_digests(code.closure((TRAINER,), leave_out=NOT_TRAINER_MATH))
