@@ -66,10 +66,14 @@ class RuleScorer:
         runtime: dict[str, str] | None = None,
         python: str = "",
         digest: str | None = None,
+        policy: str = "",
     ):
         self.evalkit_path = str(Path(evalkit_path).resolve())
         self.python = python or sys.executable  # the scorer's own environment (evalkit.python), or this one
         self.fail_on_error = fail_on_error
+        # Who chose fail_on_error when a caller overrides evalkit.fail_on_error: the warning names that caller
+        # and its reason, never the config field the user set otherwise.
+        self.policy = policy
         self.digest = digest
         self.warned: set[str] = set()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -198,19 +202,22 @@ class RuleScorer:
                         f"evalkit.fail_on_error: false to score such rollouts {r['score']} (counted in "
                         f"reward_errors)."
                     )
+                kept = self.policy or "counted in reward_errors (evalkit.fail_on_error is false)"
                 warn_once(
                     self.warned,
                     r["task"],
-                    f"{failed} ({r['error']}); scored {r['score']} and "
-                    f"counted in reward_errors (evalkit.fail_on_error is false); further failures of this task are "
+                    f"{failed} ({r['error']}); scored {r['score']} and {kept}; further failures of this task are "
                     f"not repeated",
                 )
         return results
 
     @classmethod
-    def for_config(cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None) -> RuleScorer:
-        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error);
-        the checkout must still have the source digest evalkit.digest."""
+    def for_config(
+        cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None, policy: str = ""
+    ) -> RuleScorer:
+        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error,
+        `policy` says who overrides it and why, for the warning); the checkout must still have the source digest
+        evalkit.digest."""
         from videogrpo.config import runtime_contract
 
         e = cfg.evalkit
@@ -223,6 +230,7 @@ class RuleScorer:
             runtime_contract(cfg),
             e.python,
             digest=e.digest,
+            policy=policy,
         )
 
     def close(self, kill: bool = False) -> None:
