@@ -146,6 +146,8 @@ def test_a_run_start_writes_the_invocation_the_stage_list_and_the_config_files_w
     record = json.loads(start.invocation_path(tmp_path).read_text())
     assert record["configfiles"][0]["path"] == "config/config.yaml" and record["config_overrides"]["train"]["lr"] == 1
     assert json.loads((tmp_path / ".stage-config/x.stages.json").read_text()) == manifests
+    # Kept per run too: verify and diff name the command that rebuilds this run, whatever run started last.
+    assert json.loads((tmp_path / ".stage-config/x.invocation.json").read_text()) == record
     written = stage_config.config_path(tmp_path, cfg, "train")
     assert json.loads(written.read_text()) == json.loads(stage_config.config_text(cfg, "train"))
     assert capsys.readouterr().err == ""
