@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from videogrpo import atomic
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import VideoGRPOError, disk_full_cause
 from videogrpo.parallel import process_groups
 from videogrpo.provenance import code
 
@@ -235,7 +236,12 @@ def save(
             shutil.rmtree(target)
         (target / "rng").mkdir(parents=True)
     process_groups.barrier()
-    dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+    try:
+        dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+    except CheckpointException as err:  # each rank's failure, gathered: a full disk is said as one (worker.py)
+        if (full := disk_full_cause(err)) is None:
+            raise
+        raise OSError(full.errno, full.strerror, full.filename or str(target / "dcp")) from None
     with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
         torch.save(rng_state(), tmp)
     process_groups.barrier()

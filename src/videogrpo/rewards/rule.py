@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import DiskFull, VideoGRPOError
 from videogrpo.rewards.evalkit import check_digest
 from videogrpo.rewards.request import ScoreRequest, request_to_message, score_request, warn_once
 from videogrpo.rewards.scorer_process import ScorerDied, ScorerProcess, ScorerStartError, receive, send
@@ -53,7 +53,8 @@ class RuleScorer:
     the message, or keeps its score (0 for an evaluator `error`, evalkit.unsupported_score otherwise) with
     one warning per task, its `error` set (the trainer counts those as `reward_errors`). A process that dies
     fails its request and every later one with ScorerDied, naming the task and sample it was scoring, its exit
-    status and its last log lines.
+    status and its last log lines. A full disk is no sample's failure: it raises DiskFull whatever
+    fail_on_error says.
     """
 
     def __init__(
@@ -182,6 +183,9 @@ class RuleScorer:
         # Evaluators read annotations/ and their sources may be reloaded: scores made while the checkout
         # was edited are refused, not used (milliseconds per collect).
         self._check_digest()
+        for r in results:
+            if r.get("disk_full"):  # the stage's file system, not the sample: stop whatever fail_on_error says
+                raise DiskFull(r["disk_full"])
         for r in results:
             if r.get("unsupported"):
                 warn_once(
