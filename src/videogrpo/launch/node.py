@@ -116,12 +116,13 @@ def train_this_node(cfg: Config, job: NodeTraining) -> None:
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
     if code != 0:
-        kept = f"complete checkpoints in {job.checkpoints} are kept: a rerun resumes from the last"
         if not said:  # a rank died without its own line (a crash): its traceback is in the log
             raise VideoGRPOError(
                 f"torchrun exited with code {code} on node {where.node_rank}; the log above has the failing "
-                f"rank's error. {kept[0].upper()}{kept[1:]}."
+                f"rank's error. Complete checkpoints in {job.checkpoints} are kept: rerun to resume."
             )
+        # Whether a rerun resumes is the ranks' to say (a refused resume does not): only what is kept is said here.
+        kept = f"complete checkpoints in {job.checkpoints} are kept"
         # Each rank's error again, last: torchrun's own report of the failure (a traceback per rank) follows the
         # ranks' lines and would bury the one that names the file or field and the fix.
         lines = "\n".join(f"  rank {', '.join(map(str, ranks))}: {message}" for message, ranks in said.items())
