@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,9 +193,9 @@ def locked_message(lockdir: Path, alive: list[Holder], unexplained: list[str]) -
     return "\n".join(lines)
 
 
-def take_over_or_explain(lockdir: Path) -> None:
-    """Where Snakemake found this run's files locked: remove the locks only dead local drivers left (saying so),
-    or raise DirectoryLocked naming who may still hold them and when `snakemake --unlock` is safe."""
+def take_over_or_explain(lockdir: Path) -> str | None:
+    """Where Snakemake found this run's files locked: remove the locks only dead local drivers left (saying so)
+    and return None, or return the account of who may still hold them and when `snakemake --unlock` is safe."""
     stale, gone, alive, unexplained = stale_locks(lockdir)
     for path in stale:
         path.unlink(missing_ok=True)
@@ -207,20 +207,18 @@ def take_over_or_explain(lockdir: Path) -> None:
                 f"no process of it or its jobs runs on this machine",
                 file=sys.stderr,
             )
-    if alive or unexplained:
-        raise _locked_error(locked_message(lockdir, alive, unexplained))
+    return locked_message(lockdir, alive, unexplained) if alive or unexplained else None
 
 
-def _locked_error(message: str) -> Exception:
-    from snakemake.exceptions import LockException, WorkflowError
+def _explained(snakemakes: type, message: str) -> type:
+    """Snakemake's LockException (what its callers catch) with this workflow's account as its message."""
+    from snakemake.exceptions import WorkflowError
 
-    class DirectoryLocked(LockException):
-        """Snakemake's LockException (what callers catch), with this workflow's account of who holds the lock."""
+    class LockException(snakemakes):
+        def __init__(self):
+            WorkflowError.__init__(self, message)
 
-        def __init__(self, text: str):
-            WorkflowError.__init__(self, text)
-
-    return DirectoryLocked(message)
+    return LockException
 
 
 def record_workflow_driver(workflow: Any) -> Path | None:
@@ -244,10 +242,19 @@ def install() -> None:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
+        from snakemake import exceptions
+
         lockdir = getattr(self, "_lockdir", None)
-        if lockdir is not None and self.locked:
-            take_over_or_explain(Path(lockdir))
-        with original(self):
+        message = take_over_or_explain(Path(lockdir)) if lockdir is not None and self.locked else None
+        snakemakes = exceptions.LockException
+        with ExitStack() as held:
+            # Snakemake raises its LockException itself (with this account as the message, where there is one):
+            # raised there, it is shown without a traceback of this module.
+            exceptions.LockException = _explained(snakemakes, message) if message else snakemakes
+            try:
+                held.enter_context(original(self))
+            finally:
+                exceptions.LockException = snakemakes
             yield
 
     lock.videogrpo = True
