@@ -153,7 +153,11 @@ def _judge(path: Path) -> Holder | None:
     if record.get("executor") != "local":
         holder.why_alive.append(f"its jobs ran under the {record.get('executor')} executor and may still run")
         return holder
-    left = _group_members(int(record.get("pgid", 0)))
+    pgid = int(record.get("pgid", 0))
+    if pgid <= 0:  # group 0 is the kernel's threads: no record of the driver's own
+        holder.why_alive.append("its record names no process group, so its jobs cannot be seen")
+        return holder
+    left = _group_members(pgid)
     if left:
         shown = "; ".join(f"pid {pid}: {args[:120]}" for pid, args in left[:5])
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
