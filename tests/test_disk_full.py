@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,31 @@ def test_a_stage_keeps_room_in_its_log_for_the_line_that_names_the_full_disk(sma
     assert done.returncode == 2, log.read_text()
     assert log.read_text().splitlines()[-1].startswith(f"error: no space left on device writing {small_disk}/filler")
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "stage.log"]  # the reserve is gone
+
+
+def test_the_training_log_ends_with_its_last_lines_when_the_disk_fills_midway(small_disk, tmp_path):
+    """The training rule's tee: the terminal gets every line; the log, once its disk is full, gets a note of what
+    is missing and the last lines, the one that names the file and the fix among them."""
+    last = "error: no space left on device writing /r/checkpoints/step-00000002/dcp; free space on that file system"
+    lines = [f"[train] step {i} | reward 0.5 | {'x' * 200}" for i in range(3000)]  # about 650 KB: past the disk
+    leave_free(small_disk, 128 * 1024)
+    log, terminal = small_disk / "train.log", tmp_path / "terminal.txt"
+    with open(terminal, "wb") as shown:
+        done = subprocess.run(
+            [sys.executable, "-m", "videogrpo.log_tee", str(log)],
+            input="\n".join([*lines, last, ""]).encode(),
+            stdout=shown,
+        )
+    assert done.returncode == 0
+    assert terminal.read_text().splitlines() == [*lines, last]
+    kept = log.read_text().splitlines()
+    assert kept[0] == lines[0] and kept[-1] == last
+    (note,) = [line for line in kept if line.startswith(f"[{log}: ")]
+    assert re.fullmatch(
+        rf"\[{re.escape(str(log))}: \d+ bytes of output not written here, the file system being "
+        r"full; the last \d+ of them follow\]",
+        note,
+    )
+    after = kept[kept.index(note) + 1 :]
+    assert after == lines[-len(after) + 1 :] + [last] and len(after) > 50  # whole lines, the last ones
+    assert not list(small_disk.glob(".*.reserve"))

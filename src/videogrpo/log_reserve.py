@@ -4,7 +4,8 @@ A rule sends a stage's output to its log (`> {log} 2>&1`), which lives on the fi
 file system fills up, the log is cut short wherever the disk ran out (often inside some library's traceback), and
 the message that says what filled and what to do never reaches it, though the log is what Snakemake shows of the
 failed job. So a stage whose stderr is a file keeps a small reserve file beside it while it runs, and deletes it
-to make room just before it prints its error.
+to make room just before it prints its error; the training rule's log, which its output reaches through a pipe so
+that it also shows on the terminal, gets the same from log_tee.py.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ def _stderr_file() -> Path | None:
 
 
 @contextmanager
-def room_for_the_last_line() -> Iterator[Callable[[], None]]:
-    """While the body runs, a reserve file beside the log stderr writes to; yields the function that deletes it
-    (call it before printing the final error). Deleted on the way out in any case; never a reason to fail."""
-    log = _stderr_file()
+def reserve_beside(log: Path | None) -> Iterator[Callable[[], None]]:
+    """While the body runs, a reserve file beside `log` (none for None); yields the function that deletes it (call
+    it before writing the last lines). Deleted on the way out in any case; never a reason to fail."""
     reserve = log.parent / f".{log.name}.reserve" if log else None
     if reserve is not None:
         try:
@@ -48,3 +48,8 @@ def room_for_the_last_line() -> Iterator[Callable[[], None]]:
         yield make_room
     finally:
         make_room()
+
+
+def room_for_the_last_line():
+    """reserve_beside the log this process's stderr writes to, if it writes to a file (`> {log} 2>&1`)."""
+    return reserve_beside(_stderr_file())

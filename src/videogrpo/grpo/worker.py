@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import sys
@@ -34,6 +35,9 @@ def die_with_the_launcher() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_the_launcher()
+    # A library logger whose file cannot be written (a full disk) prints a traceback per message, thousands of
+    # lines that bury the rank's one error line; such a record is dropped instead, as in production logging.
+    logging.raiseExceptions = False
     parser = argparse.ArgumentParser(prog="videogrpo.grpo.worker")
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--run-id", required=True)
