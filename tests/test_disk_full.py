@@ -97,6 +97,9 @@ def test_a_write_that_names_no_file_is_named_by_its_atomic_target(small_disk):
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(target)
     assert disk_full_message(err.value).startswith(f"no space left on device writing {target} (")
     assert not target.exists() and list(target.parent.iterdir()) == []
+    # A library's own write names no file: the caller names the directory it was writing under.
+    bare = OSError(errno.ENOSPC, "No space left on device")
+    assert disk_full_message(bare, near=small_disk).startswith(f"no space left on device writing under {small_disk} (")
 
 
 def test_a_checkpoint_write_that_fills_the_disk_is_said_as_a_full_disk(tmp_path, monkeypatch):

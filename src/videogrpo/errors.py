@@ -1,6 +1,7 @@
 """The one exception type users see: it names the file or field, what was found, and the fix."""
 
 import errno
+import os
 
 
 class VideoGRPOError(Exception):
@@ -32,12 +33,13 @@ class DiskFull(VideoGRPOError):
     Never a sample's or a rank's own failure: the whole stage stops on it, whatever evalkit.fail_on_error says."""
 
 
-def disk_full_message(err: BaseException) -> str | None:
+def disk_full_message(err: BaseException, near: str | os.PathLike | None = None) -> str | None:
     """A full file system (or quota) as a message naming the file and the fix; None for other errors. The OSError
-    may be wrapped (torch's checkpoint writer gathers each rank's as a CheckpointException)."""
+    may be wrapped (torch's checkpoint writer gathers each rank's as a CheckpointException). `near`: the directory
+    the caller was writing under, named when the error names no file (a library's own write)."""
     if (found := disk_full_cause(err)) is None:
         return None
-    where = f" writing {found.filename}" if found.filename else ""
+    where = f" writing {found.filename}" if found.filename else (f" writing under {near}" if near else "")
     return (
         f"no space left on device{where} ({found.strerror}); free space on that file system, or point "
         f"`results` at a larger one (--config results=<dir>), then rerun: finished stages are kept and training "

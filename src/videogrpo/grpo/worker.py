@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {ctx.rank}] interrupted; complete checkpoints are kept, rerun to resume", file=sys.stderr)
         return 130
     except OSError as err:
-        if (message := disk_full_message(err)) is None:
+        if (message := disk_full_message(err, near=args.run_dir)) is None:
             raise
         print(f"[rank {ctx.rank}] error: {message}", file=sys.stderr)
         return 2
