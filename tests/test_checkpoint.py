@@ -41,6 +41,53 @@ def test_only_complete_checkpoints_count_and_old_ones_are_pruned(tmp_path):
         checkpoint.load(tmp_path / "step-00000009", model, optimizer, rank=0)
 
 
+def test_each_folder_resume_skips_is_named_with_why(tmp_path):
+    """A Ctrl-C at a checkpoint boundary leaves a step folder without its marker: resume skips it, and says so."""
+    model, optimizer = model_and_optimizer(0)
+    checkpoint.save(tmp_path, 1, model, optimizer, {"step": 1}, rank=0, keep=2)
+    cut = checkpoint.save(tmp_path, 2, model, optimizer, {"step": 2}, rank=0, keep=2)
+    (cut / checkpoint.MARKER).unlink()  # the save stopped before rank 0 wrote the marker
+    (tmp_path / "step-3").mkdir()
+    (tmp_path / "metrics.jsonl").write_text("")  # the tracker's file lives here too: not a checkpoint folder
+    assert checkpoint.latest_complete(tmp_path).name == "step-00000001"
+    assert checkpoint.ignored_folders(tmp_path) == [
+        f"{cut}: incomplete (no COMPLETE marker: its save was cut short by an interruption, a crash or a full disk; "
+        f"it holds dcp, rng, state.json), ignored; the next save of that step replaces it",
+        f"{tmp_path / 'step-3'}: not a checkpoint folder name (step-<8 digits>), ignored",
+    ]
+    assert checkpoint.ignored_folders(tmp_path / "none") == []
+
+
+@pytest.mark.parametrize("auto_resume", [True, False])
+def test_a_training_that_starts_over_says_why_it_skipped_each_checkpoint(tmp_path, auto_resume):
+    """The trainer's resume logs every skipped folder before it picks where to start."""
+    from types import SimpleNamespace
+
+    from videogrpo import config
+    from videogrpo.grpo.trainer import Trainer
+
+    model, optimizer = model_and_optimizer(0)
+    (tmp_path / "step-00000002" / "dcp").mkdir(parents=True)  # Ctrl-C while the first checkpoint was written
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = config.from_dict({"train": {"auto_resume": auto_resume}}, partial=True)
+    trainer.paths = SimpleNamespace(checkpoints=tmp_path)
+    logged = []
+    trainer._log = logged.append
+    assert trainer._resume() == 0
+    assert logged == [
+        f"{tmp_path / 'step-00000002'}: incomplete (no COMPLETE marker: its save was cut short by an interruption, "
+        f"a crash or a full disk; it holds dcp), ignored; the next save of that step replaces it"
+    ]
+    if auto_resume:
+        return
+    checkpoint.save(tmp_path, 1, model, optimizer, {"step": 1}, rank=0, keep=2)
+    logged.clear()
+    assert trainer._resume() == 0
+    assert logged[-1] == (
+        f"train.auto_resume is false: the 1 complete checkpoint(s) in {tmp_path} (newest step-00000001) are not resumed"
+    )
+
+
 def test_non_finite_weights_are_never_saved(tmp_path):
     model, optimizer = model_and_optimizer(0)
     with torch.no_grad():

@@ -151,6 +151,25 @@ def test_held_out_evaluation_needs_held_out_samples():
     config.from_dict({"data": {"heldout_per_task": 0}, "matrix": {"split": "heldout", **tree}}, partial=True)
 
 
+def test_an_evaluation_tree_that_is_not_there_is_named_before_its_pin(tmp_path):
+    """The path first: a pin for a tree that does not exist cannot be followed; a tree that is there gets the
+    digest to pin in the refusal, since no stage can run to print it before one is pinned."""
+    from videogrpo.provenance.digest import tree_digest
+
+    missing = tmp_path / "no-such-tree"
+    with pytest.raises(ConfigError) as err:
+        config.from_dict({"matrix": {"eval_set": str(missing)}}, partial=True)
+    message = str(err.value)
+    assert f"matrix.eval_set = {str(missing)!r}: no such directory; point matrix.eval_set at the release" in message
+    assert "eval_set_digest = ''" not in message
+    tree = tmp_path / "tree"
+    (tree / "In-Domain_50").mkdir(parents=True)
+    (tree / "split_manifest.json").write_text("{}")
+    with pytest.raises(ConfigError) as err:
+        config.from_dict({"matrix": {"eval_set": str(tree)}}, partial=True)
+    assert f"must be pinned by its 64-hex tree digest, which is {tree_digest(tree)} now" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("given", "home"),
     [

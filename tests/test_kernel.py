@@ -376,7 +376,7 @@ def test_the_training_workers_get_the_kernel_cache_and_offline_mode_only_with_a_
     monkeypatch.setattr(
         node.subprocess,
         "run",
-        lambda argv, env, check: started.update(argv=argv, env=env) or subprocess.CompletedProcess(argv, 0),
+        lambda argv, env, check, **_: started.update(argv=argv, env=env) or subprocess.CompletedProcess(argv, 0),
     )
     monkeypatch.chdir(tmp_path)
     cfg = Config(parallel=ParallelConfig(nodes=1, procs_per_node=1, device="cpu", backend="gloo"))

@@ -29,3 +29,10 @@ def test_snakemake_lint_is_clean_but_for_the_environment_directive():
     out = run(str(BIN / "snakemake"), "--lint")
     lints = [line.strip() for line in (out.stdout + out.stderr).splitlines() if line.strip().startswith("* ")]
     assert lints and all(line.startswith("* Specify a conda environment or container") for line in lints), lints
+
+
+def test_what_the_readme_commands_write_in_the_checkout_is_ignored():
+    """`snakemake --report report.html` and `make dag` write into the checkout: git status must stay clean."""
+    written = ["report.html", "dag.svg", "rulegraph.svg"]
+    out = run("git", "check-ignore", "--no-index", *written)
+    assert sorted(out.stdout.split()) == sorted(written), out.stdout + out.stderr

@@ -400,6 +400,11 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     )
     assert failed.returncode != 0
     assert "1 of 6 samples have scorer errors" in failed.stderr and samples[2].name in failed.stderr
+    # evalkit.fail_on_error is true (the default): the warning names the stage's own policy, not the field as false.
+    assert "evalkit.fail_on_error is false" not in failed.stderr
+    assert "scored 0.0 and recorded, whatever evalkit.fail_on_error says: score_cell scores every sample" in (
+        failed.stderr
+    )
     assert not (out / "scores.csv").exists() and not (out / "m.json").exists()
     records = {
         p.relative_to(out / "work").as_posix(): json.loads(p.read_text()) for p in (out / "work").rglob("*.json")

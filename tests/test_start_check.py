@@ -75,6 +75,17 @@ def test_only_jobs_that_hold_outputs_are_checked_and_only_inputs_no_job_of_the_r
     assert check_jobs([report_job(table), remake], None)[1] == []  # remade by this run: fresh, not checked
 
 
+def test_an_evaluation_tree_that_is_gone_is_named_as_missing_not_as_changed(table, tmp_path):
+    """eval_set holds outputs and its tree (matrix.eval_set) is not there: a wrong path, not an edited set."""
+    missing = tmp_path / "no-such-tree"
+    job = StageJob("eval_set", {}, [], [str(table[0])], tree=(str(missing), "ab" * 32))
+    (problem,) = check_jobs([job], None)[1]
+    assert problem == (
+        f"eval_set: matrix.eval_set = {str(missing)!r}: no such directory (the evaluation tree "
+        f"matrix.eval_set_digest pins as {'ab' * 32}); point matrix.eval_set at it, or restore it there"
+    )
+
+
 def test_a_directory_is_hashed_once_and_a_restore_with_the_old_times_is_hashed_again(tmp_path):
     """A file unchanged since an earlier check (device, inode, size, both times) is not read again; a write that
     puts the size and modification time back (cp -p, rsync -a) still changes the change time: hashed again."""
@@ -135,6 +146,8 @@ def test_a_run_start_writes_the_invocation_the_stage_list_and_the_config_files_w
     record = json.loads(start.invocation_path(tmp_path).read_text())
     assert record["configfiles"][0]["path"] == "config/config.yaml" and record["config_overrides"]["train"]["lr"] == 1
     assert json.loads((tmp_path / ".stage-config/x.stages.json").read_text()) == manifests
+    # Kept per run too: verify and diff name the command that rebuilds this run, whatever run started last.
+    assert json.loads((tmp_path / ".stage-config/x.invocation.json").read_text()) == record
     written = stage_config.config_path(tmp_path, cfg, "train")
     assert json.loads(written.read_text()) == json.loads(stage_config.config_text(cfg, "train"))
     assert capsys.readouterr().err == ""

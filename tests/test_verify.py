@@ -234,3 +234,71 @@ def test_diff_with_one_run_says_how_to_make_the_second(tmp_path, capsys):
     assert cli.main(["diff", str(tmp_path / "tiny-0123456789ab")]) == 2
     err = capsys.readouterr().err
     assert "diff compares two run directories; given 1" in err and "snakemake --cores 2 --config" in err
+
+
+def run_with(results: Path, run_id: str, stages: dict[str, dict], expected: list[str]) -> Path:
+    """A run directory holding the manifests of `stages` (stage -> params), and the workflow's list of the
+    manifests it expects (`expected`), as a run that failed after those stages leaves them."""
+    run = results / "runs" / run_id
+    run.mkdir(parents=True)
+    (run / "out.txt").write_text(run_id)
+    for name, params in stages.items():
+        with StageRun(name, run / f"{name}.manifest.json", inputs={}, params=params) as s:
+            s.output("out", run / "out.txt")
+    listed = {name: str(run / f"{name}.manifest.json") for name in expected}
+    (results / ".stage-config").mkdir(exist_ok=True)
+    (results / ".stage-config" / f"{run_id}.stages.json").write_text(json.dumps(listed))
+    return run
+
+
+def test_an_incomplete_run_is_named_with_the_command_that_rebuilds_that_run(tmp_path):
+    """A failed run's missing manifests: the command that started that run, not the default run's plain rerun."""
+    results = tmp_path / "results"
+    run = run_with(results, "tiny-0123456789ab", {"preflight": {}}, ["preflight", "train", "report"])
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("train:\n  save_steps: 1\n")
+    files = [extra, Path("config/config.yaml")]  # Snakemake lists the Snakefile's own file last
+    invocation = {
+        "configfiles": [{"path": str(path), "sha256": sha256_file(path)} for path in files],
+        "config_overrides": {"train": {"lr": "2.0e-4", "max_steps": "2"}, "results": str(results)},
+    }
+    (results / ".stage-config/tiny-0123456789ab.invocation.json").write_text(json.dumps(invocation))
+    command = (
+        f"`snakemake --cores <N> --configfile {extra} --config 'train={{lr: 2.0e-4, max_steps: 2}}' "
+        f"results={results}` (the invocation that started run tiny-0123456789ab; it rebuilds every stage whose "
+        f"manifest is missing)"
+    )
+    lines: list[str] = []
+    problems = verify_run(run, log=lines.append).problems
+    assert f"MISSING {run}/train.manifest.json: manifest of stage train missing; rebuild it with {command}" in problems
+    assert lines[-1] == (
+        f"{run} is incomplete: 1 of its stages have no manifest (train), and it has no report. It failed, was "
+        f"interrupted or still runs; `videogrpo verify {run}` lists what is missing; rebuild it with {command}"
+    )
+    extra.write_text("train:\n  save_steps: 2\n")  # the command would now make another run
+    lines.clear()
+    verify_run(run, log=lines.append)
+    assert f"missing; but {extra} changed since this run started, so the command now makes another run" in lines[-1]
+
+
+def test_diff_says_a_run_is_incomplete_and_compares_only_the_fields_both_record(tmp_path):
+    """A run that stopped before training records the fields of the stages it got to: the train view of the
+    other run is not listed field by field against nothing."""
+    results = tmp_path / "results"
+    done = {"train": {"train": {"lr": 1.0e-4, "max_steps": 4}, "model": {"kind": "ti2v"}}, "report": {}}
+    complete = run_with(results, "tiny-aaaaaaaaaaaa", done, ["train", "report"])
+    failed = run_with(results, "tiny-bbbbbbbbbbbb", {"preflight": {"train": {"lr": 2.0e-4, "max_steps": 4}}}, [])
+    (results / ".stage-config/tiny-bbbbbbbbbbbb.stages.json").write_text(
+        json.dumps({name: str(failed / f"{name}.manifest.json") for name in ("preflight", "train", "report")})
+    )
+    lines: list[str] = []
+    from videogrpo.provenance.verify import diff_runs
+
+    assert diff_runs(complete, failed, log=lines.append) == 1
+    assert lines[0] == f"run a: {complete}: complete"
+    assert lines[1].startswith(f"run b: {failed} is incomplete: 1 of its stages have no manifest (train), and it has")
+    assert lines[2] == (
+        "config: run b has no train manifest: compared over the 2 fields both runs record (1 recorded by one run "
+        "only are left out)"
+    )
+    assert lines[3:5] == ["config: 1 differ:", "  train.lr (contract): 0.0001  |  0.0002"]

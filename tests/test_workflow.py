@@ -441,7 +441,7 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
         ["bash", "-c", "snakemake -n -p train --configfile my.yaml | sed -n 's/^Shell command: //p'"], workdir
     )
     (command,) = [line.strip() for line in printed.stdout.splitlines() if line.startswith("videogrpo stage train")]
-    command = command.split(" 2>&1 | tee ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
+    command = command.split(" 2>&1 | ")[0]  # machine 1 logs to its own terminal, not to machine 0's log file
     config_file = workdir / re.search(r"--config-json '?@(\S+?)'? ", command).group(1)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from videogrpo import __version__
+from videogrpo import __version__, log_reserve
 from videogrpo.errors import VideoGRPOError, disk_full_message
 from videogrpo.stages import STAGES
 
@@ -179,22 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     words = [arg for arg in argv if not arg.startswith("-")]
     stage = words[1] if len(words) > 1 and words[0] == "stage" else None  # the one stage whose arguments to load
     args = build_parser(stage).parse_args(argv)
-    try:
-        return args.handler(args)
-    except VideoGRPOError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `videogrpo config | head`: the reader left, nothing is wrong
-        sys.stderr.close()
-        return 0
-    except OSError as err:
-        if (message := disk_full_message(err)) is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+    with log_reserve.room_for_the_last_line() as make_room:
+        try:
+            return args.handler(args)
+        except VideoGRPOError as err:
+            make_room()
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return err.exit_code
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # `videogrpo config | head`: the reader left, nothing is wrong
+            sys.stderr.close()
+            return 0
+        except OSError as err:
+            if (message := disk_full_message(err)) is None:
+                raise
+            make_room()
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            return 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The one exception type users see: it names the file or field, what was found, and the fix."""
 
 import errno
+import os
 
 
 class VideoGRPOError(Exception):
@@ -27,12 +28,34 @@ class DataError(VideoGRPOError):
     exit_code = 5
 
 
-def disk_full_message(err: OSError) -> str | None:
-    """A full file system (or quota) as a message naming the file and the fix; None for other OS errors."""
-    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+class DiskFull(VideoGRPOError):
+    """A file system filled up (or a quota ran out) while a stage wrote: its message names the file and the fix.
+    Never a sample's or a rank's own failure: the whole stage stops on it, whatever evalkit.fail_on_error says."""
+
+
+def disk_full_message(err: BaseException, near: str | os.PathLike | None = None) -> str | None:
+    """A full file system (or quota) as a message naming the file and the fix; None for other errors. The OSError
+    may be wrapped (torch's checkpoint writer gathers each rank's as a CheckpointException). `near`: the directory
+    the caller was writing under, named when the error names no file (a library's own write)."""
+    if (found := disk_full_cause(err)) is None:
         return None
-    where = f" writing {err.filename}" if err.filename else ""
+    where = f" writing {found.filename}" if found.filename else (f" writing under {near}" if near else "")
     return (
-        f"no space left on device{where} ({err.strerror}); free space on that file system, lower "
-        f"train.keep_checkpoints, or point `results` at a larger one, then rerun (training resumes)"
+        f"no space left on device{where} ({found.strerror}); free space on that file system, or point "
+        f"`results` at a larger one (--config results=<dir>), then rerun: finished stages are kept and training "
+        f"resumes from its last checkpoint (train.keep_checkpoints sets how many it keeps)"
     )
+
+
+def disk_full_cause(err: BaseException | None, depth: int = 0) -> OSError | None:
+    """The ENOSPC or EDQUOT OSError behind `err`: itself, its cause or context, or one of the per-rank failures a
+    torch CheckpointException holds."""
+    if err is None or depth > 8:
+        return None
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return err
+    for wrapped in getattr(err, "failures", {}).values() if isinstance(getattr(err, "failures", None), dict) else ():
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(inner, BaseException) and (found := disk_full_cause(inner, depth + 1)) is not None:
+            return found
+    return disk_full_cause(err.__cause__ or err.__context__, depth + 1)

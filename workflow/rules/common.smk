@@ -15,12 +15,14 @@ from videogrpo import models
 from videogrpo.artifacts import attention_kernel
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import layout, start
+from videogrpo.pipeline import driver_lock, layout, start
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance.digest import evalkit_files
 from videogrpo.stages import STAGES
 
+# A lock a killed driver left: taken over when provably stale, else explained (pipeline/driver_lock.py).
+driver_lock.install()
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
 CFG = vg.from_dict(config)
 config.clear()
@@ -113,6 +115,7 @@ if KUBERNETES and "mlflow" in CFG.logging.tracker:
 
 onstart:
     # A real run (never a dry run, never a job's own process), its DAG built, no output removed yet.
+    driver_lock.record_workflow_driver(workflow)  # who holds the lock Snakemake just took
     # The executor's settings are known only now (after the Snakefile was read): refuse before any pod starts.
     found = k8s_job.settings_problems(
         CFG,

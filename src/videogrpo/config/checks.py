@@ -282,10 +282,7 @@ def _matrix_problems(cfg: Config) -> list[str]:
     ):
         found.append(f"matrix: {duplicate!r} is listed twice")
     if m.eval_set and not HEX64.match(m.eval_set_digest):
-        found.append(
-            f"matrix.eval_set_digest = {m.eval_set_digest!r}: an evaluation tree (matrix.eval_set) must be pinned by "
-            f"its 64-hex tree digest (the eval_set stage prints the digest it finds)"
-        )
+        found.append(_eval_set_pin_problem(m.eval_set, m.eval_set_digest))
     if not HEX64.match(m.pipeline_sha256):
         found.append(f"matrix.pipeline_sha256 = {m.pipeline_sha256!r}: must be 64 hex")
     if m.height % 32 or m.width % 32 or (m.num_frames - 1) % 4:
@@ -294,6 +291,28 @@ def _matrix_problems(cfg: Config) -> list[str]:
             f"(the Wan VAE)"
         )
     return found
+
+
+def _eval_set_pin_problem(tree: str, pinned: str) -> str:
+    """An evaluation tree without its pin. The path comes first: no digest can be pinned for a tree that is not
+    there. A tree that is there is hashed (only on this refusal) so that the message holds the digest to pin: no
+    stage runs, and so none can print it, until one is pinned."""
+    from pathlib import Path
+
+    from videogrpo.provenance.digest import tree_digest
+
+    if not Path(tree).is_dir():
+        what = "not a directory" if Path(tree).exists() else "no such directory"
+        return (
+            f"matrix.eval_set = {tree!r}: {what}; point matrix.eval_set at the release evaluation tree "
+            f"(In-Domain_50/, Out-of-Domain_50/ and split_manifest.json) and pin it with matrix.eval_set_digest, or "
+            f"leave matrix.eval_set empty to evaluate on the set built from the dataset (matrix.split)"
+        )
+    return (
+        f"matrix.eval_set_digest = {pinned!r}: the evaluation tree matrix.eval_set = {tree!r} must be pinned by its "
+        f"64-hex tree digest, which is {tree_digest(tree)} now; check that the tree is the one to evaluate on, then "
+        f"set matrix.eval_set_digest to it"
+    )
 
 
 def _evaluation_set_problems(cfg: Config) -> list[str]:

@@ -53,6 +53,14 @@ def sample_work(work: Path, name: str) -> tuple[Path, Path]:
     return work / "records" / f"{name}.json", work / "prepared" / f"{name}.mp4"
 
 
+# evalkit.fail_on_error is training's choice (stop the run, or count the failure in reward_errors); evaluation
+# has its own, and its warning must say so rather than report the config field as false.
+SCORE_CELL_POLICY = (
+    "recorded, whatever evalkit.fail_on_error says: score_cell scores every sample of the cell first, so that it "
+    "fails the cell once, naming each failed sample, and writes no score file for a cell with one"
+)
+
+
 def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list[EvalSample], videos: Path, work: Path):
     """Score every video of the cell; returns (scores, errors): one row per sample, and the records with an
     error. Records and prepared videos accumulate in `work` (records/, prepared/)."""
@@ -68,7 +76,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
     progress.update(len(samples) - len(todo))
     if todo:
         # Errors are collected, not raised at the first: the caller refuses the cell naming every one.
-        with RuleScorer.for_config(cfg, evalkit, fail_on_error=False) as scorer:
+        with RuleScorer.for_config(cfg, evalkit, fail_on_error=False, policy=SCORE_CELL_POLICY) as scorer:
             print(f"scoring with {e.workers} scorer workers (evalkit.workers)", flush=True)
             pending = []
             for sample in todo:

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from videogrpo import atomic
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import VideoGRPOError, disk_full_cause
 from videogrpo.parallel import process_groups
 from videogrpo.provenance import code
 
@@ -55,6 +56,26 @@ def complete_checkpoints(root: Path) -> list[Path]:
 def latest_complete(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
+
+
+def ignored_folders(root: Path) -> list[str]:
+    """Why resume skips each checkpoint-like folder under `root`, one line each: a run that starts over while a
+    `step-*` folder is there must say why, or the folder looks like lost progress."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")):
+        if not _STEP_DIR.match(path.name):
+            found.append(f"{path}: not a checkpoint folder name (step-<8 digits>), ignored")
+        elif not (path / MARKER).is_file():
+            # The marker is written last (module docstring): its absence is a save that never finished.
+            made = [name for name in ("dcp", "rng", "state.json") if (path / name).exists()]
+            has = f"it holds {', '.join(made)}" if made else "it is empty"
+            found.append(
+                f"{path}: incomplete (no {MARKER} marker: its save was cut short by an interruption, a crash or a "
+                f"full disk; {has}), ignored; the next save of that step replaces it"
+            )
+    return found
 
 
 def trainer_math() -> dict[str, str]:
@@ -215,7 +236,12 @@ def save(
             shutil.rmtree(target)
         (target / "rng").mkdir(parents=True)
     process_groups.barrier()
-    dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+    try:
+        dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+    except CheckpointException as err:  # each rank's failure, gathered: a full disk is said as one (worker.py)
+        if (full := disk_full_cause(err)) is None:
+            raise
+        raise OSError(full.errno, full.strerror, full.filename or str(target / "dcp")) from None
     with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
         torch.save(rng_state(), tmp)
     process_groups.barrier()

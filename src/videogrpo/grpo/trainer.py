@@ -412,7 +412,14 @@ class Trainer:
     def _resume(self) -> int:
         """Index of the first action to run: after the newest complete checkpoint, or a fresh start."""
         cfg = self.cfg
+        for why in checkpoint.ignored_folders(self.paths.checkpoints):
+            self._log(why)
         latest = checkpoint.latest_complete(self.paths.checkpoints) if cfg.train.auto_resume else None
+        if not cfg.train.auto_resume and (kept := checkpoint.complete_checkpoints(self.paths.checkpoints)):
+            self._log(
+                f"train.auto_resume is false: the {len(kept)} complete checkpoint(s) in {self.paths.checkpoints} "
+                f"(newest {kept[-1].name}) are not resumed"
+            )
         if latest is not None:
             saved = checkpoint.read_state(latest).get("guard", {})
             problems = checkpoint.resume_problems(saved, self.guard, cfg.train.resume_across_code_changes)

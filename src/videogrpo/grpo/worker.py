@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import sys
@@ -34,6 +35,9 @@ def die_with_the_launcher() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_the_launcher()
+    # A library logger whose file cannot be written (a full disk) prints a traceback per message, thousands of
+    # lines that bury the rank's one error line; such a record is dropped instead, as in production logging.
+    logging.raiseExceptions = False
     parser = argparse.ArgumentParser(prog="videogrpo.grpo.worker")
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--run-id", required=True)
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {ctx.rank}] interrupted; complete checkpoints are kept, rerun to resume", file=sys.stderr)
         return 130
     except OSError as err:
-        if (message := disk_full_message(err)) is None:
+        if (message := disk_full_message(err, near=args.run_dir)) is None:
             raise
         print(f"[rank {ctx.rank}] error: {message}", file=sys.stderr)
         return 2

@@ -12,9 +12,12 @@ the GPUs); and then run torchrun for this machine's processes, turning its exit 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +112,57 @@ def train_this_node(cfg: Config, job: NodeTraining) -> None:
     # The ranks start only once this node's judge holds its share of the GPUs (judge_service.py says why).
     with judge_service(cfg, job.judge_model, judge_log):
         argv = torchrun.torchrun_argv(where, WORKER, job.worker_args(), rendezvous_join_timeout(cfg))
-        code = subprocess.run(argv, env=env, check=False).returncode
+        code, said = run_forwarding(argv, env)
     if code in (130, -signal.SIGINT):  # Ctrl-C: the ranks stopped on request, none failed
         raise KeyboardInterrupt
     if code != 0:
+        if not said:  # a rank died without its own line (a crash): its traceback is in the log
+            raise VideoGRPOError(
+                f"torchrun exited with code {code} on node {where.node_rank}; the log above has the failing "
+                f"rank's error. Complete checkpoints in {job.checkpoints} are kept: rerun to resume."
+            )
+        # Whether a rerun resumes is the ranks' to say (a refused resume does not): only what is kept is said here.
+        kept = f"complete checkpoints in {job.checkpoints} are kept"
+        # Each rank's error again, last: torchrun's own report of the failure (a traceback per rank) follows the
+        # ranks' lines and would bury the one that names the file or field and the fix.
+        lines = "\n".join(f"  rank {', '.join(map(str, ranks))}: {message}" for message, ranks in said.items())
         raise VideoGRPOError(
-            f"torchrun exited with code {code} on node {where.node_rank}; the log above has the "
-            f"failing rank's error. Complete checkpoints in {job.checkpoints} are kept: rerun to resume."
+            f"torchrun exited with code {code} on node {where.node_rank} ({kept}); the ranks' errors:\n{lines}"
         )
+
+
+RANK_ERROR = re.compile(r"^\[rank (\d+)\] error: (.+)$")
+
+
+def run_forwarding(argv: list[str], env: dict[str, str]) -> tuple[int, dict[str, list[int]]]:
+    """Run torchrun with its output (and its ranks') passed on to our stderr as it comes, keeping each rank's
+    `[rank N] error: ...` line; returns the exit code and {the error's first line: the ranks that printed it}. A
+    Ctrl-C is handled as subprocess.run handles it (torchrun gets a moment to stop, then is killed)."""
+    read, write = os.pipe()
+    said: dict[str, list[int]] = {}
+    forwarder = threading.Thread(target=_forward, args=(read, said), daemon=True)
+    forwarder.start()
+    try:
+        return subprocess.run(argv, env=env, check=False, stdout=write, stderr=write).returncode, said
+    finally:
+        os.close(write)
+        forwarder.join(timeout=10)  # a process the ranks started may hold the pipe: not waited for
+
+
+def _forward(read: int, said: dict[str, list[int]]) -> None:
+    out = getattr(sys.stderr, "buffer", None)
+    pending = b""
+    with os.fdopen(read, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            try:  # as it comes, carriage returns and all: progress lines stay live
+                if out is not None:
+                    out.write(chunk)
+                else:
+                    sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr is gone or full: keep reading, the ranks must not block
+                pass
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if match := RANK_ERROR.match(line.decode(errors="replace").rstrip("\r")):
+                    said.setdefault(match.group(2), []).append(int(match.group(1)))

@@ -3,7 +3,8 @@
 Snakemake runs `onstart` in the main process of a real invocation, after the DAG is built and before any job
 starts or any output is removed; never on a dry run, never in a job's own process (a SLURM job step re-reads the
 workflow). So everything the workflow writes for a run is written here:
-- the invocation record the report shows (the config files with their digests, the `--config` overrides);
+- the invocation record the report shows (the config files with their digests, the `--config` overrides), also
+  kept per run, for `verify` and `diff` to name the command that rebuilds that run;
 - the list of manifests the run expects, which `videogrpo verify` reads to name a missing one;
 - each stage's config file (pipeline/stage_config.py), with a note on execution fields changed since;
 - and the one check of the inputs of the stages about to run (pipeline/start_check.py), which stops the run before
@@ -24,7 +25,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.pipeline import stage_config
 from videogrpo.pipeline.start_check import MANIFEST_SUFFIX, StageJob, check_jobs, raise_on
 from videogrpo.provenance.digest import sha256_file
-from videogrpo.provenance.verify import stage_list
+from videogrpo.provenance.rebuild import run_invocation_path, stage_list
 
 INVOCATION = "invocation.json"
 DIGEST_CACHE = ".checked-digests.json"
@@ -96,13 +97,15 @@ def begin_run(
     """Everything a real run writes before its first job (see the module docstring); raises VideoGRPOError, which
     the workflow turns into its refusal, when an input at risk is not what its stage made."""
     results = Path(results)
+    record = invocation(configfiles, overrides)
     try:
-        atomic.write_json(invocation_path(results), invocation(configfiles, overrides))
+        atomic.write_json(invocation_path(results), record)
     except OSError as err:
         raise VideoGRPOError(
             f"results = {str(results)!r}: cannot write {invocation_path(results)} ({type(err).__name__}: {err}); "
             f"point `results` at a writable directory, e.g. --config results=/scratch/$USER/videogrpo-results"
         ) from None
+    atomic.write_json(run_invocation_path(results, run_id), record)
     atomic.write_json(stage_list(results, run_id), manifests)
     stages = sorted({job.stage for job in jobs} | {key.split(":")[0] for key in manifests})
     for note in stage_config.write_config_files(results, cfg, stages):

@@ -125,8 +125,12 @@ def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> l
             problems.append(str(err))
     if job.tree:
         path, pinned = job.tree
-        found = digest.tree_digest(Path(path)) if Path(path).is_dir() else "no such directory"
-        if found != pinned:
+        if not Path(path).is_dir():  # not there at all: no digest to compare, and nothing "changed" in it
+            problems.append(
+                f"matrix.eval_set = {path!r}: no such directory (the evaluation tree matrix.eval_set_digest pins as "
+                f"{pinned}); point matrix.eval_set at it, or restore it there"
+            )
+        elif (found := digest.tree_digest(Path(path))) != pinned:
             problems.append(
                 f"{path}: tree SHA-256 {found}, but matrix.eval_set_digest pins {pinned}: the evaluation set "
                 f"changed; restore it, or pin the new digest knowingly"

@@ -194,21 +194,23 @@ def stage_of(path: str | os.PathLike) -> str:
     return Path(path).name.removesuffix(".manifest.json")
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+def read_manifest(path: str | os.PathLike, rebuild: str = REBUILD) -> dict[str, Any]:
+    """A stage manifest, checked; `rebuild` is the command the refusal of a missing or broken one names (the run's
+    own, where the caller knows which run it reads: provenance/rebuild.py)."""
     path = Path(path)
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise VideoGRPOError(f"{path}: manifest of stage {stage_of(path)} missing; rebuild it with {REBUILD}") from None
+        raise VideoGRPOError(f"{path}: manifest of stage {stage_of(path)} missing; rebuild it with {rebuild}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise VideoGRPOError(
             f"{path}: manifest of stage {stage_of(path)} is not valid JSON ({err}), cut short or edited: "
-            f"`rm {path}`, then {REBUILD}"
+            f"`rm {path}`, then {rebuild}"
         ) from None
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise VideoGRPOError(
             f"{path}: manifest_version {manifest.get('manifest_version')!r}, expected {MANIFEST_VERSION} (written by "
-            f"another version): `rm {path}`, then {REBUILD}"
+            f"another version): `rm {path}`, then {rebuild}"
         )
     return manifest
 

@@ -21,12 +21,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
 from videogrpo.provenance import digest, pins, trace
 from videogrpo.provenance.manifest import read_manifest
-
-
-def stage_list(results: str | Path, run_id: str) -> Path:
-    """The manifests the workflow expects for a run (written when the workflow starts a run): `verify` names each
-    missing one, even when nothing that remains refers to it."""
-    return Path(results) / ".stage-config" / f"{run_id}.stages.json"
+from videogrpo.provenance.rebuild import rebuild_hint, run_status, stage_list
 
 
 def run_manifests(
@@ -34,20 +29,21 @@ def run_manifests(
 ) -> dict[Path, dict[str, Any]]:
     """The manifests of a run directory, the `expected` ones, and, transitively, every upstream manifest they
     name. A manifest that is missing or unreadable raises, or with `unreadable` given is listed there (each
-    message names the stage and the command that rebuilds it) and skipped."""
+    message names the stage and the command that rebuilds this run) and skipped."""
     todo = sorted(run_dir.glob("*.manifest.json"))
     if not todo:
         raise VideoGRPOError(f"{run_dir}: no stage manifests here; give a run directory (results/runs/<run>)")
     todo = [*expected, *todo]  # a stack: the run's own first, then what they name, then the expected rest
     found: dict[Path, dict[str, Any]] = {}
     seen: set[str] = set()  # by absolute path: a manifest named in two spellings is read once
+    rebuild = rebuild_hint(run_dir)
     while todo:
         path = todo.pop()
         if (key := os.path.abspath(path)) in seen:
             continue
         seen.add(key)
         try:
-            found[path] = read_manifest(path)
+            found[path] = read_manifest(path, rebuild)
         except VideoGRPOError as err:
             if unreadable is None:
                 raise
@@ -57,15 +53,16 @@ def run_manifests(
     return found
 
 
-def named_manifests(run_dir: Path) -> dict[str, dict[str, Any]]:
+def named_manifests(run_dir: Path, partial: bool = False) -> dict[str, dict[str, Any]]:
     """The manifests of a run and of the stages it used (run_manifests), named as the report names
     them: the workflow's stage list where it has the manifest, else the stage, and `<stage>:<model>:<sampler>`
-    (the two folders above it) for a stage with several manifests (the matrix cells)."""
+    (the two folders above it) for a stage with several manifests (the matrix cells). `partial`: those that are
+    there, for an incomplete run; otherwise a missing one raises."""
     listed = stage_list(run_dir.parent.parent, run_dir.name)
     names = {}
     if listed.is_file():
         names = {os.path.abspath(path): name for name, path in json.loads(listed.read_text()).items()}
-    manifests = run_manifests(run_dir)
+    manifests = run_manifests(run_dir, [] if partial else None)
     repeated = Counter(m["stage"] for p, m in manifests.items() if os.path.abspath(p) not in names)
     found: dict[str, dict[str, Any]] = {}
     for path, manifest in sorted(manifests.items()):
@@ -76,9 +73,9 @@ def named_manifests(run_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def run_rows(run_dir: Path, sacct: bool = True) -> list[dict[str, Any]]:
+def run_rows(run_dir: Path, sacct: bool = True, partial: bool = False) -> list[dict[str, Any]]:
     """The trace of a run directory (`videogrpo trace`): a row per stage job (provenance/trace.py)."""
-    return trace.rows_of(named_manifests(run_dir), sacct)
+    return trace.rows_of(named_manifests(run_dir, partial), sacct)
 
 
 @dataclass
@@ -130,6 +127,8 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     for line in result.problems:
         log(line)
     log(f"{len(manifests)} manifests, {result.checked} files checked, {len(result.problems)} problems")
+    if (status := run_status(run_dir)) is not None:  # last: what a person reads first after a long list
+        log(status)
     return result
 
 
@@ -160,13 +159,44 @@ def _final_metrics(run_dir: Path) -> dict[str, Any]:
     return found
 
 
+def _config_fields(side: dict[Path, dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """The config fields a run records: its train stage's view (every field of a run's identity), or, for a run
+    without a train manifest, those of the stages it has (each records its own view); and whether it trained."""
+    train = next((m["params"] for m in side.values() if m["stage"] == "train"), None)
+    if train is not None:
+        return _flatten(train), True
+    found: dict[str, Any] = {}
+    for manifest in side.values():
+        found.update(_flatten(manifest.get("params") or {}))
+    return found, False
+
+
 def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
     """Print the config fields (with their class), output digests and final metrics that differ; 1 if any. Then
     the cost change (provenance/trace.py), which does not count."""
     from videogrpo.config import field_class
 
-    sides = [run_manifests(run) for run in (run_a, run_b)]
-    params = [_flatten(next((m["params"] for m in side.values() if m["stage"] == "train"), {})) for side in sides]
+    # First, before a long list of differences: a run that has no report differs by what it lacks.
+    for label, run in (("run a", run_a), ("run b", run_b)):
+        log(f"{label}: {run_status(run) or f'{run}: complete'}")
+    unreadable: list[list[str]] = [[], []]  # an incomplete run's missing manifests: its status line says so
+    sides = [run_manifests(run, unreadable[i]) for i, run in enumerate((run_a, run_b))]
+    for label, run, lines in zip(("run a", "run b"), (run_a, run_b), unreadable):
+        if lines and run_status(run) is None:
+            log(f"{label}: {len(lines)} manifest(s) missing or unreadable: {lines[0]}")
+    params = [_config_fields(side) for side in sides]
+    if not all(trained for _, trained in params):
+        # A run without its train manifest records only the fields of the stages it got to: comparing the train
+        # view with those would list every field it lacks as a difference.
+        shared = set(params[0][0]) & set(params[1][0])
+        left_out = len(set(params[0][0]) | set(params[1][0])) - len(shared)
+        lacking = " and ".join(label for label, (_, trained) in zip(("run a", "run b"), params) if not trained)
+        log(
+            f"config: {lacking} has no train manifest: compared over the {len(shared)} fields both runs record "
+            f"({left_out} recorded by one run only are left out)"
+        )
+        params = [({k: v for k, v in fields.items() if k in shared}, trained) for fields, trained in params]
+    params = [fields for fields, _ in params]
     outputs = [
         {
             f"{m['stage']}.{name}": rec.get("sha256") or rec.get("tree_sha256")
@@ -189,6 +219,6 @@ def diff_runs(run_a: Path, run_b: Path, log=print) -> int:
         differences += len(keys)
     # Shown, never counted: two runs' times always differ, and diff(1)'s exit status says whether they do.
     log("cost (run a | run b; times always differ, so not counted as a difference):")
-    for line in trace.cost_lines(run_rows(run_a, sacct=False), run_rows(run_b, sacct=False)):
+    for line in trace.cost_lines(*(run_rows(run, sacct=False, partial=True) for run in (run_a, run_b))):
         log(line)
     return 1 if differences else 0

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
-from videogrpo.errors import VideoGRPOError
+from videogrpo.errors import DiskFull, VideoGRPOError
 from videogrpo.rewards.evalkit import check_digest
 from videogrpo.rewards.request import ScoreRequest, request_to_message, score_request, warn_once
 from videogrpo.rewards.scorer_process import ScorerDied, ScorerProcess, ScorerStartError, receive, send
@@ -53,7 +53,8 @@ class RuleScorer:
     the message, or keeps its score (0 for an evaluator `error`, evalkit.unsupported_score otherwise) with
     one warning per task, its `error` set (the trainer counts those as `reward_errors`). A process that dies
     fails its request and every later one with ScorerDied, naming the task and sample it was scoring, its exit
-    status and its last log lines.
+    status and its last log lines. A full disk is no sample's failure: it raises DiskFull whatever
+    fail_on_error says.
     """
 
     def __init__(
@@ -66,10 +67,14 @@ class RuleScorer:
         runtime: dict[str, str] | None = None,
         python: str = "",
         digest: str | None = None,
+        policy: str = "",
     ):
         self.evalkit_path = str(Path(evalkit_path).resolve())
         self.python = python or sys.executable  # the scorer's own environment (evalkit.python), or this one
         self.fail_on_error = fail_on_error
+        # Who chose fail_on_error when a caller overrides evalkit.fail_on_error: the warning names that caller
+        # and its reason, never the config field the user set otherwise.
+        self.policy = policy
         self.digest = digest
         self.warned: set[str] = set()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -179,6 +184,9 @@ class RuleScorer:
         # was edited are refused, not used (milliseconds per collect).
         self._check_digest()
         for r in results:
+            if r.get("disk_full"):  # the stage's file system, not the sample: stop whatever fail_on_error says
+                raise DiskFull(r["disk_full"])
+        for r in results:
             if r.get("unsupported"):
                 warn_once(
                     self.warned,
@@ -198,19 +206,22 @@ class RuleScorer:
                         f"evalkit.fail_on_error: false to score such rollouts {r['score']} (counted in "
                         f"reward_errors)."
                     )
+                kept = self.policy or "counted in reward_errors (evalkit.fail_on_error is false)"
                 warn_once(
                     self.warned,
                     r["task"],
-                    f"{failed} ({r['error']}); scored {r['score']} and "
-                    f"counted in reward_errors (evalkit.fail_on_error is false); further failures of this task are "
+                    f"{failed} ({r['error']}); scored {r['score']} and {kept}; further failures of this task are "
                     f"not repeated",
                 )
         return results
 
     @classmethod
-    def for_config(cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None) -> RuleScorer:
-        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error);
-        the checkout must still have the source digest evalkit.digest."""
+    def for_config(
+        cls, cfg, evalkit_path: str | Path, fail_on_error: bool | None = None, policy: str = ""
+    ) -> RuleScorer:
+        """The scorer the `evalkit` config section describes (`fail_on_error` overrides evalkit.fail_on_error,
+        `policy` says who overrides it and why, for the warning); the checkout must still have the source digest
+        evalkit.digest."""
         from videogrpo.config import runtime_contract
 
         e = cfg.evalkit
@@ -223,6 +234,7 @@ class RuleScorer:
             runtime_contract(cfg),
             e.python,
             digest=e.digest,
+            policy=policy,
         )
 
     def close(self, kill: bool = False) -> None:

@@ -17,6 +17,7 @@ import traceback
 
 import numpy as np
 
+from videogrpo.errors import disk_full_message
 from videogrpo.rewards.request import ScoreRequest, gt_info
 
 
@@ -92,11 +93,14 @@ def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
                 error = {"error": missing, "ground_truth_missing": True}
                 return {**named, "score": request.unsupported_score, "dimensions": {}, **error}
             result = run_evaluation.evaluate_single_video(path, request.task, gt, device="cpu")
+    except OSError as err:
+        if (full := disk_full_message(err)) is None:
+            return _failed(named, request, err)
+        # Not the sample's failure: the stage stops on it (RuleScorer.collect), and a traceback per sample would
+        # bury the one line that names the file and the fix.
+        return {**named, "score": request.unsupported_score, "dimensions": {}, "disk_full": full}
     except Exception as err:  # noqa: BLE001 - the sample's error, reported with its traceback in the log
-        print(f"scorer: task {request.task}, sample {request.sample_dir}:", file=sys.stderr)
-        traceback.print_exc()
-        error = f"{type(err).__name__}: {err} (raised while scoring; traceback in the log)"
-        return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
+        return _failed(named, request, err)
     if not isinstance(result, dict):
         error = f"evaluate_single_video returned {type(result).__name__} {result!r:.200}, not a dict"
         return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
@@ -109,3 +113,11 @@ def score_one(request: ScoreRequest, evalkit: tuple) -> dict:
         error = f"EvalKit returned score {value!r} ({type(value).__name__}); the contract is a finite score in [0, 1]"
         return {**named, "score": request.unsupported_score, "dimensions": dimensions, "error": error}
     return {**named, "score": score, "dimensions": dimensions, "error": None}
+
+
+def _failed(named: dict, request: ScoreRequest, err: Exception) -> dict:
+    """The sample's own error, its traceback in the log."""
+    print(f"scorer: task {request.task}, sample {request.sample_dir}:", file=sys.stderr)
+    traceback.print_exc()
+    error = f"{type(err).__name__}: {err} (raised while scoring; traceback in the log)"
+    return {**named, "score": request.unsupported_score, "dimensions": {}, "error": error}
