@@ -1,5 +1,10 @@
 import copy
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,7 +172,11 @@ def test_an_evaluation_tree_that_is_not_there_is_named_before_its_pin(tmp_path):
     (tree / "split_manifest.json").write_text("{}")
     with pytest.raises(ConfigError) as err:
         config.from_dict({"matrix": {"eval_set": str(tree)}}, partial=True)
-    assert f"must be pinned by its 64-hex tree digest, which is {tree_digest(tree)} now" in str(err.value)
+    said = str(err.value)
+    (command,) = re.findall(r"print its digest with (python -c \".*?\"), then set matrix.eval_set_digest", said)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the env active
+    printed = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, check=True).stdout
+    assert printed.strip() == tree_digest(tree)  # the command the message gives prints the digest to pin
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ def test_the_training_log_ends_with_its_last_lines_when_the_disk_fills_midway(sm
     log, terminal = small_disk / "train.log", tmp_path / "terminal.txt"
     with open(terminal, "wb") as shown:
         done = subprocess.run(
-            [sys.executable, "-m", "videogrpo.log_tee", str(log)],
+            [sys.executable, "-m", "videogrpo.stages.log_tee", str(log)],
             input="\n".join([*lines, last, ""]).encode(),
             stdout=shown,
         )

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from videogrpo import __version__, log_reserve
+from videogrpo import __version__
 from videogrpo.errors import VideoGRPOError, disk_full_message
-from videogrpo.stages import STAGES
+from videogrpo.stages import STAGES, log_reserve
 
 
 def _stage_help(name: str) -> str:

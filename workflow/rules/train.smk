@@ -40,4 +40,4 @@ rule train:
         "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
-        " {params.checkpoint_store} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.log_tee {log:q}"
+        " {params.checkpoint_store} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.stages.log_tee {log:q}"

@@ -295,11 +295,9 @@ def _matrix_problems(cfg: Config) -> list[str]:
 
 def _eval_set_pin_problem(tree: str, pinned: str) -> str:
     """An evaluation tree without its pin. The path comes first: no digest can be pinned for a tree that is not
-    there. A tree that is there is hashed (only on this refusal) so that the message holds the digest to pin: no
-    stage runs, and so none can print it, until one is pinned."""
+    there. For a tree that is there the message gives the command that prints its digest (hashing a release tree
+    of videos here would make every dry run pay for it)."""
     from pathlib import Path
-
-    from videogrpo.provenance.digest import tree_digest
 
     if not Path(tree).is_dir():
         what = "not a directory" if Path(tree).exists() else "no such directory"
@@ -308,9 +306,10 @@ def _eval_set_pin_problem(tree: str, pinned: str) -> str:
             f"(In-Domain_50/, Out-of-Domain_50/ and split_manifest.json) and pin it with matrix.eval_set_digest, or "
             f"leave matrix.eval_set empty to evaluate on the set built from the dataset (matrix.split)"
         )
+    command = f'python -c "from videogrpo.provenance.digest import tree_digest; print(tree_digest({tree!r}))"'
     return (
         f"matrix.eval_set_digest = {pinned!r}: the evaluation tree matrix.eval_set = {tree!r} must be pinned by its "
-        f"64-hex tree digest, which is {tree_digest(tree)} now; check that the tree is the one to evaluate on, then "
+        f"64-hex tree digest; check that the tree is the one to evaluate on, print its digest with {command}, then "
         f"set matrix.eval_set_digest to it"
     )
 

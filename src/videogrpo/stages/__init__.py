@@ -2,7 +2,8 @@
 
 Each module has `add_arguments(parser)` and `run(args) -> int`; the logic lives in the concern packages, which a
 stage may import, as may the workflow helpers (`pipeline`); nothing below imports a stage. The code a stage runs is
-found from its module's imports (provenance/code.py), never listed by hand.
+found from its module's imports (provenance/code.py), never listed by hand. Beside them, what every stage's log
+needs: `log_reserve` (room for the last line on a full disk) and `log_tee` (the training log's tee).
 """
 
 STAGES = (

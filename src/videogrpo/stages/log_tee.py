@@ -1,6 +1,6 @@
-"""`python3 -m videogrpo.log_tee LOG`: tee(1) for the training rule's log, which keeps the log's last lines.
+"""`python3 -m videogrpo.stages.log_tee LOG`: tee(1) for the training rule's log, which keeps the log's last lines.
 
-Training's output goes to the terminal as it comes and to its log (`2>&1 | python3 -m videogrpo.log_tee {log}`).
+Training's output goes to the terminal as it comes and to its log (`2>&1 | python3 -m videogrpo.stages.log_tee {log}`).
 tee(1) stops writing a log whose file system is full, so the log Snakemake shows of the failed job ends wherever
 the disk ran out, inside torchrun's report of the failure, never at the line that says what filled and what to
 do. This one keeps the last lines it could not write in memory and, when its input ends, writes them after a
@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from videogrpo.log_reserve import reserve_beside
+from videogrpo.stages.log_reserve import reserve_beside
 
 TAIL_BYTES = 16 * 1024  # the last lines kept while the log cannot take them: well inside the reserve
 
@@ -60,7 +60,10 @@ def tee(source: int, terminal: int, log: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python3 -m videogrpo.log_tee LOG  (standard input to standard output and LOG)", file=sys.stderr)
+        print(
+            "usage: python3 -m videogrpo.stages.log_tee LOG  (standard input to standard output and LOG)",
+            file=sys.stderr,
+        )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tee(sys.stdin.fileno(), sys.stdout.fileno(), Path(argv[0]))
