@@ -158,7 +158,7 @@ def test_held_out_evaluation_needs_held_out_samples():
         ({"max_samples_per_task": 4}, "set matrix.samples_per_task"),
         ({"compare_base": False}, "set matrix.compare_base"),
         ({"seed": 1234}, "set matrix.seed"),
-        ({"sampling_steps": 8}, "set matrix.steps"),
+        ({"sampling_steps": 8}, "set grpo.sampling_steps"),
         ({"sampler": "flowcps"}, "training sampler (grpo.sampler)"),
         ({"eta": 0.0}, "grpo.eta or grpo.eta_range"),
     ],
@@ -238,7 +238,8 @@ IDENTITY_CASES = {
         ("train", "gradient_checkpointing", True),
         ("train", "resume_across_code_changes", True),
         ("logging", "wandb_mode", "disabled"),
-        ("slurm", "partition", "gpu"),
+        ("train", "retries", 3),
+        ("kubernetes", "volume_claim", "videogrpo-shared"),
         ("reward", "judge_port", 1),
     ],
     config.EVALUATION: [
@@ -246,7 +247,7 @@ IDENTITY_CASES = {
         ("matrix", "split", "rl"),
         ("matrix", "samples_per_task", 1),
         ("matrix", "compare_base", False),
-        ("matrix", "steps", 4),
+        ("matrix", "num_frames", 33),
     ],
     config.COSMETIC: [("data", "split_name", "renamed"), ("logging", "wandb_project", "elsewhere")],
 }

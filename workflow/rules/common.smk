@@ -307,16 +307,6 @@ def upstream_args(wildcards, input):
     return " ".join(f"--upstream {path}" for name, path in input.items() if name.endswith("_manifest"))
 
 
-# The training Job's pod settings (k8s_job.PodSettings) from the train rule's resources: the profile's.
-POD_RESOURCES = {
-    "--cpus": "cpus_per_task",
-    "--mem-mb": "mem_mb",
-    "--shm-mb": "shm_mb",
-    "--gpu-manufacturer": "gpu_manufacturer",
-    "--machine-type": "machine_type",
-}
-
-
 def train_job_submit(wildcards, resources):
     """The train rule's command prefix (a params function: the executor's settings are there only once the DAG is
     built): under profiles/kubernetes with several nodes, `videogrpo stage k8s-job`, which writes the run's Job
@@ -325,19 +315,8 @@ def train_job_submit(wildcards, resources):
     by the rule's resources. Elsewhere nothing: the rule runs the training command itself."""
     if not K8S_TRAIN_JOB:
         return ""
-    # A dry run plans without the executor's own settings (None): the plugin's defaults then.
-    executor = workflow.executor_settings
-    args = [
-        *("--image", workflow.remote_execution_settings.container_image),
-        *("--namespace", getattr(executor, "namespace", None) or "default"),
-    ]
-    if account := getattr(executor, "service_account_name", None):
-        args += ["--service-account", account]
-    if getattr(executor, "privileged", False):
-        args.append("--privileged")
-    for flag, name in POD_RESOURCES.items():
-        if resources.get(name) not in (None, ""):
-            args += [flag, str(resources.get(name))]
+    image = workflow.remote_execution_settings.container_image
+    args = k8s_job.pod_arguments(image, workflow.executor_settings, resources)
     spec = f"{RUN}/k8s/train-job.yaml"
     return (
         f"videogrpo stage k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"

@@ -74,6 +74,33 @@ class PodSettings:
     """The rule's machine_type: the node.kubernetes.io/instance-type of the pods (empty: any)."""
 
 
+# The train rule's resources each PodSettings field is read from (the profile's default-resources and set-resources).
+POD_RESOURCES = {
+    "--cpus": "cpus_per_task",
+    "--mem-mb": "mem_mb",
+    "--shm-mb": "shm_mb",
+    "--gpu-manufacturer": "gpu_manufacturer",
+    "--machine-type": "machine_type",
+}
+
+
+def pod_arguments(image: str, executor: Any, resources: Any) -> list[str]:
+    """The PodSettings arguments of `videogrpo stage k8s-job` that the workflow passes: the executor's
+    --container-image, its settings (the plugin's ExecutorSettings; None in a dry run, whose command then leaves
+    them out rather than show defaults the real run would not use) and the train rule's resources (`.get`)."""
+    args = ["--image", image]
+    if executor is not None:
+        args += ["--namespace", getattr(executor, "namespace", None) or "default"]
+        if account := getattr(executor, "service_account_name", None):
+            args += ["--service-account", account]
+        if getattr(executor, "privileged", False):
+            args.append("--privileged")
+    for flag, name in POD_RESOURCES.items():
+        if resources.get(name) not in (None, ""):
+            args += [flag, str(resources.get(name))]
+    return args
+
+
 def job_name(run_id: str) -> str:
     """A DNS-1123 label for the Job and its Service, from the run directory's name (`<recipe>-<12 hex>`): short
     enough that the pods' host names `<job>-<index>` stay within 63 characters."""
