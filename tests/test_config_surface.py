@@ -157,3 +157,13 @@ def test_each_profile_sizes_every_cluster_job_in_one_place(profile):
     else:
         assert defaults["gpu_manufacturer"] == "nvidia" and per_rule["train"]["shm_mb"] == 65536
         assert "# machine_type:" in text
+
+
+def test_a_field_that_moved_is_refused_naming_the_file_that_still_gives_it(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("slurm:\n  partition: gpu\nparallel:\n  nodes: 2\n")
+    with pytest.raises(ConfigError) as err:
+        config.load([REPO / "config/config.yaml", cluster], {"matrix": {"fps": 8}})
+    assert f"{cluster}: slurm.partition: the `slurm` section is gone" in str(err.value)
+    assert "--config: matrix.fps: generated videos play at the training frame rate; set video.fps" in str(err.value)
+    assert "config/config.yaml:" not in str(err.value)  # the layer that gives none is not blamed

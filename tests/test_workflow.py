@@ -199,7 +199,7 @@ def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, 
         "report": 1,
         "all": 1,
     }
-    out = run(["snakemake", "-n", "--config", "matrix={steps: 4}"], workdir)
+    out = run(["snakemake", "-n", "--config", "matrix={num_frames: 9}"], workdir)  # a shape of the matrix's own
     text = out.stdout + out.stderr
     assert jobs_run(text) == {"generate_cell": 6, "score_cell": 6, "matrix": 1, "report": 1, "all": 1}
     assert f"results/runs/{first_run_id(workdir)}/report" in text  # evaluation settings: the same run

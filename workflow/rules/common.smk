@@ -14,6 +14,7 @@ from snakemake.utils import validate
 from videogrpo import config as vg
 from videogrpo import models
 from videogrpo.artifacts import attention_kernel
+from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
 from videogrpo.pipeline import layout, start
@@ -22,6 +23,9 @@ from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance.digest import evalkit_files
 from videogrpo.stages import STAGES
 
+# A field that is gone is refused naming the file (or --config) that still gives it, and its new home.
+if _gone := retired_in_layers(workflow.configfiles, workflow.config_settings.config):
+    raise WorkflowError("fields that are gone:\n  - " + "\n  - ".join(_gone))
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
 CFG = vg.from_dict(config)
 config.clear()

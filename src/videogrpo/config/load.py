@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo.config.checks import CHOICES, validate
-from videogrpo.config.retired import retired_problems
+from videogrpo.config.retired import retired_in_layers, retired_problems
 from videogrpo.config.sections import Config
 from videogrpo.config.types import build
 from videogrpo.config.types import json_schema as _schema_of
@@ -42,6 +42,8 @@ def load(configfiles: list[str | Path], overrides: dict[str, Any] | None = None)
     """Resolve YAML layers and overrides the way `snakemake --configfile ... --config ...` does."""
     import yaml
 
+    if retired := retired_in_layers(configfiles, overrides):
+        raise ConfigError("fields that are gone:\n  - " + "\n  - ".join(retired))
     merged: dict[str, Any] = {}
     for path in configfiles:
         try:

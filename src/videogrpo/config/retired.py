@@ -98,3 +98,21 @@ def retired_problems(data: dict[str, Any]) -> list[str]:
             gone = [path for path in (f"{section}.{name}" for name in names) if path in RETIRED_FIELDS]
             found += [f"{path}: {RETIRED_FIELDS[path]}" for path in gone]
     return found
+
+
+def retired_in_layers(configfiles: list, overrides: dict[str, Any] | None = None) -> list[str]:
+    """retired_problems of each layer, named by its file (or `--config`): the merged config no longer says which
+    file still gives a field that is gone, and the fix is an edit of that file."""
+    import yaml
+
+    found = []
+    for path in configfiles:
+        try:
+            with open(path) as stream:
+                layer = yaml.safe_load(stream) or {}
+        except (OSError, yaml.YAMLError):
+            continue  # the loader reports an unreadable file itself, naming it
+        if isinstance(layer, dict):
+            found += [f"{path}: {problem}" for problem in retired_problems(layer)]
+    found += [f"--config: {problem}" for problem in retired_problems(overrides or {})]
+    return found
