@@ -250,7 +250,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     jobs = jobs_run(text)
     assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1  # the check: flowcps-0.7
     generate = resources_of(text, "generate_cell")
-    assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (profiles/slurm)
+    assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (the workflow sets it)
     assert (generate["nodes"], generate["gres"]) == ("1", "gpu:8")  # matrix.procs: one process per GPU
 
 
