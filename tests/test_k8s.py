@@ -122,7 +122,7 @@ def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
 def test_amd_gpus_privileged_containers_and_the_retries_of_each_node(tmp_path):
     cfg = five_b(tmp_path)
     cfg.train.retries = 3
-    pod_settings = dataclasses.replace(POD, gpu_manufacturer="amd", privileged=True)
+    pod_settings = dataclasses.replace(POD, gpu_manufacturer="AMD", privileged=True)  # the plugin's case rule
     _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path, pod_settings)
     k8s_job.validate([job])
     pod = job["spec"]["template"]["spec"]

@@ -69,7 +69,7 @@ class PodSettings:
     """The train rule's shm_mb: size of the pods' memory-backed /dev/shm, in MB (NCCL and the data loaders need more
     than the container default of 64 MB)."""
     gpu_manufacturer: str = ""
-    """The rule's gpu_manufacturer (`nvidia`, `amd`), as the executor plugin reads it for its GPU pods."""
+    """The rule's gpu_manufacturer (`nvidia`, `amd`, in any case), as the executor plugin reads it for its GPU pods."""
     machine_type: str = ""
     """The rule's machine_type: the node.kubernetes.io/instance-type of the pods (empty: any)."""
 
@@ -165,7 +165,7 @@ def pod_problems(cfg: Config, pod: PodSettings) -> list[str]:
     found = []
     if not pod.image:
         found.append("no image: give the image every pod runs (--image, the executor's --container-image)")
-    if cfg.gpus_per_node and pod.gpu_manufacturer not in GPU_RESOURCES:
+    if cfg.gpus_per_node and pod.gpu_manufacturer.lower() not in GPU_RESOURCES:
         found.append(
             f"gpu_manufacturer = {pod.gpu_manufacturer!r}: a pod of {cfg.gpus_per_node} GPUs needs `nvidia` or `amd`; "
             f"set gpu_manufacturer under default-resources of profiles/kubernetes/config.yaml"
@@ -216,7 +216,7 @@ def train_specs(
     if p.mem_mb is not None:
         amounts["memory"] = f"{p.mem_mb}M"
     if gpus:
-        amounts[GPU_RESOURCES[p.gpu_manufacturer]] = str(gpus)
+        amounts[GPU_RESOURCES[p.gpu_manufacturer.lower()]] = str(gpus)
     env = [
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
         {"name": "MASTER_PORT", "value": str(cfg.parallel.master_port)},
@@ -252,7 +252,7 @@ def train_specs(
         ],
     }
     if gpus:  # the taint GPU nodes carry, as the executor plugin tolerates it for its GPU pods
-        taint = GPU_RESOURCES[p.gpu_manufacturer]
+        taint = GPU_RESOURCES[p.gpu_manufacturer.lower()]
         pod["tolerations"] = [{"key": taint, "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
     if p.machine_type:
         pod["nodeSelector"] = {"node.kubernetes.io/instance-type": p.machine_type}
