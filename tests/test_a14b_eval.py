@@ -258,7 +258,7 @@ def test_an_i2v_runs_check_cells_score_trained_against_base(tiny_i2v, dataset, t
     from videogrpo.evaluation.score import score_cell
 
     perturbed_export(tiny_i2v, tmp_path / "final", ("high", "low"))
-    cfg = i2v_config(matrix={"steps": 4, "num_frames": FRAMES, "height": 32, "width": 32})
+    cfg = i2v_config(grpo={"sampling_steps": 4})  # the cells sample with the training steps, at video.*
     placed = write_dataset_tree(tmp_path / "tree", dataset_samples(dataset, "heldout", None))
     samples = eval_samples(tmp_path / "tree", len(placed))
     for name, ref in placed.items():
@@ -289,19 +289,12 @@ def test_an_i2v_runs_check_cells_score_trained_against_base(tiny_i2v, dataset, t
 
 # The matrix's generate-cell stage through its CLI: inputs checked against the manifests of the stages that made
 # them (train's export, fetch_model's pipeline, eval_set's list), as the workflow runs it.
-MATRIX = {
-    "expected_samples": len(TASKS),
-    "steps": 4,
-    "num_frames": FRAMES,
-    "height": 32,
-    "width": 32,
-    "fps": 16,
-    "seed": 0,
-    "procs": 1,
-}
+MATRIX = {"expected_samples": len(TASKS), "seed": 0, "procs": 1}
 GENERATION = {
     "model": {"source": "tiny", "kind": "i2v_a14b", "repo_id": "", "revision": "", "max_text_tokens": 32},
     "parallel": {"device": "cpu", "backend": "gloo", "attention_backend": "native", "cpu_threads": 1},
+    "video": {"num_frames": FRAMES, "height": 32, "width": 32, "fps": 16},
+    "grpo": {"sampling_steps": 4},
     "matrix": MATRIX,
 }
 

@@ -291,7 +291,7 @@ def test_an_eta_range_cell_draws_each_samples_eta_from_the_range_with_its_seed(t
     from videogrpo.evaluation.evalset import EvalSample
     from videogrpo.models.wan import WanTI2V
 
-    cfg = config.from_dict(trainer_config(matrix={"steps": 4}))
+    cfg = config.from_dict(trainer_config(grpo={"sampling_steps": 4}))
     model = WanTI2V.from_config(tiny_model, CPU, cfg)
     s = generate.Settings.from_config(cfg)
     where = _sample_dir(tmp_path, "a blue circle fills")

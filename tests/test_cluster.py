@@ -151,14 +151,13 @@ def kill_when_checkpointed(
 
 
 def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout):
-    """scancel stands in for a job SLURM kills at its time limit: Snakemake resubmits it (slurm.train_retries: 1)
+    """scancel stands in for a job SLURM kills at its time limit: Snakemake resubmits it (train.retries: 1)
     and it resumes from the last checkpoint and finishes. (That a plain rerun after a failed run resumes is
     Snakemake's and the trainer's, without SLURM: test_workflow_reruns.)"""
     total = 8
     override = [
         "--config",
-        f"train={{max_steps: {total}, save_steps: 2, epochs: 2}}",
-        "slurm={train_retries: 1}",
+        f"train={{max_steps: {total}, save_steps: 2, epochs: 2, retries: 1}}",
         "matrix={models: [base]}",  # the base cells exist: no trained cells to make for this run
     ]
     env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -186,7 +186,7 @@ def test_an_evaluation_tree_that_is_not_there_is_named_before_its_pin(tmp_path):
         ({"max_samples_per_task": 4}, "set matrix.samples_per_task"),
         ({"compare_base": False}, "set matrix.compare_base"),
         ({"seed": 1234}, "set matrix.seed"),
-        ({"sampling_steps": 8}, "set matrix.steps"),
+        ({"sampling_steps": 8}, "set grpo.sampling_steps"),
         ({"sampler": "flowcps"}, "training sampler (grpo.sampler)"),
         ({"eta": 0.0}, "grpo.eta or grpo.eta_range"),
     ],
@@ -266,7 +266,8 @@ IDENTITY_CASES = {
         ("train", "gradient_checkpointing", True),
         ("train", "resume_across_code_changes", True),
         ("logging", "wandb_mode", "disabled"),
-        ("slurm", "partition", "gpu"),
+        ("train", "retries", 3),
+        ("kubernetes", "volume_claim", "videogrpo-shared"),
         ("reward", "judge_port", 1),
     ],
     config.EVALUATION: [
@@ -274,7 +275,7 @@ IDENTITY_CASES = {
         ("matrix", "split", "rl"),
         ("matrix", "samples_per_task", 1),
         ("matrix", "compare_base", False),
-        ("matrix", "steps", 4),
+        ("matrix", "num_frames", 33),
     ],
     config.COSMETIC: [("data", "split_name", "renamed"), ("logging", "wandb_project", "elsewhere")],
 }

@@ -5,6 +5,7 @@ contract read back through launch.py, and dry runs with profiles/kubernetes agai
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import socket
 import subprocess
@@ -30,16 +31,21 @@ def recipe(name: str, **kubernetes) -> config.Config:
 
 
 def five_b(tmp_path: Path, **extra) -> config.Config:
-    return recipe(
-        "rl_5b_cps",
-        image=IMAGE,
-        namespace="videogrpo",
-        volume_claim="videogrpo-shared",
-        volume_path=str(tmp_path),
-        service_account="trainer",
-        machine_type="p5.48xlarge",
-        **extra,
-    )
+    return recipe("rl_5b_cps", volume_claim="videogrpo-shared", volume_path=str(tmp_path), **extra)
+
+
+# What the Job's pods share with the plugin's: the executor's flags and the train rule's resources, as the workflow
+# passes them from profiles/kubernetes (set-resources: train, with the node type set).
+POD = k8s_job.PodSettings(
+    image=IMAGE,
+    namespace="videogrpo",
+    service_account="trainer",
+    cpus=64,
+    mem_mb=512000,
+    shm_mb=65536,
+    gpu_manufacturer="nvidia",
+    machine_type="p5.48xlarge",
+)
 
 
 def pod_env(container: dict, index: int) -> dict[str, str]:
@@ -59,7 +65,7 @@ def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_la
     cfg = five_b(tmp_path)
     workdir = tmp_path / "videogrpo"
     command = ["videogrpo", "stage", "train", "--config-json", "@results/.stage-config/train-x.json"]
-    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", command, workdir)
+    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", command, workdir, POD)
     k8s_job.validate([service, job])
     name = "train-rl-5b-cps-0123456789ab"
     assert (service["kind"], service["metadata"]["name"], job["kind"], job["metadata"]["name"]) == (
@@ -113,9 +119,11 @@ def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
         assert all(c.isalnum() and c.islower() or c.isdigit() or c == "-" for c in name) and name[0].isalpha()
 
 
-def test_amd_gpus_and_privileged_containers(tmp_path):
-    cfg = five_b(tmp_path, gpu_manufacturer="amd", privileged=True, train_retries=3)
-    _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
+def test_amd_gpus_privileged_containers_and_the_retries_of_each_node(tmp_path):
+    cfg = five_b(tmp_path)
+    cfg.train.retries = 3
+    pod_settings = dataclasses.replace(POD, gpu_manufacturer="AMD", privileged=True)  # the plugin's case rule
+    _, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path, pod_settings)
     k8s_job.validate([job])
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "8"
@@ -125,11 +133,27 @@ def test_amd_gpus_and_privileged_containers(tmp_path):
     assert "envFrom" not in pod["containers"][0]  # no secret named, none referenced
 
 
+def test_a_pod_without_sizes_asks_for_none_and_one_without_gpus_names_no_manufacturer(tmp_path):
+    """A profile that sizes no training pod: the Job asks for no CPU or memory (the namespace's defaults apply),
+    never for numbers the workflow made up; a CPU run's pods ask for no GPU."""
+    bare = k8s_job.PodSettings(image=IMAGE, gpu_manufacturer="nvidia")
+    _, job = k8s_job.train_specs(five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo"], tmp_path, bare)
+    k8s_job.validate([job])
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    cpu = five_b(tmp_path)
+    cpu.parallel.device = "cpu"
+    _, job = k8s_job.train_specs(cpu, "rl_5b_cps-0123456789ab", ["videogrpo"], tmp_path, k8s_job.PodSettings(IMAGE))
+    k8s_job.validate([job])
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {}
+    assert "tolerations" not in job["spec"]["template"]["spec"]
+
+
 def test_the_pods_environment_comes_from_the_named_secret_never_from_the_spec(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:hunter2@mlflow.example.org")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter3")
     cfg = five_b(tmp_path, env_secret="videogrpo-env")
-    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
+    service, job = k8s_job.train_specs(cfg, "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path, POD)
     k8s_job.validate([service, job])
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["envFrom"] == [{"secretRef": {"name": "videogrpo-env"}}]
@@ -145,7 +169,9 @@ def test_the_pods_environment_comes_from_the_named_secret_never_from_the_spec(tm
     ],
 )
 def test_a_broken_spec_fails_validation_naming_where(tmp_path, break_it, where):
-    _, job = k8s_job.train_specs(five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
+    _, job = k8s_job.train_specs(
+        five_b(tmp_path), "rl_5b_cps-0123456789ab", ["videogrpo", "stage", "train"], tmp_path, POD
+    )
     broken = copy.deepcopy(job)
     break_it(broken)
     with pytest.raises(VideoGRPOError, match=f"Job train-rl-5b-cps-0123456789ab: .*{where}.*Kubernetes 1.33.0"):
@@ -154,25 +180,26 @@ def test_a_broken_spec_fails_validation_naming_where(tmp_path, break_it, where):
 
 def test_topologies_that_cannot_run_as_a_job_are_refused_naming_the_fields(tmp_path):
     with pytest.raises(ConfigError) as err:
-        k8s_job.check(recipe("rl_5b_cps"), tmp_path)
-    assert "kubernetes.image is empty" in str(err.value) and "kubernetes.volume_claim = ''" in str(err.value)
+        k8s_job.check(recipe("rl_5b_cps"), tmp_path, dataclasses.replace(POD, image=""))
+    assert "kubernetes.volume_claim = ''" in str(err.value) and "no image" in str(err.value)
     elsewhere = five_b(tmp_path / "volume")
     assert k8s_job.problems(elsewhere, tmp_path) == [
         f"the workflow directory {tmp_path} is not under kubernetes.volume_path = '{tmp_path / 'volume'}': the "
         f"Job's pods see only the volume; run Snakemake from a directory on it"
     ]
-    (mismatch,) = k8s_job.problems(five_b(tmp_path, gpus_per_node=4), tmp_path)
-    assert "kubernetes.gpus_per_node = 4 but parallel.procs_per_node = 8" in mismatch
+    (unmade,) = k8s_job.pod_problems(five_b(tmp_path), dataclasses.replace(POD, gpu_manufacturer=""))
+    assert unmade == (
+        "gpu_manufacturer = '': a pod of 8 GPUs needs `nvidia` or `amd`; set gpu_manufacturer under "
+        "default-resources of profiles/kubernetes/config.yaml"
+    )
     tracked = five_b(tmp_path)
     tracked.logging.tracker = ["mlflow"]
     (untracked,) = k8s_job.problems(tracked, tmp_path)
     assert untracked.startswith("logging.tracker has mlflow but kubernetes.env_secret is empty")
     tracked.kubernetes.env_secret = "videogrpo-env"
     assert k8s_job.problems(tracked, tmp_path) == []
-    (single,) = k8s_job.problems(recipe("rl_a14b_rule", image=IMAGE, volume_claim="c", volume_path="/"), tmp_path)
+    (single,) = k8s_job.problems(recipe("rl_a14b_rule", volume_claim="c", volume_path="/"), tmp_path)
     assert single.startswith("parallel.nodes = 1: one node trains in one pod of the executor plugin, not a Job")
-    with pytest.raises(ConfigError, match="kubernetes.gpu_manufacturer = 'intel': must be one of nvidia, amd"):
-        config.from_dict({"kubernetes": {"gpu_manufacturer": "intel"}}, partial=True)
 
 
 def test_the_job_state_comes_from_its_conditions():
@@ -195,6 +222,9 @@ def test_the_command_writes_a_spec_that_validates_and_says_how_to_apply_it(tmp_p
     monkeypatch.chdir(tmp_path)
     argv = ["stage", "k8s-job", "--config-json", f"@{config_file}", "--run-id", "rl_5b_cps-0123456789ab"]
     argv += ["--spec", str(spec)]
+    assert cli.main([*argv, "--", "videogrpo", "stage", "train"]) == ConfigError.exit_code  # no image, no GPU maker
+    assert "no image" in capsys.readouterr().err
+    argv += k8s_job.pod_arguments(IMAGE, None, {"gpu_manufacturer": "nvidia"})
     assert cli.main([*argv, "--", "videogrpo", "stage", "train", "--config-json", f"@{config_file}"]) == 0
     assert capsys.readouterr().out == f"kubectl apply -f {spec}\n"
     service, job = yaml.safe_load_all(spec.read_text())
@@ -285,8 +315,30 @@ def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
     out = k8s_dry_run(checkout, s3_endpoint, *recipe, *tracked, "--", "train", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
     text = out.stdout + out.stderr
     train = rule_block(text, "train")
-    assert "gpu=8, gpu_manufacturer=nvidia" in train and "mem_mb=512000" in train
+    (resources,) = [line for line in train.splitlines() if line.strip().startswith("resources: ")]
+    # The GPUs from the topology, the rest from the profile's set-resources: train and default-resources.
+    for given in ("gpu=8", "gpu_manufacturer=nvidia", "mem_mb=512000", "cpus_per_task=64"):
+        assert given in resources.split(", "), (given, resources)
     assert "Shell command: videogrpo stage train --config-json" in train  # no Job: the plugin's pod trains
+
+
+def test_the_5b_recipes_job_is_sized_by_the_profile_and_runs_the_executors_image(s3_endpoint, tmp_path):
+    """16 nodes: the train rule runs `videogrpo stage k8s-job` on the driver, handing over the image the plugin's
+    pods run and the train rule's resources (profiles/kubernetes); its only config is the shared volume."""
+    checkout = copy_checkout(tmp_path / "videogrpo")
+    (checkout / "k8s.yaml").write_text(
+        yaml.safe_dump({"kubernetes": {"volume_claim": "c", "volume_path": str(tmp_path)}})
+    )
+    recipe = ["--configfile", "config/recipes/rl_5b_cps.yaml", "k8s.yaml"]
+    out = k8s_dry_run(checkout, s3_endpoint, *recipe, "--", "train")
+    text = out.stdout + out.stderr
+    (shell,) = [line for line in rule_block(text, "train").splitlines() if line.startswith("Shell command: ")]
+    submit = shell.removeprefix("Shell command: ").partition(" -- ")[0]
+    assert submit.startswith("videogrpo stage k8s-job --config-json @results/.stage-config/train-")
+    pod = f"--image {IMAGE} --cpus 64 --mem-mb 512000 --shm-mb 65536 --gpu-manufacturer nvidia --apply"
+    assert submit.endswith(pod), submit
+    preflight = rule_block(text, "preflight")
+    assert "gpu=1" in preflight and "gpu_manufacturer=nvidia" in preflight and "mem_mb=64000" in preflight
 
 
 def test_the_module_imports_nothing_heavy():
@@ -298,25 +350,57 @@ def test_the_module_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"  # the Snakefile imports it: a dry run must not pay for them
 
 
-def test_the_executors_settings_must_match_the_config_of_the_training_job(tmp_path):
-    cfg = five_b(tmp_path)  # namespace videogrpo, service account trainer
+def test_the_training_job_runs_as_the_executors_pods_do(tmp_path):
+    """The Job's pods take the executor's flags and the train rule's resources, as the workflow hands them to
+    `videogrpo stage k8s-job` (k8s_job.pod_arguments): nothing of them is a config field to keep in step."""
+    import argparse
+    from types import SimpleNamespace
 
-    def found(executor="kubernetes", marked=True, image=IMAGE, namespace="videogrpo", account="trainer", of=cfg):
-        return k8s_job.settings_problems(of, executor, marked, image, namespace, account)
+    executor = SimpleNamespace(namespace="videogrpo", service_account_name="trainer", privileged=True)
+    resources = {"cpus_per_task": 64, "mem_mb": 512000, "shm_mb": 65536, "gpu_manufacturer": "nvidia"}
+    resources["machine_type"] = "p5.48xlarge"
+    parser = argparse.ArgumentParser()
+    k8s_job.add_arguments(parser)
+    given = ["--config-json", "{}", "--run-id", "x", "--spec", "s"]
+    args = parser.parse_args([*given, *k8s_job.pod_arguments(IMAGE, executor, resources)])
+    fields = [f.name for f in dataclasses.fields(k8s_job.PodSettings)]
+    parsed = k8s_job.PodSettings(**{name: getattr(args, name) for name in fields})
+    assert parsed == dataclasses.replace(POD, privileged=True)
+    # A dry run has no executor settings: its command leaves them out rather than show defaults.
+    assert k8s_job.pod_arguments(IMAGE, None, {"mem_mb": 1000, "machine_type": ""}) == [
+        *("--image", IMAGE, "--mem-mb", "1000"),
+    ]
 
-    assert found() == [] and found("slurm", marked=False, image="", namespace="") == []
+    cfg = five_b(tmp_path)
+    default_image = "snakemake/snakemake:v9.27.1"
+
+    def found(executor="kubernetes", marked=True, image=IMAGE, of=cfg):
+        return k8s_job.settings_problems(of, executor, marked, image, default_image)
+
+    assert found() == [] and found("slurm", marked=False, image="") == []
     (unmarked,) = found(marked=False)
     assert "without profiles/kubernetes" in unmarked and "--profile profiles/kubernetes" in unmarked
-    assert found(image="snakemake/snakemake:v9.27.1", account=None) == [
-        f"kubernetes.image = '{IMAGE}' but --container-image = 'snakemake/snakemake:v9.27.1': the training Job's "
-        f"pods and the other pods must run alike; give both the same value",
-        "kubernetes.service_account = 'trainer' but --kubernetes-service-account-name = '': the training Job's "
-        "pods and the other pods must run alike; give both the same value",
+    assert found(image=default_image) == [
+        "--container-image = 'snakemake/snakemake:v9.27.1', Snakemake's own image: the training Job's pods run the "
+        "image as it is, and it holds no environment of this checkout; give --container-image the image built "
+        "from envs/"
     ]
-    a14b = recipe("rl_a14b_rule")  # one plugin pod trains: no Job to agree with
-    assert found(image="other", namespace="other", of=a14b) == []
-    as_job = recipe("rl_a14b_rule", train_as_job=True, image=IMAGE, volume_claim="c", volume_path=str(tmp_path))
-    assert k8s_job.problems(as_job, tmp_path) == [] and found(image="other", account="", of=as_job)
-    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "stage", "train"], tmp_path)
+    a14b = recipe("rl_a14b_rule")  # one plugin pod trains: no Job
+    assert found(image=default_image, of=a14b) == []
+    as_job = recipe("rl_a14b_rule", train_as_job=True, volume_claim="c", volume_path=str(tmp_path))
+    assert k8s_job.problems(as_job, tmp_path) == [] and found(image=default_image, of=as_job)
+    _, job = k8s_job.train_specs(as_job, "rl_a14b_rule-0123456789ab", ["videogrpo", "stage", "train"], tmp_path, POD)
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
     k8s_job.validate([job])
+
+
+def test_a_removed_kubernetes_field_is_refused_naming_its_new_home():
+    for field, home in (
+        ("image", "give --container-image"),
+        ("namespace", "give --kubernetes-namespace"),
+        ("gpu_manufacturer", "set gpu_manufacturer under default-resources of profiles/kubernetes/config.yaml"),
+        ("cpus_per_node", "set cpus_per_task under set-resources: train of profiles/kubernetes/config.yaml"),
+        ("train_retries", "set train.retries"),
+    ):
+        with pytest.raises(ConfigError, match=rf"kubernetes\.{field}: .*{re.escape(home)}"):
+            config.from_dict({"kubernetes": {field: "x"}}, partial=True)

@@ -30,18 +30,13 @@ from hub_server import HubServer, files_of
 
 BIN = Path(sys.executable).parent
 SETTINGS = Settings(steps=4, guidance_scale=1.0, seed=0, num_frames=17, height=64, width=64, fps=16)
-MATRIX = {
-    "expected_samples": 6,
-    "steps": 4,
-    "num_frames": 17,
-    "height": 64,
-    "width": 64,
-    "fps": 16,
-    "seed": 0,
-    "bootstrap": 100,
-}
-# What a generate-cell invocation reads besides the matrix section (tiny model, CPU, one thread).
+MATRIX = {"expected_samples": 6, "seed": 0, "bootstrap": 100}
+# The generated videos' shape and frame rate, which score-cell reads too (the training run's: video.*).
+VIDEO = {"video": {"num_frames": 17, "height": 64, "width": 64, "fps": 16}}
+# What a generate-cell invocation reads besides the matrix section (tiny model, CPU, one thread, 4 steps).
 GENERATION = {
+    **VIDEO,
+    "grpo": {"sampling_steps": 4},
     "model": {"source": "tiny", "repo_id": "", "revision": "", "max_text_tokens": 64},
     "parallel": {
         "device": "cpu",
@@ -393,7 +388,7 @@ def test_scoring_keeps_every_error_and_writes_scores_only_for_an_error_free_exac
     _videos(tmp_path / "videos", samples)
     final_frames = Path(shutil.copytree(evalset / "final_frames", tmp_path / "ff"))
     (final_frames / f"{samples[2].name}.png").unlink()  # checked before the EvalKit, which would score without it
-    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
+    sections = {**VIDEO, "evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
     out = tmp_path / "cell"
     failed = stage(
         "score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit, final_frames), check=False
@@ -448,7 +443,7 @@ def test_a_rerun_scores_again_the_samples_whose_record_holds_an_error(evalset, e
     _, samples = load_samples(evalset / "samples.json")
     _videos(tmp_path / "videos", samples)
     flaky, digest = _flaky_evalkit(evalkit, tmp_path / "evalkit")
-    sections = {"evalkit": {**SCORING["evalkit"], "digest": digest}, "matrix": MATRIX}
+    sections = {**VIDEO, "evalkit": {**SCORING["evalkit"], "digest": digest}, "matrix": MATRIX}
     out = tmp_path / "cell"
     args = score_args(evalset, tmp_path / "videos", out, flaky)
     failed = stage("score-cell", sections, *args, check=False, VG_TEST_FAIL_TASK=samples[0].task)
@@ -466,7 +461,7 @@ def test_scoring_refuses_an_edited_first_frame_it_hands_to_the_evalkit(evalset, 
     """gt_info names the first frame: score_cell checks it against samples.json like the other sample files."""
     _, samples = load_samples(evalset / "samples.json")
     _videos(tmp_path / "videos", samples)
-    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
+    sections = {**VIDEO, "evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}, "matrix": MATRIX}
     frame = tree / samples[1].name / "first_frame.png"
     original = frame.read_bytes()
     try:
@@ -511,7 +506,7 @@ def test_a_sample_edited_while_scoring_ran_is_refused_and_scored_again_once_rest
             1,
         )
     )
-    sections = {"evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(kit)}, "matrix": MATRIX}
+    sections = {**VIDEO, "evalkit": {**SCORING["evalkit"], "digest": evalkit_source_digest(kit)}, "matrix": MATRIX}
     _videos(tmp_path / "videos", samples)
     out = tmp_path / "cell"
     args = score_args(evalset, tmp_path / "videos", out, kit)
@@ -538,7 +533,7 @@ def test_scoring_plays_the_videos_at_the_evaluation_duration_cap_not_the_trainin
     _videos(tmp_path / "videos", samples)
     out = tmp_path / "cell"
     scoring = {**SCORING["evalkit"], "digest": evalkit_source_digest(evalkit)}  # the scorer re-checks the pin
-    sections = {"evalkit": scoring, "matrix": {**MATRIX, "max_seconds": 0.5}}
+    sections = {**VIDEO, "evalkit": scoring, "matrix": {**MATRIX, "max_seconds": 0.5}}
     stage("score-cell", sections, *score_args(evalset, tmp_path / "videos", out, evalkit))
     prepared = sorted((out / "prepared").rglob("*.mp4"))
     assert len(prepared) == len(samples)

@@ -101,7 +101,7 @@ FAILURES = [
     ),
     (dict(driver_version=None, driver_source=""), "nvidia_driver", ["no NVIDIA driver found on gpu-node-07"]),
     (gpus(8, "NVIDIA A100-SXM4-80GB", (8, 0)), "compute_capability", [HOST, "sm_80", "Hopper (sm_90)", "'native'"]),
-    (gpus(8, "NVIDIA B200", (10, 0)), "compute_capability", [HOST, "cuda:7 NVIDIA B200 sm_100", "slurm.constraint"]),
+    (gpus(8, "NVIDIA B200", (10, 0)), "compute_capability", [HOST, "cuda:7 NVIDIA B200 sm_100", "set-resources"]),
     (dict(nccl_version=None), "nccl", [HOST, "found none", "parallel.backend = 'nccl'", "make gpu-env"]),
     (dict(nccl_available=False), "process_group_backend", [HOST, "'nccl' is not available", "make gpu-env"]),
     (dict(triton_version=None, triton_target=None, triton_compile=None), "triton", [HOST, "not installed"]),

@@ -200,7 +200,7 @@ def test_a_changed_sampler_or_generation_setting_reruns_only_matrix_cells(demo, 
         "report": 1,
         "all": 1,
     }
-    out = run(["snakemake", "-n", "--config", "matrix={steps: 4}"], workdir)
+    out = run(["snakemake", "-n", "--config", "matrix={num_frames: 9}"], workdir)  # a shape of the matrix's own
     text = out.stdout + out.stderr
     assert jobs_run(text) == {"generate_cell": 6, "score_cell": 6, "matrix": 1, "report": 1, "all": 1}
     assert f"results/runs/{first_run_id(workdir)}/report" in text  # evaluation settings: the same run
@@ -252,7 +252,7 @@ def test_the_published_checkpoint_matrix_as_a_dry_run_downloads_nothing(demo, wo
     jobs = jobs_run(text)
     assert jobs["generate_cell"] == 12 and jobs["score_cell"] == 12 and jobs["train"] == 1  # the check: flowcps-0.7
     generate = resources_of(text, "generate_cell")
-    assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (profiles/slurm)
+    assert generate["tasks_per_gpu"] == "0"  # never --ntasks-per-gpu (the workflow sets it)
     assert (generate["nodes"], generate["gres"]) == ("1", "gpu:8")  # matrix.procs: one process per GPU
 
 

@@ -7,12 +7,14 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.common import get_container_image
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from videogrpo import config as vg
 from videogrpo import models
 from videogrpo.artifacts import attention_kernel
+from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
 from videogrpo.pipeline import driver_lock, layout, start
@@ -23,6 +25,9 @@ from videogrpo.stages import STAGES
 
 # A lock a killed driver left: taken over when provably stale, else explained (pipeline/driver_lock.py).
 driver_lock.install()
+# A field that is gone is refused naming the file (or --config) that still gives it, and its new home.
+if _gone := retired_in_layers(workflow.configfiles, workflow.config_settings.config):
+    raise WorkflowError("fields that are gone:\n  - " + "\n  - ".join(_gone))
 # Coerce (--config values arrive as strings), fill defaults and check every rule, naming the field.
 CFG = vg.from_dict(config)
 config.clear()
@@ -95,8 +100,8 @@ HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix
 MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
 
 # profiles/kubernetes sets the default resource `videogrpo_kubernetes`: GPU jobs then ask for the executor
-# plugin's `gpu` and `gpu_manufacturer`, and multi-node training, which the plugin cannot run (one pod per job),
-# becomes one indexed Job that the train rule writes, applies and waits for on the driver (k8s_job.py).
+# plugin's `gpu` (the profile gives `gpu_manufacturer`), and multi-node training, which the plugin cannot run (one
+# pod per job), becomes one indexed Job that the train rule writes, applies and waits for on the driver (k8s_job.py).
 KUBERNETES = any(
     arg.split("=")[0] == "videogrpo_kubernetes"
     for arg in getattr(workflow.resource_settings.default_resources, "args", None) or []
@@ -122,8 +127,7 @@ onstart:
         workflow.executor_plugin.name,
         KUBERNETES,
         workflow.remote_execution_settings.container_image,
-        getattr(workflow.executor_settings, "namespace", ""),
-        getattr(workflow.executor_settings, "service_account_name", ""),
+        get_container_image(),
     )
     if found:
         raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
@@ -152,7 +156,7 @@ onstart:
 
 
 # Resubmissions of a failed training job by Snakemake: a multi-node Job restarts its own pods instead.
-TRAIN_RETRIES = 0 if K8S_TRAIN_JOB else CFG.kubernetes.train_retries if KUBERNETES else CFG.slurm.train_retries
+TRAIN_RETRIES = 0 if K8S_TRAIN_JOB else CFG.train.retries
 
 MODEL_DIR = f"{MODEL}/pipeline"
 ARCHIVES = f"{DATA}/archives"
@@ -177,9 +181,16 @@ def code(stage):
 
 
 def cluster_resources(kind):
-    """The cluster resources of a job of this kind (pipeline/resources.py): SLURM's, or under profiles/kubernetes
-    the executor plugin's."""
+    """The cluster resources of a job of this kind that the recipe fixes (pipeline/resources.py): SLURM's, or under
+    profiles/kubernetes the executor plugin's. A site's sizing (partition, account, memory, runtime, CPUs, ...) is
+    the profile's: its default-resources and set-resources, which Snakemake lays over these."""
     return job_resources(CFG, kind, KUBERNETES)
+
+
+def job_workers(wildcards, resources):
+    """A CPU job's `--workers`: the cores the profile gives it (cpus_per_task), else 0, which the stage reads as
+    every core it may use (a local run)."""
+    return resources.get("cpus_per_task") or 0
 
 
 def evalkit_sources():
@@ -303,16 +314,20 @@ def upstream_args(wildcards, input):
     return " ".join(f"--upstream {path}" for name, path in input.items() if name.endswith("_manifest"))
 
 
-def train_job_submit():
-    """The train rule's command prefix: under profiles/kubernetes with several nodes, `videogrpo stage k8s-job`, which
-    writes the run's Job beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training
-    command that follows `--`. Elsewhere nothing: the rule runs the training command itself."""
+def train_job_submit(wildcards, resources):
+    """The train rule's command prefix (a params function: the executor's settings are there only once the DAG is
+    built): under profiles/kubernetes with several nodes, `videogrpo stage k8s-job`, which writes the run's Job
+    beside it (`k8s/train-job.yaml`), applies it and waits; every pod runs the training command that follows `--`.
+    Its pods run as the executor plugin's do (its image, namespace, service account, privileged mode) and are sized
+    by the rule's resources. Elsewhere nothing: the rule runs the training command itself."""
     if not K8S_TRAIN_JOB:
         return ""
+    image = workflow.remote_execution_settings.container_image
+    args = k8s_job.pod_arguments(image, workflow.executor_settings, resources)
     spec = f"{RUN}/k8s/train-job.yaml"
     return (
         f"videogrpo stage k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
-        f" --spec {shlex.quote(spec)} --apply -- "
+        f" --spec {shlex.quote(spec)} {shlex.join(args)} --apply -- "
     )
 
 

@@ -38,10 +38,11 @@ rule materialize_dataset:
         config=stage_config("materialize_dataset"),
         code=code("materialize_dataset"),
         out=directory_of_output("index"),
+        workers=job_workers,
         upstream=upstream_args,
     shell:
         "videogrpo stage materialize-dataset --config-json {params.config:q} --archives {input.archives:q}"
-        " --out {params.out:q} --workers {resources.cpus_per_task} {params.upstream} --manifest {output.manifest:q}"
+        " --out {params.out:q} --workers {params.workers} {params.upstream} --manifest {output.manifest:q}"
         " > {log:q} 2>&1"
 
 
@@ -62,8 +63,9 @@ rule validate_dataset:
         config=stage_config("validate_dataset"),
         code=code("validate_dataset"),
         dataset=directory_of_input("index"),
+        workers=job_workers,
         upstream=upstream_args,
     shell:
         "videogrpo stage validate-dataset --config-json {params.config:q} --dataset {params.dataset:q}"
-        " --workers {resources.cpus_per_task} --out {output.validation:q} {params.upstream}"
+        " --workers {params.workers} --out {output.validation:q} {params.upstream}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"

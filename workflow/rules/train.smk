@@ -34,7 +34,7 @@ rule train:
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
-        submit=train_job_submit(),
+        submit=train_job_submit,
         checkpoint_store=checkpoint_store_args,
     shell:
         "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"

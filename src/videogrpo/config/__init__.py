@@ -57,7 +57,6 @@ from videogrpo.config.sections import (
     ModelConfig,
     ParallelConfig,
     RewardConfig,
-    SlurmConfig,
     TrainConfig,
     VideoConfig,
 )
@@ -90,7 +89,6 @@ __all__ = [
     "RewardConfig",
     "SECTIONS",
     "STAGE_SECTIONS",
-    "SlurmConfig",
     "TrainConfig",
     "VideoConfig",
     "canonical_json",

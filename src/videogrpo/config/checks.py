@@ -30,7 +30,6 @@ CHOICES = {
     "parallel.param_dtype": ("float32", "bfloat16", "float16"),
     "parallel.reduce_dtype": ("float32", "bfloat16"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
-    "kubernetes.gpu_manufacturer": ("nvidia", "amd"),
 }
 POSITIVE = {
     "model.max_text_tokens",
@@ -70,31 +69,15 @@ POSITIVE = {
     "train.max_grad_norm",
     "parallel.nodes",
     "parallel.procs_per_node",
-    "slurm.cpus_per_node",
-    "slurm.mem_mb_per_node",
-    "slurm.train_minutes",
-    "slurm.evaluate_minutes",
-    "slurm.data_cpus",
-    "slurm.data_mem_mb",
-    "slurm.data_minutes",
-    "slurm.preflight_minutes",
-    "slurm.stage_cpus",
-    "slurm.stage_mem_mb",
-    "kubernetes.cpus_per_node",
-    "kubernetes.mem_mb_per_node",
-    "kubernetes.shm_mb",
     "parallel.shard_group_size",
     "parallel.tensor_parallel",
     "parallel.cpu_threads",
     "parallel.device_memory_gib",
     "matrix.expected_samples",
     "matrix.samples_per_task",
-    "matrix.steps",
-    "matrix.guidance_scale",
     "matrix.num_frames",
     "matrix.height",
     "matrix.width",
-    "matrix.fps",
     "matrix.procs",
     "matrix.bootstrap",
 }
@@ -110,11 +93,8 @@ NON_NEGATIVE = {
     "model.tiny_seed",
     "model.prompt_cache_bytes",
     "grpo.decode_batch_size",
-    "slurm.gpus_per_node",
-    "slurm.train_retries",
-    "kubernetes.gpus_per_node",
-    "kubernetes.train_retries",
     "reward.judge_max_retries",
+    "train.retries",
 }
 
 
@@ -285,11 +265,15 @@ def _matrix_problems(cfg: Config) -> list[str]:
         found.append(_eval_set_pin_problem(m.eval_set, m.eval_set_digest))
     if not HEX64.match(m.pipeline_sha256):
         found.append(f"matrix.pipeline_sha256 = {m.pipeline_sha256!r}: must be 64 hex")
-    if m.height % 32 or m.width % 32 or (m.num_frames - 1) % 4:
-        found.append(
-            f"matrix: {m.width}x{m.height}x{m.num_frames}: sides must be multiples of 32 and frames 4k + 1 "
-            f"(the Wan VAE)"
-        )
+    # Only the shape a recipe gives the matrix itself: video.* (what null means) has its own rule.
+    for name, value, rule in (
+        ("num_frames", m.num_frames, lambda v: (v - 1) % 4 == 0),
+        ("height", m.height, lambda v: v % 32 == 0),
+        ("width", m.width, lambda v: v % 32 == 0),
+    ):
+        if value is not None and not rule(value):
+            what = "4k + 1" if name == "num_frames" else "a multiple of 32"
+            found.append(f"matrix.{name} = {value}: must be {what} (the Wan VAE), or null for video.{name}")
     return found
 
 

@@ -26,7 +26,7 @@ JSON Schema, and the repository's README explains each part in context.
 - `matrix/*.yaml`: evaluation matrices (which models, samplers and seeds the matrix evaluates).
 
 Precedence: the dataclass defaults (the values all released recipes share) < `config/config.yaml` <
-`--configfile` (a recipe, then your cluster's YAML) < `--config` overrides, one section at a time:
+`--configfile` (a recipe, then your own layers) < `--config` overrides, one section at a time:
 
 ```bash
 snakemake --cores 2 --config 'train={lr: 2.0e-4, max_steps: 2}'
@@ -36,6 +36,11 @@ videogrpo config --set train.lr=2e-4 train.max_steps=2   # the same, resolved, w
 Every field belongs to one class, which says what a change of it reruns: **contract** (the training
 contract: a new run directory), **execution** (where and how work runs: reruns nothing complete),
 **evaluation** (reruns the evaluation, the matrix cells that read it and the report), **cosmetic** (labels).
+
+A cluster's sizing is no config field: partition, account, qos, constraint, memory, time limits, CPUs, the GPU
+manufacturer and node type are the Snakemake profile's (`profiles/slurm/config.yaml`,
+`profiles/kubernetes/config.yaml`: default-resources for every job, set-resources per rule), and the GPUs, nodes
+and tasks of each job follow from `parallel`. A field that is gone is refused, naming where its setting lives now.
 
 ## Fields
 """

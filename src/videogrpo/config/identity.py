@@ -4,7 +4,7 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
 - contract: what a training run computes. The run identity digests these fields, so changing one
   gives a new run directory (a new run), never a resume of checkpoints made under other values.
 - execution: how and where the work runs (paths, ports, workers, threads, kernels, logging,
-  checkpoint retention, resume settings, SLURM resources). No stage's param, as in Nextflow, whose
+  checkpoint retention, resume settings, retries, the Kubernetes Job's volume). No stage's param, as in Nextflow, whose
   resume hash leaves resource directives out: a change reruns no complete stage, and each stage reads
   it from its config file at its next run (an interrupted one included). Paths that locate an input
   key the directories of what is made from it instead (`results`; `evalkit.path` and
@@ -39,7 +39,6 @@ _SECTION_CLASSES = {
     "video": CONTRACT,
     "grpo": CONTRACT,
     "matrix": EVALUATION,
-    "slurm": EXECUTION,
     "kubernetes": EXECUTION,
     "recipe": CONTRACT,
     "results": EXECUTION,
@@ -128,6 +127,7 @@ _FIELD_CLASSES = {
             "resume_from",
             "reset_dataloader",
             "resume_across_code_changes",
+            "retries",
             "gradient_checkpointing",
             "offload_inference_models",
         )
@@ -195,10 +195,9 @@ def fields_of_class(kind: str) -> list[str]:
     return [path for path in field_paths() if field_class(path) == kind]
 
 
-# What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
-# params, so changing one reruns it, and nothing else does.
-# What a generated evaluation video depends on (besides the model and the sampler): they key the matrix's
-# directory, so cells of other settings live beside, never in place of, each other.
+# What a generated evaluation video depends on besides the model, the sampler and the generation settings
+# (generation_fields): with them they key the matrix's directory, so cells of other settings live beside, never in
+# place of, each other.
 GENERATION_FIELDS = (
     "model.kind",
     "model.max_text_tokens",
@@ -206,14 +205,35 @@ GENERATION_FIELDS = (
     "model.condition_dtype",
     "parallel.param_dtype",
     "grpo.trajectory_dtype",
-    "matrix.steps",
-    "matrix.guidance_scale",
-    "matrix.seed",
-    "matrix.num_frames",
-    "matrix.height",
-    "matrix.width",
-    "matrix.fps",
 )
+
+
+SHAPE = ("num_frames", "height", "width")
+
+
+def generation_fields(cfg: Config) -> dict[str, str]:
+    """Where each setting of a matrix cell's generation lives, {setting: `section.field`}: the training run's own
+    steps, guidance, frame rate and shape, the shape unless the matrix gives its own (matrix.num_frames, height,
+    width: a release evaluation at another shape than training's), and the evaluation's noise seed."""
+    fields = {"steps": "grpo.sampling_steps", "guidance_scale": "grpo.guidance_scale", "seed": "matrix.seed"}
+    for name in SHAPE:
+        fields[name] = f"matrix.{name}" if getattr(cfg.matrix, name) is not None else f"video.{name}"
+    fields["fps"] = "video.fps"
+    return fields
+
+
+def generation_settings(cfg: Config) -> dict[str, Any]:
+    """The values generation_fields names: {setting: value}."""
+    return {name: _value(cfg, path) for name, path in generation_fields(cfg).items()}
+
+
+def _value(cfg: Config, path: str) -> Any:
+    section, _, name = path.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
+# What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
+# params, so changing one reruns it, and nothing else does.
 RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel")
 STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
@@ -221,7 +241,7 @@ STAGE_SECTIONS = {
     "fingerprint_evalkit": ("evalkit.path", "evalkit.digest", "evalkit.easyocr_models"),
     "check_scorer_runtime": ("evalkit.runtime", "evalkit.python"),
     "preflight": RUN_SECTIONS + ("logging",),
-    # kubernetes: `videogrpo k8s-job` reads the train stage's file (execution fields: no param, no rerun).
+    # kubernetes: `videogrpo stage k8s-job` reads the train stage's file (execution fields: no param, no rerun).
     "train": RUN_SECTIONS + ("logging", "kubernetes"),
     # What eval_set may read: the external tree's pin, or the split it builds the set from (eval_set_fields).
     "eval_set": (
@@ -232,6 +252,7 @@ STAGE_SECTIONS = {
         "matrix.samples_per_task",
     ),
     "fetch_eval_model": ("matrix.pipeline_sha256",),
+    # And the generation settings (generation_fields), which stage_view adds: where they live depends on the config.
     "generate_cell": (
         "model",
         *GENERATION_FIELDS,
@@ -241,14 +262,8 @@ STAGE_SECTIONS = {
         "parallel.attention_backend",
         "parallel.cpu_threads",
     ),
-    "score_cell": (
-        "evalkit",
-        "matrix.num_frames",
-        "matrix.fps",
-        "matrix.max_seconds",
-        "matrix.bootstrap",
-        "matrix.seed",
-    ),
+    # And the frame count and rate of the videos it scores (generation_fields), which stage_view adds.
+    "score_cell": ("evalkit", "matrix.max_seconds", "matrix.bootstrap", "matrix.seed"),
     "matrix": ("matrix.bootstrap", "matrix.seed", "logging"),
     # The training sampler and compare_base: which cells are the held-out check the page shows (config/cells.py).
     "report": ("recipe", "logging", "grpo.sampler", "grpo.eta", "grpo.eta_range", "matrix.compare_base"),
@@ -300,7 +315,14 @@ def stage_view(cfg: Config, stage: str) -> dict[str, Any]:
         return select(cfg, download_fields(cfg, DOWNLOADS[stage]))
     if stage == "eval_set":
         return select(cfg, eval_set_fields(cfg))
-    return select(cfg, list(STAGE_SECTIONS[stage]))
+    return select(cfg, [*STAGE_SECTIONS[stage], *GENERATION_STAGES.get(stage, lambda _: [])(cfg)])
+
+
+# The stages that read generation settings: all of them to generate, the frame count and rate to score.
+GENERATION_STAGES = {
+    "generate_cell": lambda cfg: list(generation_fields(cfg).values()),
+    "score_cell": lambda cfg: [generation_fields(cfg)[name] for name in ("num_frames", "fps")],
+}
 
 
 def flat_fields(view: dict[str, Any]) -> dict[str, Any]:

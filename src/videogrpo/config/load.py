@@ -7,52 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo.config.checks import CHOICES, validate
+from videogrpo.config.retired import retired_in_layers, retired_problems
 from videogrpo.config.sections import Config
 from videogrpo.config.types import build
 from videogrpo.config.types import json_schema as _schema_of
 from videogrpo.errors import ConfigError
-
-# Fields that are gone, each with where what it set lives now: a config that still gives one is refused by name,
-# never read as something else. The quick held-out check that the `evaluate` section configured is now the matrix's
-# cell pair (trained and base under the training sampler) on the run's one evaluation set.
-_CHECK_IS_CELLS = (
-    "the `evaluate` section is gone: the held-out check is the matrix's cells of the trained and base models"
-)
-RETIRED_FIELDS = {
-    "evaluate": f"{_CHECK_IS_CELLS}; delete the section",
-    "evaluate.split": f"{_CHECK_IS_CELLS}; set matrix.split (the evaluation set built from the dataset)",
-    "evaluate.max_samples_per_task": f"{_CHECK_IS_CELLS}; set matrix.samples_per_task",
-    "evaluate.compare_base": f"{_CHECK_IS_CELLS}; set matrix.compare_base",
-    "evaluate.seed": f"{_CHECK_IS_CELLS}; set matrix.seed (the noise of every cell)",
-    "evaluate.sampling_steps": f"{_CHECK_IS_CELLS}; set matrix.steps (the steps of every cell)",
-    "evaluate.sampler": (
-        f"{_CHECK_IS_CELLS}, sampled with the training sampler (grpo.sampler); list other samplers in matrix.samplers"
-    ),
-    "evaluate.eta": (
-        f"{_CHECK_IS_CELLS}, sampled at the training noise level (grpo.eta or grpo.eta_range); list other levels "
-        f"in matrix.samplers (flowcps-<eta>, dancegrpo-<eta>)"
-    ),
-    "matrix.synthetic_per_task": (
-        "gone with the synthetic evaluation tree: without matrix.eval_set the evaluation set is built from the "
-        "dataset's matrix.split; set matrix.samples_per_task"
-    ),
-}
-
-
-def retired_problems(data: dict[str, Any]) -> list[str]:
-    """Every field of `data` that is gone, with its new home (RETIRED_FIELDS); a field of a retired section that the
-    table does not name, or the section given empty, gets the section's."""
-    found = []
-    for section, given in data.items():
-        names = sorted(given) if isinstance(given, dict) else []
-        if section in RETIRED_FIELDS:
-            gone = [f"{section}.{name}" for name in names]
-            found += [f"{path}: {RETIRED_FIELDS.get(path, RETIRED_FIELDS[section])}" for path in gone]
-            found += [] if gone else [f"{section}: {RETIRED_FIELDS[section]}"]
-        else:
-            gone = [path for path in (f"{section}.{name}" for name in names) if path in RETIRED_FIELDS]
-            found += [f"{path}: {RETIRED_FIELDS[path]}" for path in gone]
-    return found
 
 
 def from_dict(data: dict[str, Any], partial: bool = False) -> Config:
@@ -83,6 +42,8 @@ def load(configfiles: list[str | Path], overrides: dict[str, Any] | None = None)
     """Resolve YAML layers and overrides the way `snakemake --configfile ... --config ...` does."""
     import yaml
 
+    if retired := retired_in_layers(configfiles, overrides):
+        raise ConfigError("fields that are gone:\n  - " + "\n  - ".join(retired))
     merged: dict[str, Any] = {}
     for path in configfiles:
         try:

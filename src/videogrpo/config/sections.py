@@ -276,6 +276,10 @@ class TrainConfig:
     resume_across_code_changes: bool = False
     """Resume a checkpoint although the trainer's math code changed since it was written (refused otherwise,
     naming the changed files)."""
+    retries: int = 1
+    """Times a failed training job is started again, resuming from its last checkpoint: Snakemake's resubmissions
+    of the train rule (a SLURM job killed at its time limit, a plugin pod), or each node's restarts in the
+    multi-node Kubernetes Job; no other stage is started again, since its failures repeat."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass."""
     offload_inference_models: bool = True
@@ -356,26 +360,23 @@ class MatrixConfig:
     )
     """Samplers, one matrix column each: `unipc` (UniPC ODE), `euler` (Euler ODE), `flowcps-<eta>`,
     `dancegrpo-<eta>`, `flowgrpo`, or `flowcps-uniform-<lo>-<hi>` (each sample's eta drawn from the range)."""
-    steps: int = 30
-    """Denoising steps of every cell."""
-    guidance_scale: float = 1.0
-    """Classifier-free guidance scale (1: none)."""
     seed: int = 0
-    """Base seed: sample i of the evaluation set draws its noise from (seed, i)."""
-    num_frames: int = 81
-    """Frames per generated video."""
-    height: int = 512
-    """Generated height in pixels."""
-    width: int = 512
-    """Generated width in pixels."""
-    fps: int = 16
-    """Frame rate of generated videos."""
+    """Base seed: sample i of the evaluation set draws its noise from (seed, i), and the bootstrap draws from it;
+    its own field, since the evaluation's noise stays fixed (the release evaluation's 0) whatever train.seed is.
+    Every cell samples with the training run's grpo.sampling_steps and grpo.guidance_scale."""
+    num_frames: int | None = None
+    """Frames per generated video (null: video.num_frames); the release evaluation of a recipe that trains at
+    another shape sets it (rl_a14b_rule: 81)."""
+    height: int | None = None
+    """Generated height in pixels (null: video.height)."""
+    width: int | None = None
+    """Generated width in pixels (null: video.width)."""
     procs: int = 1
     """Generation processes per cell job: one per GPU of the node (data parallel), CPU processes on cpu."""
     bootstrap: int = 2000
     """Bootstrap resamples of the 95 % intervals (over samples) of the matrix and its per-task table."""
     max_seconds: float = 5.0
-    """Duration cap of evaluation scorer videos: they play at max(fps, ceil(frames / max_seconds)) (the release
+    """Duration cap of evaluation scorer videos: they play at max(video.fps, ceil(frames / max_seconds)) (the release
     evaluation's 5 s: 81 frames at 17 fps; the training reward's cap is evalkit.max_seconds)."""
 
 
@@ -393,83 +394,23 @@ class LoggingConfig:
 
 
 @dataclass
-class SlurmConfig:
-    partition: str = ""
-    """Partition of compute jobs (empty: the cluster's default)."""
-    account: str = ""
-    """Account to charge (empty: none)."""
-    constraint: str = ""
-    """Node feature constraint of GPU jobs, e.g. `h100` (empty: none)."""
-    gpus_per_node: int | None = None
-    """GPUs per node of a training job (null: parallel.procs_per_node on cuda, none on cpu); preflight asks for
-    one, a matrix cell's generation for matrix.procs."""
-    cpus_per_node: int = 64
-    """CPU cores per node of a training job (rollout decoding and the reward pool use them)."""
-    mem_mb_per_node: int = 512000
-    """Memory per node of a training job, in MB."""
-    train_minutes: int = 2880
-    """Wall-time limit of a training job; a job killed at the limit resumes from its last checkpoint."""
-    train_retries: int = 1
-    """Resubmissions of a failed training job (a job killed at its time limit resumes from its last
-    checkpoint); no other stage is resubmitted, since its failures repeat."""
-    evaluate_minutes: int = 600
-    """Wall-time limit of a matrix cell's generation job."""
-    preflight_minutes: int = 30
-    """Wall-time limit of the preflight job."""
-    stage_cpus: int = 16
-    """CPU cores of the GPU jobs besides training (preflight, a matrix cell's generation)."""
-    stage_mem_mb: int = 64000
-    """Memory of the GPU jobs besides training, in MB."""
-    data_cpus: int = 16
-    """CPU cores of the data and scorer-runtime jobs."""
-    data_mem_mb: int = 32000
-    """Memory of the data and scorer-runtime jobs, in MB."""
-    data_minutes: int = 480
-    """Wall-time limit of the data jobs."""
-
-
-@dataclass
 class KubernetesConfig:
-    image: str = ""
-    """Container image of the training Job's pods, the same as --container-image of the profile (the pods of the
-    other stages): this checkout's environment (envs/) and package; multi-node training refuses an empty one."""
-    namespace: str = "default"
-    """Namespace of the training Job and its Service, the same as --kubernetes-namespace."""
-    service_account: str = ""
-    """Service account of the training Job's pods, the same as --kubernetes-service-account-name (empty: the
-    namespace's default)."""
-    privileged: bool = False
-    """Privileged containers in the training Job, as --kubernetes-privileged gives the other pods."""
-    gpus_per_node: int | None = None
-    """GPUs per pod of training (null: parallel.procs_per_node on cuda, none on cpu); preflight asks for one, a
-    matrix cell for matrix.procs."""
-    gpu_manufacturer: str = "nvidia"
-    """GPU resource of the pods: `nvidia` (nvidia.com/gpu) or `amd` (amd.com/gpu), as the executor plugin needs."""
-    machine_type: str = ""
-    """Node type of GPU pods (the node.kubernetes.io/instance-type label, e.g. `p5.48xlarge`; empty: any)."""
+    """The multi-node training Job's own settings under profiles/kubernetes (launch/k8s_job.py). Its image,
+    namespace, service account and privileged mode are the executor plugin's flags, and its pods' CPUs, memory,
+    /dev/shm, GPU manufacturer and node type the train rule's resources (the profile's set-resources)."""
+
     volume_claim: str = ""
     """ReadWriteMany PersistentVolumeClaim that holds the workflow directory, mounted in every pod of a
     multi-node training Job (the nodes of one run share its checkpoints and outputs)."""
     volume_path: str = ""
     """Where volume_claim is mounted: the driver runs Snakemake from a directory under it, which the Job's pods
     see at the same path."""
-    cpus_per_node: int = 64
-    """CPU cores a training pod asks for (rollout decoding and the reward pool use them)."""
-    mem_mb_per_node: int = 512000
-    """Memory a training pod asks for, in MB."""
-    shm_mb: int = 65536
-    """Size of the training pods' /dev/shm (memory-backed; NCCL and the data loaders need more than the
-    container default of 64 MB), in MB."""
     train_as_job: bool = False
-    """Train a one-node run as a training Job of one pod too (its /dev/shm sized by shm_mb; the executor
-    plugin's pods have the container runtime's default); runs of several nodes always are one."""
+    """Train a one-node run as a training Job of one pod too (its /dev/shm sized by the train rule's shm_mb; the
+    executor plugin's pods have the container runtime's default); runs of several nodes always are one."""
     env_secret: str = ""
     """Secret in the namespace whose keys become the training Job's pods' environment (envFrom): the tracker's
     (MLFLOW_TRACKING_URI and its credentials, WANDB_API_KEY) and the bucket's (AWS_*), which no spec records."""
-    train_retries: int = 1
-    """Times each node's pod of the training Job is started again after a failure (it resumes from the last
-    checkpoint); a configuration, digest or data error (exit 3, 4, 5) fails the Job at once, and an eviction
-    (preemption, a drained node) is not counted."""
 
 
 @dataclass
@@ -486,7 +427,6 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     results: str = "results"
     """Directory all outputs go under."""
@@ -494,6 +434,11 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.parallel.nodes * self.parallel.procs_per_node
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs of one training node (what a cluster job asks for): one per process on cuda, none on cpu."""
+        return self.parallel.procs_per_node if self.parallel.device == "cuda" else 0
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}

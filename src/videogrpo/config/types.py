@@ -33,6 +33,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def class_doc(cls: type) -> str | None:
+    """The docstring written on a dataclass itself (a section's), not the signature dataclasses fill in."""
+    doc = ast.get_docstring(ast.parse(inspect.getsource(cls)).body[0])
+    return " ".join(doc.split()) if doc else None
+
+
 def hints_of(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -152,7 +158,10 @@ def json_schema(root: type, choices: dict[str, tuple[str, ...]]) -> dict[str, An
             if path in choices:
                 prop["enum"] = list(choices[path])
             props[f.name] = prop
-        return {"type": "object", "additionalProperties": False, "properties": props, "default": {}}
+        schema = {"type": "object", "additionalProperties": False, "properties": props, "default": {}}
+        if prefix and (doc := class_doc(cls)):
+            schema["description"] = doc
+        return schema
 
     schema = section_schema(root, "")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

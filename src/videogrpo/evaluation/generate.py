@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from videogrpo.config.cells import Sampler, parse_sampler
+from videogrpo.config.identity import generation_settings
 from videogrpo.data.video import video_problem, write_mp4
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.evaluation.evalset import EvalSample
@@ -71,8 +72,8 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg) -> Settings:
-        m = cfg.matrix
-        return cls(m.steps, m.guidance_scale, m.seed, m.num_frames, m.height, m.width, m.fps)
+        """The cell's settings where the config holds them (config.generation_fields)."""
+        return cls(**generation_settings(cfg))
 
 
 @torch.no_grad()

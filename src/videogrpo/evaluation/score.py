@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from videogrpo import atomic
+from videogrpo.config.identity import generation_settings
 from videogrpo.data.video import playback_fps, read_video, video_problem
 from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation.evalset import EvalSample
@@ -65,8 +66,9 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
     """Score every video of the cell; returns (scores, errors): one row per sample, and the records with an
     error. Records and prepared videos accumulate in `work` (records/, prepared/)."""
     e = cfg.evalkit
-    frames = cfg.matrix.num_frames
-    fps = playback_fps(frames, cfg.matrix.fps, cfg.matrix.max_seconds)
+    generated = generation_settings(cfg)
+    frames = generated["num_frames"]
+    fps = playback_fps(frames, generated["fps"], cfg.matrix.max_seconds)
 
     def paths(sample: EvalSample) -> tuple[Path, Path]:
         return sample_work(work, sample.name)
@@ -84,7 +86,7 @@ def score_cell(cfg, evalkit: Path, tree: Path, final_frames: Path, samples: list
                 keep.parent.mkdir(parents=True, exist_ok=True)
                 request = score_request(
                     e,
-                    cfg.matrix.fps,
+                    generated["fps"],
                     read_video(videos / f"{sample.name}.mp4"),
                     sample.task,
                     str(tree / sample.name),

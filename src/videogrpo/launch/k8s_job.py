@@ -11,9 +11,14 @@ completion index; processes per pod = parallel.procs_per_node = GPUs per pod.
 
 The pods share the workflow directory through a ReadWriteMany volume (kubernetes.volume_claim), mounted at the
 path where the driver runs Snakemake: the rank-0 pod writes the outputs and manifest the rule declares, and the
-checkpoints that a restarted pod resumes from. A failed pod is started again (kubernetes.train_retries per
-node) and resumes; exit 3, 4 and 5 (configuration, digest, data: they repeat) fail the Job at once; an eviction
-is not counted.
+checkpoints that a restarted pod resumes from. A failed pod is started again (train.retries per node) and
+resumes; exit 3, 4 and 5 (configuration, digest, data: they repeat) fail the Job at once; an eviction is not
+counted.
+
+What the pods have in common with the executor plugin's pods comes from where the plugin reads it, never from the
+config (PodSettings): the image, namespace, service account and privileged mode from the executor's flags, the
+CPUs, memory, /dev/shm, GPU manufacturer and node type from the train rule's resources (the profile's
+default-resources and set-resources: train).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +48,57 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 
 
-def gpus_per_node(cfg: Config) -> int:
-    """GPUs of one training pod: kubernetes.gpus_per_node, else one per process on cuda, none on cpu."""
-    if cfg.kubernetes.gpus_per_node is not None:
-        return cfg.kubernetes.gpus_per_node
-    return cfg.parallel.procs_per_node if cfg.parallel.device == "cuda" else 0
+@dataclass(frozen=True)
+class PodSettings:
+    """What the training Job's pods share with the executor plugin's pods (the workflow hands them over from the
+    executor's settings and the train rule's resources, common.smk `train_job_submit`)."""
+
+    image: str
+    """--container-image: the image every pod runs (this checkout's environment, envs/)."""
+    namespace: str = "default"
+    """--kubernetes-namespace."""
+    service_account: str = ""
+    """--kubernetes-service-account-name (empty: the namespace's default)."""
+    privileged: bool = False
+    """--kubernetes-privileged."""
+    cpus: int | None = None
+    """The train rule's cpus_per_task: CPU cores a pod asks for (None: no request)."""
+    mem_mb: int | None = None
+    """The train rule's mem_mb: memory a pod asks for, in MB (None: no request)."""
+    shm_mb: int = 65536
+    """The train rule's shm_mb: size of the pods' memory-backed /dev/shm, in MB (NCCL and the data loaders need more
+    than the container default of 64 MB)."""
+    gpu_manufacturer: str = ""
+    """The rule's gpu_manufacturer (`nvidia`, `amd`, in any case), as the executor plugin reads it for its GPU pods."""
+    machine_type: str = ""
+    """The rule's machine_type: the node.kubernetes.io/instance-type of the pods (empty: any)."""
+
+
+# The train rule's resources each PodSettings field is read from (the profile's default-resources and set-resources).
+POD_RESOURCES = {
+    "--cpus": "cpus_per_task",
+    "--mem-mb": "mem_mb",
+    "--shm-mb": "shm_mb",
+    "--gpu-manufacturer": "gpu_manufacturer",
+    "--machine-type": "machine_type",
+}
+
+
+def pod_arguments(image: str, executor: Any, resources: Any) -> list[str]:
+    """The PodSettings arguments of `videogrpo stage k8s-job` that the workflow passes: the executor's
+    --container-image, its settings (the plugin's ExecutorSettings; None in a dry run, whose command then leaves
+    them out rather than show defaults the real run would not use) and the train rule's resources (`.get`)."""
+    args = ["--image", image]
+    if executor is not None:
+        args += ["--namespace", getattr(executor, "namespace", None) or "default"]
+        if account := getattr(executor, "service_account_name", None):
+            args += ["--service-account", account]
+        if getattr(executor, "privileged", False):
+            args.append("--privileged")
+    for flag, name in POD_RESOURCES.items():
+        if resources.get(name) not in (None, ""):
+            args += [flag, str(resources.get(name))]
+    return args
 
 
 def job_name(run_id: str) -> str:
@@ -62,9 +114,8 @@ def trains_as_job(cfg: Config) -> bool:
     return cfg.parallel.nodes > 1 or cfg.kubernetes.train_as_job
 
 
-def settings_problems(cfg: Config, executor: str, marked: bool, image: str, namespace: str, account: str) -> list[str]:
-    """What disagrees between the executor Snakemake runs (its name, --container-image, --kubernetes-namespace,
-    --kubernetes-service-account-name) and the config: the plugin's pods and the training Job must be alike."""
+def settings_problems(cfg: Config, executor: str, marked: bool, image: str, default_image: str) -> list[str]:
+    """What keeps the executor Snakemake runs (its name, --container-image) from running this workflow's pods."""
     if executor != "kubernetes":
         return []
     if not marked:
@@ -73,17 +124,12 @@ def settings_problems(cfg: Config, executor: str, marked: bool, image: str, name
             "multi-node training would be one pod; use --profile profiles/kubernetes (or set its default "
             "resource videogrpo_kubernetes=1 in your own profile)"
         ]
-    if not trains_as_job(cfg):
-        return []
-    k = cfg.kubernetes
-    given = {"image": (image, "--container-image"), "namespace": (namespace, "--kubernetes-namespace")}
-    given["service_account"] = (account or "", "--kubernetes-service-account-name")
-    return [
-        f"kubernetes.{name} = {getattr(k, name)!r} but {flag} = {value!r}: the training Job's pods and the other "
-        f"pods must run alike; give both the same value"
-        for name, (value, flag) in given.items()
-        if value != getattr(k, name)
-    ]
+    if trains_as_job(cfg) and image == default_image:
+        return [
+            f"--container-image = {image!r}, Snakemake's own image: the training Job's pods run the image as it "
+            f"is, and it holds no environment of this checkout; give --container-image the image built from envs/"
+        ]
+    return []
 
 
 def problems(cfg: Config, workdir: str | os.PathLike) -> list[str]:
@@ -94,11 +140,6 @@ def problems(cfg: Config, workdir: str | os.PathLike) -> list[str]:
         found.append(
             f"parallel.nodes = {cfg.parallel.nodes}: one node trains in one pod of the executor plugin, not a Job "
             f"(unless kubernetes.train_as_job)"
-        )
-    if not k.image:
-        found.append(
-            "kubernetes.image is empty: the training Job's pods need the image the other pods run "
-            "(--container-image); set kubernetes.image to the same image"
         )
     if not k.volume_claim or not k.volume_path:
         found.append(
@@ -116,17 +157,24 @@ def problems(cfg: Config, workdir: str | os.PathLike) -> list[str]:
             "driver's MLFLOW_TRACKING_URI only from a Secret; create one with it (and its credentials) and name it "
             "in kubernetes.env_secret"
         )
-    gpus = gpus_per_node(cfg)
-    if cfg.parallel.device == "cuda" and gpus != cfg.parallel.procs_per_node:
+    return found
+
+
+def pod_problems(cfg: Config, pod: PodSettings) -> list[str]:
+    """Why the pods' settings (PodSettings) cannot make this run's pods."""
+    found = []
+    if not pod.image:
+        found.append("no image: give the image every pod runs (--image, the executor's --container-image)")
+    if cfg.gpus_per_node and pod.gpu_manufacturer.lower() not in GPU_RESOURCES:
         found.append(
-            f"kubernetes.gpus_per_node = {gpus} but parallel.procs_per_node = {cfg.parallel.procs_per_node}: "
-            f"a pod starts one process per GPU; make them equal"
+            f"gpu_manufacturer = {pod.gpu_manufacturer!r}: a pod of {cfg.gpus_per_node} GPUs needs `nvidia` or `amd`; "
+            f"set gpu_manufacturer under default-resources of profiles/kubernetes/config.yaml"
         )
     return found
 
 
-def check(cfg: Config, workdir: str | os.PathLike) -> None:
-    found = problems(cfg, workdir)
+def check(cfg: Config, workdir: str | os.PathLike, pod: PodSettings) -> None:
+    found = problems(cfg, workdir) + pod_problems(cfg, pod)
     if found:
         raise ConfigError(
             f"multi-node training on Kubernetes ({cfg.parallel.nodes} nodes x {cfg.parallel.procs_per_node}):\n  - "
@@ -134,10 +182,12 @@ def check(cfg: Config, workdir: str | os.PathLike) -> None:
         )
 
 
-def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.PathLike) -> list[dict[str, Any]]:
+def train_specs(
+    cfg: Config, run_id: str, command: list[str], workdir: str | os.PathLike, pod_settings: PodSettings
+) -> list[dict[str, Any]]:
     """The headless Service and the indexed Job of a run: every pod runs `command` in `workdir`."""
-    check(cfg, workdir)
-    k = cfg.kubernetes
+    check(cfg, workdir, pod_settings)
+    k, p = cfg.kubernetes, pod_settings
     name = job_name(run_id)
     nodes = cfg.parallel.nodes
 
@@ -145,7 +195,7 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
         return {"app.kubernetes.io/name": "videogrpo", "app.kubernetes.io/component": "train", "videogrpo/run": name}
 
     def meta() -> dict[str, Any]:
-        return {"name": name, "namespace": k.namespace, "labels": labels()}
+        return {"name": name, "namespace": p.namespace, "labels": labels()}
 
     service = {
         "apiVersion": "v1",
@@ -159,10 +209,14 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
             "ports": [{"name": "rendezvous", "port": cfg.parallel.master_port, "protocol": "TCP"}],
         },
     }
-    gpus = gpus_per_node(cfg)
-    amounts = {"cpu": str(k.cpus_per_node), "memory": f"{k.mem_mb_per_node}M"}
+    gpus = cfg.gpus_per_node
+    amounts = {}
+    if p.cpus is not None:
+        amounts["cpu"] = str(p.cpus)
+    if p.mem_mb is not None:
+        amounts["memory"] = f"{p.mem_mb}M"
     if gpus:
-        amounts[GPU_RESOURCES[k.gpu_manufacturer]] = str(gpus)
+        amounts[GPU_RESOURCES[p.gpu_manufacturer.lower()]] = str(gpus)
     env = [
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
         {"name": "MASTER_PORT", "value": str(cfg.parallel.master_port)},
@@ -175,7 +229,7 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
     ]
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": k.image,
+        "image": p.image,
         "command": list(command),
         "workingDir": os.path.abspath(workdir),
         "env": env,
@@ -186,7 +240,7 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
     }
-    if k.privileged:
+    if p.privileged:
         container["securityContext"] = {"privileged": True}
     pod: dict[str, Any] = {
         "subdomain": name,
@@ -194,16 +248,16 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
         "containers": [container],
         "volumes": [
             {"name": "workflow", "persistentVolumeClaim": {"claimName": k.volume_claim}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{k.shm_mb}M"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{p.shm_mb}M"}},
         ],
     }
     if gpus:  # the taint GPU nodes carry, as the executor plugin tolerates it for its GPU pods
-        taint = GPU_RESOURCES[k.gpu_manufacturer]
+        taint = GPU_RESOURCES[p.gpu_manufacturer.lower()]
         pod["tolerations"] = [{"key": taint, "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
-    if k.machine_type:
-        pod["nodeSelector"] = {"node.kubernetes.io/instance-type": k.machine_type}
-    if k.service_account:
-        pod["serviceAccountName"] = k.service_account
+    if p.machine_type:
+        pod["nodeSelector"] = {"node.kubernetes.io/instance-type": p.machine_type}
+    if p.service_account:
+        pod["serviceAccountName"] = p.service_account
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -212,7 +266,7 @@ def train_specs(cfg: Config, run_id: str, command: list[str], workdir: str | os.
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
-            "backoffLimitPerIndex": k.train_retries,
+            "backoffLimitPerIndex": cfg.train.retries,
             "maxFailedIndexes": 0,  # a node out of retries ends the Job: the others cannot train without it
             "podFailurePolicy": {
                 "rules": [
@@ -307,6 +361,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", required=True, help="the run directory's name: names the Job and Service")
     parser.add_argument("--spec", type=Path, required=True, help="where to write the Service and Job (YAML)")
     parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="the workflow directory the pods run in")
+    # The pods' settings (PodSettings): the workflow passes the executor's flags and the train rule's resources.
+    defaults = PodSettings(image="")
+    parser.add_argument("--image", default="", help="the image every pod runs (the executor's --container-image)")
+    parser.add_argument("--namespace", default=defaults.namespace, help="the executor's --kubernetes-namespace")
+    parser.add_argument("--service-account", default="", help="the executor's --kubernetes-service-account-name")
+    parser.add_argument("--privileged", action="store_true", help="the executor's --kubernetes-privileged")
+    parser.add_argument("--cpus", type=int, help="CPU cores per pod (the train rule's cpus_per_task)")
+    parser.add_argument("--mem-mb", type=int, help="memory per pod in MB (the train rule's mem_mb)")
+    parser.add_argument(
+        "--shm-mb", type=int, default=defaults.shm_mb, help="the pods' /dev/shm in MB (the train rule's shm_mb)"
+    )
+    parser.add_argument("--gpu-manufacturer", default="", help="nvidia or amd (the rule's gpu_manufacturer)")
+    parser.add_argument("--machine-type", default="", help="the pods' node type (the rule's machine_type)")
     parser.add_argument("--apply", action="store_true", help="apply the spec with kubectl and wait for the Job")
     parser.add_argument("--poll-seconds", type=float, default=30.0, help="how often --apply checks the Job")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command every pod runs")
@@ -321,7 +388,18 @@ def run(args: argparse.Namespace) -> int:
         raise VideoGRPOError(
             "k8s-job: no training command after `--` (e.g. `-- videogrpo stage train --config-json ...`)"
         )
-    specs = train_specs(cfg, args.run_id, command, args.workdir)
+    pod = PodSettings(
+        args.image,
+        args.namespace,
+        args.service_account,
+        args.privileged,
+        args.cpus,
+        args.mem_mb,
+        args.shm_mb,
+        args.gpu_manufacturer,
+        args.machine_type,
+    )
+    specs = train_specs(cfg, args.run_id, command, args.workdir, pod)
     validate(specs)
     atomic.write_text(args.spec, to_yaml(specs))
     name = job_name(args.run_id)
@@ -329,8 +407,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.apply:
         print(f"kubectl apply -f {args.spec}")
         return 0
-    if _kubectl("-n", cfg.kubernetes.namespace, "get", "job", name).returncode == 0:
+    if _kubectl("-n", pod.namespace, "get", "job", name).returncode == 0:
         # A Job of an earlier attempt (failed, or its driver interrupted): the new one resumes its checkpoints.
         # Foreground: its pods are gone before the new ones take their names and DNS entries.
-        _kubectl("-n", cfg.kubernetes.namespace, "delete", "job", name, "--cascade=foreground", "--wait=true")
-    return apply_and_wait(args.spec, cfg.kubernetes.namespace, name, args.poll_seconds)
+        _kubectl("-n", pod.namespace, "delete", "job", name, "--cascade=foreground", "--wait=true")
+    return apply_and_wait(args.spec, pod.namespace, name, args.poll_seconds)

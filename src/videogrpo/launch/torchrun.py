@@ -160,11 +160,8 @@ def srun_argv(cfg: Config, command: list[str], nodes: int | None = None, kill_on
     if kill_on_bad_exit:
         argv.append("--kill-on-bad-exit=1")
     argv += ["--cpu-bind=none", "--export=ALL"]
-    gpus = cfg.slurm.gpus_per_node
-    if gpus is None:
-        gpus = cfg.parallel.procs_per_node if cfg.parallel.device == "cuda" else 0
-    if gpus:
-        argv.append(f"--gres=gpu:{gpus}")
+    if cfg.gpus_per_node:
+        argv.append(f"--gres=gpu:{cfg.gpus_per_node}")
     return argv + command
 
 

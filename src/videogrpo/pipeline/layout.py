@@ -71,9 +71,10 @@ def evalset_key(cfg: Config, task_list_text: str) -> str:
 
 def matrix_key(cfg: Config, task_list_text: str) -> str:
     """Directory name of a matrix: its evaluation set and the settings every generated video depends on."""
-    from videogrpo.config.identity import GENERATION_FIELDS
+    from videogrpo.config.identity import GENERATION_FIELDS, generation_fields
 
-    return f"{evalset_key(cfg, task_list_text)}-gen-{_short_digest(select(cfg, list(GENERATION_FIELDS)), 8)}"
+    settings = select(cfg, [*GENERATION_FIELDS, *generation_fields(cfg).values()])
+    return f"{evalset_key(cfg, task_list_text)}-gen-{_short_digest(settings, 8)}"
 
 
 def cell_models(cfg: Config, run_id: str) -> dict[str, str]:

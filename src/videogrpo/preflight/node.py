@@ -216,7 +216,8 @@ def check_devices(f: NodeFacts, needed: int) -> Check:
         )
     if f.device_count < needed:
         fix = (
-            "ask SLURM for them (slurm.gpus_per_node, --gres=gpu:N), check CUDA_VISIBLE_DEVICES, "
+            "the job asks for one GPU per process (--gres=gpu:N): run on nodes that have them (the partition or "
+            "constraint under set-resources of profiles/slurm/config.yaml), check CUDA_VISIBLE_DEVICES, "
             "or lower parallel.procs_per_node"
         )
         if f.device_count == 0:
@@ -296,7 +297,8 @@ def check_capability(f: NodeFacts, attention_backend: str) -> Check:
             "compute_capability",
             False,
             f"parallel.attention_backend = {attention_backend!r} needs {label} but {f.hostname} has {', '.join(bad)}; "
-            f"run on such GPUs (slurm.constraint) or choose another backend ('native' runs everywhere)",
+            f"run on such GPUs (constraint under set-resources of profiles/slurm/config.yaml) or choose another "
+            f"backend ('native' runs everywhere)",
         )
     return Check("compute_capability", True, f"{found} on {f.hostname}, as {attention_backend} needs ({label})")
 

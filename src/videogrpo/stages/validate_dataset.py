@@ -20,7 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, type=Path, help="directory materialize_dataset wrote")
     parser.add_argument("--out", required=True, type=Path, help="validation report (JSON)")
     parser.add_argument(
-        "--workers", type=int, default=1, help="video-decoding processes (at most the CPUs this process may use)"
+        "--workers",
+        type=int,
+        default=0,
+        help="video-decoding processes, at most the CPUs this process may use (0: all of them)",
     )
 
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         "raw": args.dataset / "raw",
     }
     with StageRun("validate_dataset", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
-        workers = max(1, min(args.workers, len(os.sched_getaffinity(0))))
+        usable = len(os.sched_getaffinity(0))
+        workers = max(1, min(args.workers or usable, usable))
         report = validate(
             args.dataset,
             read_task_list(d.task_list),
