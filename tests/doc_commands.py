@@ -7,7 +7,8 @@ command of a ```bash or ```sh block in README.md, docs/*.md and config/README.md
 no test ran. A command counts as run when a test ran
 
 - exactly it (`shlex.split` equal, or by `bash -c` with the same text);
-- its dry run: the same with `-n` added (`snakemake -n`, `make -n`), for what cannot run here in full;
+- its dry run: the same with `-n` added (`snakemake -n`, `make -n`), for what cannot run here in full, and
+  `-p` (which prints each job's command) if the test needs to see them;
 - it with a test's values where the docs write a placeholder `<...>` (`MASTER_ADDR=<machine 0's address>`).
 
 A few commands need what this machine never has (GPU nodes, a real Kubernetes cluster, PyTorch's own
@@ -107,9 +108,8 @@ def _forms(entry: dict) -> list[str]:
         argv[0] = Path(argv[0]).name  # the venv's own binary, as the docs' PATH finds it
     if argv[:1] == ["make"]:  # the tests' venv, handed to make: not part of the documented command
         argv = [a for i, a in enumerate(argv) if not a.startswith("VENV=") and "-o" not in argv[i - 1 : i + 1]]
-    variants = [argv]
-    if "-n" in argv:
-        variants.append([a for a in argv if a != "-n"])
+    # A dry run of the command (-n), and -p, which only prints each job's shell command, are the test's additions.
+    variants = [argv, *([a for a in argv if a not in drop] for drop in ({"-n"}, {"-p"}, {"-n", "-p"}))]
     return [prefix + shlex.join(variant) for variant in variants for prefix in prefixes]
 
 

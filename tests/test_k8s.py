@@ -270,8 +270,9 @@ def rule_block(text: str, rule: str) -> str:
     return text.split(f"rule {rule}:")[1].split("\n\n")[0]
 
 
-def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
-    """docs/kubernetes.md's k8s.yaml and commands (the volume here: tmp_path; the bucket: moto's), as dry runs."""
+def test_the_documented_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
+    """docs/kubernetes.md's k8s.yaml and commands as dry runs: the volume here is tmp_path, the bucket moto's (the
+    placeholder filled in), its endpoint and keys in the environment as the page says; `-p` prints the commands."""
     section = (REPO / "docs/kubernetes.md").read_text().split("\n## ")[0]
     k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
@@ -282,29 +283,35 @@ def test_the_readme_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
     checkout = copy_checkout(tmp_path / "videogrpo")
     k8s_yaml["kubernetes"]["volume_path"] = str(tmp_path)
     (checkout / "k8s.yaml").write_text(yaml.safe_dump(k8s_yaml))
-    argv = dry.split()
-    argv[argv.index("--default-storage-prefix") + 1] = "s3://videogrpo/runs"
-    argv[1:1] = ["-p", "--storage-s3-endpoint-url", s3_endpoint, *S3_ARGS]
-    # The 5B recipe's 16 nodes: refused without the Job's image and volume, before any job is planned.
-    refused = run(argv[: argv.index("k8s.yaml")], checkout, check=False, PYTHONPATH=str(REPO / "src"))
+    env = {
+        "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }
+    argv = dry.replace("<your bucket>", "videogrpo").split()
+    argv[1:1] = ["-p"]
+    # The 5B recipe's 16 nodes: refused without the Job's volume, before any job is planned.
+    refused = run(argv[: argv.index("k8s.yaml")], checkout, check=False, PYTHONPATH=str(REPO / "src"), **env)
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "Job stats" not in said
     assert "parallel.nodes = 16 trains as one indexed Job, which cannot run here" in said
-    assert "kubernetes.image is empty" in said
-    # With them: every stage planned in the bucket; training is the k8s-job command around the training command.
-    out = run(argv, checkout, PYTHONPATH=str(REPO / "src"))
+    # With it: every stage planned in the bucket; training is the k8s-job command around the training command.
+    out = run(argv, checkout, PYTHONPATH=str(REPO / "src"), **env)
     text = out.stdout + out.stderr
     assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "generate_cell", "report"}
-    assert "s3://videogrpo/runs/results/runs/rl_5b_cps-" in text
+    assert "s3://videogrpo/videogrpo/results/runs/rl_5b_cps-" in text
     train = rule_block(text, "train")
     (shell,) = [line for line in train.splitlines() if line.startswith("Shell command: ")]
     submit, _, training = shell.removeprefix("Shell command: ").partition(" -- ")
     run_id = config.run_identity(five_b(tmp_path), (REPO / "config/tasks/vbvr_in_domain_50.txt").read_text())
     assert submit.startswith("videogrpo stage k8s-job --config-json @results/.stage-config/train-")
-    assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml --apply" in submit
-    assert training.startswith("videogrpo stage train --config-json @results/.stage-config/train-")
-    for stage in ("preflight", "generate_cell"):  # one-GPU pods through the executor plugin, on the README's node type
-        assert "gpu=1, gpu_manufacturer=nvidia, machine_type=p5.48xlarge" in rule_block(text, stage)
+    assert f"--run-id {run_id} --spec results/runs/{run_id}/k8s/train-job.yaml" in submit
+    # The Job's pods: the executor's image, the train rule's size from the profile.
+    assert "--image registry.example.org/videogrpo:0.1 --cpus 64 --mem-mb 512000 --shm-mb 65536" in submit
+    assert submit.endswith(" --apply") and training.startswith("videogrpo stage train --config-json @results/")
+    for stage in ("preflight", "generate_cell"):  # one-GPU pods through the executor plugin, sized by the profile
+        block = rule_block(text, stage)
+        assert "gpu=1" in block and "gpu_manufacturer=nvidia" in block
 
 
 def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):

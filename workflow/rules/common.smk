@@ -43,7 +43,7 @@ if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the envi
 
 TASK_LIST_TEXT = vg.read_task_list_text(CFG.data.task_list)
 RUN_ID = vg.run_identity(CFG, TASK_LIST_TEXT)
-# Object storage (README "Object storage"): under --default-storage-provider, Snakemake maps every input and
+# Object storage (docs/object-storage.md): under --default-storage-provider, Snakemake maps every input and
 # output to the bucket and gives jobs local copies, so a file the checkout holds is marked local(), and what a
 # stage reads beyond its declared files (the dataset's raw/, preflight's splits) is declared in that mode only:
 # on a shared file system the DAG, and so what reruns, stays as it was.

@@ -384,7 +384,7 @@ class MatrixConfig:
 class LoggingConfig:
     tracker: list[str] = field(default_factory=lambda: ["wandb"])
     """Trackers of the training metrics besides metrics.jsonl: `wandb`, `mlflow` (both at once allowed), or
-    `[none]`; MLflow needs $MLFLOW_TRACKING_URI (README, MLflow)."""
+    `[none]`; MLflow needs $MLFLOW_TRACKING_URI (docs/tracking.md)."""
     wandb_mode: str = "offline"
     """W&B mode: `offline`, `online` or `disabled` (no W&B run, even where `tracker` lists wandb alone)."""
     wandb_project: str = "videogrpo"

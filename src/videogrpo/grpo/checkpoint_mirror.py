@@ -1,4 +1,4 @@
-"""Training checkpoints in an S3 bucket, for runs whose artifacts live in object storage (README "Object storage").
+"""Training checkpoints in an S3 bucket, for runs whose artifacts live in object storage (docs/object-storage.md).
 
 With `--default-storage-provider s3`, Snakemake gives a job local copies of its inputs and uploads its declared
 outputs once the job has succeeded. Checkpoints are no declared output (a rerun would delete them), and a job

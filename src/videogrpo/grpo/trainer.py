@@ -434,7 +434,7 @@ class Trainer:
             return state["next_action"]
         if cfg.train.resume_from:
             # Only a fresh start reads it: a run with a checkpoint of its own continues that, full state, whatever
-            # reset_dataloader says (the reference restarts weights-only at every auto-resume: README, fidelity).
+            # reset_dataloader says (the reference restarts weights-only at every auto-resume: docs/fidelity.md).
             source = Path(cfg.train.resume_from)
             if cfg.train.reset_dataloader:  # weights only: this project's or the reference's layouts (sft_init)
                 report = sft_init.load_initial_weights(source, self.experts.modules(), log=self._log)

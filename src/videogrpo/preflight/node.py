@@ -264,7 +264,7 @@ def check_driver(f: NodeFacts) -> Check:
             "nvidia_driver",
             False,
             f"{found} is too old for torch {f.torch_version} built for CUDA {cuda}: needs {need}; upgrade the "
-            f"node's driver, or install a torch built for an older CUDA (README: a CUDA 12.x build from "
+            f"node's driver, or install a torch built for an older CUDA (docs/gpus.md: a CUDA 12.x build from "
             f"PyTorch's own index)",
         )
     if native and not at_least(f.driver_version, native):
