@@ -24,7 +24,8 @@ def check_checkout(path: str | Path) -> Path:
         raise ConfigError(
             f"evalkit.path = {str(root)!r}: {where}; point it at an EvalKit checkout "
             f"(run_evaluation.py, vbvr_bench/, annotations/) whose source digest is evalkit.digest. The "
-            f"EvalKit is not vendored: clone it into external/ (docs/recipes.md, 'The VBVR EvalKit checkout' says which "
+            f"EvalKit is not vendored: clone it into external/ (docs/recipes.md, 'The VBVR EvalKit checkout', says "
+            f"which "
             f"revision each recipe pins and how to pin the public one instead)"
         )
     return root
