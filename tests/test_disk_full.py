@@ -23,7 +23,8 @@ from videogrpo.provenance.digest import evalkit_source_digest, tree_digest
 from conftest import TASKS
 
 BIN = Path(sys.executable).parent
-MATRIX = {"expected_samples": 6, "steps": 4, "num_frames": 17, "height": 64, "width": 64, "fps": 16, "seed": 0}
+MATRIX = {"expected_samples": 6, "num_frames": 17, "height": 64, "width": 64, "seed": 0}
+GENERATION = {"grpo": {"sampling_steps": 4}, "video": {"fps": 16}}  # where the matrix reads steps and fps
 EVALKIT = {"workers": 2, "threads_per_worker": 1, "video_size": 128, "max_seconds": 5.0625, "runtime": []}
 
 
@@ -44,7 +45,7 @@ def cell_inputs(tmp_path) -> tuple[Path, Path]:
     tree = tmp_path / "tree"
     write_synthetic_tree(tree, TASKS, 2, seed=0, frames=17, height=64, width=64, fps=16)
     out = tmp_path / "evalset"
-    sections = {"matrix": dict(MATRIX, eval_set=str(tree), eval_set_digest=tree_digest(tree))}
+    sections = {"matrix": dict(MATRIX, eval_set=str(tree), eval_set_digest=tree_digest(tree)), **GENERATION}
     argv = stage_argv("eval-set", sections, "--tree", str(tree), "--samples", str(out / "samples.json"))
     argv += ["--final-frames", str(out / "final_frames"), "--manifest", str(out / "eval_set.manifest.json")]
     subprocess.run(argv, check=True, capture_output=True)
@@ -63,7 +64,7 @@ def test_score_cell_on_a_full_disk_ends_its_log_with_the_file_and_the_fix(small_
     evalset, videos = cell_inputs
     cell = small_disk / "cell"
     cell.mkdir()
-    sections = {"evalkit": dict(EVALKIT, digest=evalkit_source_digest(evalkit)), "matrix": MATRIX}
+    sections = {"evalkit": dict(EVALKIT, digest=evalkit_source_digest(evalkit)), "matrix": MATRIX, **GENERATION}
     argv = stage_argv(
         "score-cell",
         sections,
