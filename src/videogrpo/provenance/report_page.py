@@ -346,6 +346,12 @@ def _number_text(text: str) -> str:
     return "–" if value != value else fixed(value)
 
 
+def _change_text(trained: dict) -> str:
+    """The trained model's paired change from the base with its interval: `delta [ci_low, ci_high]`."""
+    low, high = (_number_text(trained[k]) for k in ("delta_ci_low", "delta_ci_high"))
+    return f"{_number_text(trained['delta_vs_base'])} [{low}, {high}]"
+
+
 def check_pivot(check: list[dict]) -> tuple[list[dict], list[str]]:
     """The held-out check per task (ALL last), from its rows of the per-task table: each model's `mean ± se` and the
     trained model's paired change from the base, `delta [ci_low, ci_high]`."""
@@ -360,8 +366,7 @@ def check_pivot(check: list[dict]) -> tuple[list[dict], list[str]]:
             row[model] = f"{_number_text(cell['mean'])} ± {_number_text(cell['se'])}" if cell else ""
         trained = found.get("trained", {})
         if trained.get("delta_vs_base", ""):
-            low, high = (_number_text(trained[k]) for k in ("delta_ci_low", "delta_ci_high"))
-            row[CHECK_CHANGE] = f"{_number_text(trained['delta_vs_base'])} [{low}, {high}]"
+            row[CHECK_CHANGE] = _change_text(trained)
         rows.append(row)
     return rows, ["task", "samples", *models, *([CHECK_CHANGE] if any(CHECK_CHANGE in r for r in rows) else [])]
 
@@ -398,12 +403,8 @@ def verdict_rows(matrix: list[dict], check_sampler: str) -> list[dict]:
         row = {"domain": domain, "samples": trained["samples"], "trained": _number_text(trained["mean"])}
         row["base"] = _number_text(base["mean"]) if base else "–"
         if trained.get("delta_vs_base", ""):
-            low, high = _float(trained["delta_ci_low"]), _float(trained["delta_ci_high"])
-            row[CHECK_CHANGE] = (
-                f"{_number_text(trained['delta_vs_base'])} [{_number_text(trained['delta_ci_low'])}, "
-                f"{_number_text(trained['delta_ci_high'])}]"
-            )
-            row["verdict"] = _verdict_word(low, high)
+            row[CHECK_CHANGE] = _change_text(trained)
+            row["verdict"] = _verdict_word(_float(trained["delta_ci_low"]), _float(trained["delta_ci_high"]))
         rows.append(row)
     return rows
 
