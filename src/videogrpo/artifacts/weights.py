@@ -87,11 +87,16 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def directory_numels(directory: Path) -> dict[str, int]:
-    """Elements of every tensor of the safetensors files in `directory` (a component folder, its shards together),
+def directory_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of the safetensors files in `directory` (a component folder, its shards together),
     from their checked headers; WeightsError for a damaged file, or for a folder without weights (counting it as
     zero parameters would pass whatever the model holds)."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"{directory}: no *.safetensors weights; rerun the model's download")
-    return {name: math.prod(info.shape) for path in files for name, info in read_header(path).items()}
+    return {name: info.shape for path in files for name, info in read_header(path).items()}
+
+
+def directory_numels(directory: Path) -> dict[str, int]:
+    """Elements of every tensor of `directory`'s safetensors files (`directory_shapes`)."""
+    return {name: math.prod(shape) for name, shape in directory_shapes(directory).items()}

@@ -17,6 +17,16 @@ from videogrpo.errors import ConfigError
 from videogrpo.models.wan import DTYPES
 from videogrpo.parallel import process_groups
 
+FAKE_BACKEND = "fake"
+"""torch's fake process group (torch.testing._internal.distributed.fake_pg): a world of any size in one process
+whose collectives move no data; `videogrpo simulate` builds the recipes' meshes on it."""
+
+
+def backend_override(names: tuple[str, ...], backend: str) -> dict:
+    """init_device_mesh's backend_override: every named dimension's groups with `group_options` (none for fake)."""
+    options = group_options(backend)
+    return {} if options is None else {name: (None, options) for name in names}
+
 
 def group_options(backend: str):
     """Options of a mesh's process groups: the default group's timeout (process_groups.PROCESS_GROUP_TIMEOUT_S).
@@ -29,6 +39,8 @@ def group_options(backend: str):
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=process_groups.PROCESS_GROUP_TIMEOUT_S)
+    if backend == FAKE_BACKEND:
+        return None  # torch's fake group takes options of its own type, and its collectives never wait
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -40,10 +52,12 @@ def device_mesh(cfg: Config, world: int, device_type: str):
     from torch.distributed.device_mesh import init_device_mesh
 
     mode = cfg.parallel.data_parallel
-    options = group_options(cfg.parallel.backend)
     if mode == "fsdp":
         return init_device_mesh(
-            device_type, (world,), mesh_dim_names=("shard",), backend_override={"shard": (None, options)}
+            device_type,
+            (world,),
+            mesh_dim_names=("shard",),
+            backend_override=backend_override(("shard",), cfg.parallel.backend),
         )
     group = cfg.parallel.shard_group_size
     if world % group:
@@ -52,7 +66,7 @@ def device_mesh(cfg: Config, world: int, device_type: str):
         device_type,
         (world // group, group),
         mesh_dim_names=("replicate", "shard"),
-        backend_override={"replicate": (None, options), "shard": (None, options)},
+        backend_override=backend_override(("replicate", "shard"), cfg.parallel.backend),
     )
 
 

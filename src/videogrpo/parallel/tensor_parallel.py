@@ -70,14 +70,13 @@ def device_mesh(dims: MeshDims, device_type: str, backend: str):
     """The 2-D ("dp", "tp") mesh; every group waits as long as the default one (parallelize.group_options)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from videogrpo.parallel.fsdp import group_options
+    from videogrpo.parallel.fsdp import backend_override
 
-    options = group_options(backend)
     return init_device_mesh(
         device_type,
         (dims.dp, dims.tp),
         mesh_dim_names=("dp", "tp"),
-        backend_override={"dp": (None, options), "tp": (None, options)},
+        backend_override=backend_override(("dp", "tp"), backend),
     )
 
 
@@ -167,16 +166,13 @@ class HeadShardedRMSNorm(torch.nn.Module):
 
 
 def block_plan() -> dict:
-    """The TP plan of one WanTransformerBlock (module path -> style), docs/reference-system.md#a14b."""
+    """The TP plan of one WanTransformerBlock (module path -> style), docs/reference-system.md#a14b: the table of
+    shard_layout, which the memory plan counts with."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan = {}
-    for attn in ("attn1", "attn2"):
-        plan.update({f"{attn}.to_{p}": ColwiseParallel() for p in "qkv"})
-        plan[f"{attn}.to_out.0"] = RowwiseParallel()
-    plan["ffn.net.0.proj"] = ColwiseParallel()
-    plan["ffn.net.2"] = RowwiseParallel()
-    return plan
+    from videogrpo.parallel.shard_layout import COLWISE, ROWWISE
+
+    return {**{path: ColwiseParallel() for path in COLWISE}, **{path: RowwiseParallel() for path in ROWWISE}}
 
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:

@@ -12,7 +12,9 @@ under `fsdp`, parallel.shard_group_size under `hsdp`, and 1 under `replicate` or
 bytes per element of the compute dtype (parallel.param_dtype), the reduce dtype, the trajectory dtype and
 the frozen models' dtype):
 - master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; gradients
-  exist only between the first backward and the optimizer step: replay phase only);
+  exist only between the first backward and the optimizer step: replay phase only), counted parameter by
+  parameter as torch shards them (parallel.shard_layout): FSDP pads dim 0 to a multiple of the sharding
+  degree in the master weights and gradients, and TP leaves the parameters outside its plan whole;
 - FSDP's unsharded working set: the root's own parameters (embedders, output head; FSDP2 keeps the
   root unsharded from forward to backward) in c, two blocks' parameters in c (the block running and
   the one prefetched) and one block's unsharded gradients in r; under `replicate` on more than one
@@ -62,8 +64,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from videogrpo.artifacts.weights import directory_numels
+from videogrpo.artifacts.weights import directory_numels, directory_shapes
 from videogrpo.grpo.flops import video_tokens
+from videogrpo.parallel import shard_layout
 
 GIB = 1 << 30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -83,28 +86,31 @@ ROLLOUT, REPLAY = "rollout", "replay"
 
 @dataclass(frozen=True)
 class ParamCounts:
-    """Parameters of the transformer: all, one block's, and those outside the blocks (the FSDP root's)."""
+    """Parameters of the transformer: all, one block's, and those outside the blocks (the FSDP root's), and every
+    parameter's shape by name (what a rank's shard of each is follows from it: parallel.shard_layout)."""
 
     total: int
     per_block: int
     outside_blocks: int
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_numels(cls, numels: dict[str, int]) -> ParamCounts:
+    def from_shapes(cls, shapes: dict[str, tuple[int, ...]]) -> ParamCounts:
+        numels = {name: math.prod(shape) for name, shape in shapes.items()}
         per_block = sum(n for name, n in numels.items() if name.startswith("blocks.0."))
         outside = sum(n for name, n in numels.items() if not name.startswith("blocks."))
-        return cls(sum(numels.values()), per_block, outside)
+        return cls(sum(numels.values()), per_block, outside, dict(shapes))
 
 
-def config_numels(transformer_config: dict) -> dict[str, int]:
-    """The parameter elements of a WanTransformer3DModel built from its config on the meta device (no memory)."""
+def config_shapes(transformer_config: dict) -> dict[str, tuple[int, ...]]:
+    """The parameter shapes of a WanTransformer3DModel built from its config on the meta device (no memory)."""
     import torch
     from diffusers import WanTransformer3DModel
 
     keys = {k: v for k, v in transformer_config.items() if not k.startswith("_")}
     with torch.device("meta"):
         model = WanTransformer3DModel(**keys)
-    return {name: p.numel() for name, p in model.named_parameters()}
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,17 @@ class ModelShape:
     @property
     def trained(self) -> int:
         """Parameters with float32 master weights, gradients and AdamW moments: every trained expert's."""
-        return sum(e.total for e in self.experts) if self.experts else self.params.total
+        return sum(e.total for e in self.trained_counts)
+
+    @property
+    def trained_counts(self) -> tuple[ParamCounts, ...]:
+        return self.experts or (self.params,)
 
     @classmethod
     def from_model_dir(cls, model_dir: Path, transformers: tuple[str, ...] = ("transformer",)) -> ModelShape:
         """The shape of a pipeline directory whose trained transformer folders are `transformers`
         (trained_transformers: `transformer`, or an I2V model's experts)."""
-        counts = [ParamCounts.from_numels(directory_numels(model_dir / name)) for name in transformers]
+        counts = [ParamCounts.from_shapes(directory_shapes(model_dir / name)) for name in transformers]
         largest = max(range(len(counts)), key=lambda i: counts[i].total)
         transformer = json.loads((model_dir / transformers[largest] / "config.json").read_text())
         vae = json.loads((model_dir / "vae" / "config.json").read_text())
@@ -246,6 +256,20 @@ def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> in
     return world if data_parallel == "fsdp" else shard_group_size
 
 
+def sharded_state_bytes(shape: ModelShape, layout: shard_layout.RankLayout) -> dict[str, int]:
+    """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and
+    gradients in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two
+    moments shaped like the unpadded local shard (torch.zeros_like of it). `videogrpo simulate` checks these
+    against torch's own sharding at the recipes' world sizes."""
+    allocated = held = 0
+    for counts in shape.trained_counts:
+        if not counts.shapes:
+            raise ValueError("the memory plan needs every trained parameter's shape (ParamCounts.from_shapes)")
+        a, h = shard_layout.sharded_numels(counts.shapes, layout)
+        allocated, held = allocated + a, held + h
+    return {"master weights": 4 * allocated, "AdamW moments": 8 * held, "gradients": 4 * allocated}
+
+
 def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
     """(rows of this rank's largest wave, rows of its whole batch, rows of its largest rollout chunk: the
     wave's prompts x grpo.sample_batch_size members), the largest over all ranks."""
@@ -307,10 +331,17 @@ def plan(
     trained = shape.trained
     experts = f" ({len(shape.experts)} experts)" if shape.experts else ""
     both, replay_only = (ROLLOUT, REPLAY), (REPLAY,)
+    # Rank 0 holds the largest share (FSDP's first shards are the full ones); every rank allocates the padded one.
+    state = sharded_state_bytes(
+        shape, shard_layout.rank_layout(data_parallel, world, shard_group_size, tensor_parallel, 0)
+    )
+    split = f"split {shard} ways, FSDP's padded shards"
     terms = [
-        Term("master weights", 4 * trained // shard, both, f"{trained:,} parameters{experts} x 4 B float32 / {shard}"),
-        Term("AdamW moments", 8 * trained // shard, both, f"2 x 4 B float32 x {trained:,}{experts} / {shard}"),
-        Term("gradients", 4 * trained // shard, replay_only, f"4 B float32 x {trained:,}{experts} / {shard}"),
+        Term(
+            "master weights", state["master weights"], both, f"{trained:,} parameters{experts} x 4 B float32, {split}"
+        ),
+        Term("AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trained:,}{experts}, rank 0's shard"),
+        Term("gradients", state["gradients"], replay_only, f"4 B float32 x {trained:,}{experts}, {split}"),
     ]
     if shard // tensor_parallel > 1:
         terms.append(
