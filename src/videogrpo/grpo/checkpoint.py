@@ -185,7 +185,7 @@ def _all_finite(parts: Parts) -> bool:
     return all(process_groups.all_gather_objects(finite))
 
 
-def _dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
+def dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
     """The DCP state dict: {"model", "optim"} for one transformer (this layout predates experts), one such pair per
     expert name otherwise, so a two-expert checkpoint is one DCP save, complete only when both experts are."""
     from torch.distributed.checkpoint import state_dict as sd
@@ -237,7 +237,7 @@ def save(
         (target / "rng").mkdir(parents=True)
     process_groups.barrier()
     try:
-        dcp.save(_dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+        dcp.save(dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
     except CheckpointException as err:  # each rank's failure, gathered: a full disk is said as one (worker.py)
         if (full := disk_full_cause(err)) is None:
             raise
@@ -276,7 +276,7 @@ def load(
         )
     with_optim = any(opt is not None for _, opt in parts.values())
     # Weights only: a checkpoint also holding optimizer state loads partially.
-    loaded = _dcp_state(parts, with_optim)
+    loaded = dcp_state(parts, with_optim)
     dcp.load(loaded, checkpoint_id=str(path / "dcp"))
     _set_state(parts, loaded, with_optim)
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"

@@ -15,15 +15,22 @@ class PPOStats:
     approx_kl: float
 
 
-def ppo_loss(
+def ppo_objective(
     logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, clip_range: float
-) -> tuple[torch.Tensor, PPOStats]:
-    """mean(max(-A rho, -A clip(rho, 1 - c, 1 + c))) with rho = exp(logp_new - logp_old)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, rho, log rho): mean(max(-A rho, -A clip(rho, 1 - c, 1 + c))) with rho = exp(logp_new - logp_old)."""
     log_ratio = logp_new - logp_old.detach()
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    return torch.maximum(unclipped, clipped).mean(), ratio, log_ratio
+
+
+def ppo_loss(
+    logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, PPOStats]:
+    """`ppo_objective`'s loss and its diagnostics as Python numbers (which read the values: not on fake tensors)."""
+    loss, ratio, log_ratio = ppo_objective(logp_new, logp_old, advantages, clip_range)
     with torch.no_grad():
         stats = PPOStats(
             ratio_mean=ratio.mean().item(),

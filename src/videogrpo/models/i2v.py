@@ -203,6 +203,27 @@ class WanI2VA14B:
             cfg.model.condition_dtype,
         )
 
+    @classmethod
+    def without_frozen_models(
+        cls,
+        experts: dict[str, torch.nn.Module],
+        device: torch.device,
+        cfg,
+        boundary_ratio: float = DEFAULT_BOUNDARY_RATIO,
+    ) -> WanI2VA14B:
+        """The model around experts built elsewhere (`high` and/or `low`), with no tokenizer, text encoder or VAE:
+        `velocity`, routing and dtypes as `from_config` sets them (the boundary: `boundary_ratio`, the model's own
+        being in its model_index.json); encoding and decoding are unavailable (WanTI2V.without_frozen_models)."""
+        model = cls.__new__(cls)
+        model.device = device
+        model.compute_dtype = DTYPES[cfg.parallel.param_dtype]
+        model.trajectory_dtype = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
+        model.boundary_ratio, model.boundary = boundary_ratio, int(boundary_ratio * NUM_TRAIN_TIMESTEPS)
+        model.loaded = tuple(name for name in EXPERTS if name in experts)
+        model.experts = dict(experts)
+        model.transformer, model.transformer_2 = experts.get("high"), experts.get("low")
+        return model
+
     @property
     def trainable(self) -> dict[str, torch.nn.Module]:
         """The loaded expert(s) by name (`high`, `low`), as training wraps and checkpoints them."""

@@ -130,3 +130,14 @@ TINY_TI2V_5B_LAYOUT = MappingProxyType(
 )
 """The 5B's transformer at the tiny default's widths and depth, keeping its frequency embedding (256) and RoPE
 table (1024): what the GPU smoke benchmark runs with --cpu, and the GPU tier compiles."""
+
+
+LATENT_GEOMETRY = MappingProxyType(
+    {
+        "ti2v": MappingProxyType(dict(z_dim=48, spatial=16, temporal=4)),
+        "i2v_a14b": MappingProxyType(dict(z_dim=16, spatial=8, temporal=4)),
+    }
+)
+"""Each model kind's VAE latent geometry (vae/config.json: z_dim, scale_factor_spatial, scale_factor_temporal): the
+Wan2.2 VAE of TI2V-5B and the Wan2.1 VAE of I2V-A14B; the tiny models keep their kind's (demo/tiny_ti2v.py,
+demo/tiny_i2v.py)."""

@@ -174,6 +174,18 @@ class WanTI2V:
             cfg.model.condition_dtype,
         )
 
+    @classmethod
+    def without_frozen_models(cls, transformer: torch.nn.Module, device: torch.device, cfg) -> WanTI2V:
+        """The model around a transformer built elsewhere, with no tokenizer, text encoder or VAE: `velocity` and what
+        rollouts read (dtypes, pinning) as `from_config` sets them; encoding and decoding are unavailable. What
+        `videogrpo simulate` drives on fake tensors at the real shapes."""
+        model = cls.__new__(cls)
+        model.device = device
+        model.compute_dtype = DTYPES[cfg.parallel.param_dtype]
+        model.trajectory_dtype = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
+        model.transformer = transformer
+        return model
+
     @property
     def trainable(self) -> dict[str, torch.nn.Module]:
         """The trainable transformer(s) by name, as training wraps and checkpoints them."""
