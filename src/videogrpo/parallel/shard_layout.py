@@ -84,6 +84,20 @@ def local_shape(name: str, shape: tuple[int, ...], layout: RankLayout) -> tuple[
     return (rows, *local[1:])
 
 
+def global_offset(name: str, shape: tuple[int, ...], layout: RankLayout) -> tuple[int, ...]:
+    """Where the rank's local shard starts in the full parameter (what a checkpoint's chunk records): the TP piece's
+    start, plus the FSDP chunk's within it (an empty chunk sits at the end of its piece)."""
+    local = tp_local_shape(name, shape, layout.tp)
+    offsets = [0] * len(shape)
+    dim = tp_split_dim(name) if layout.tp > 1 else None
+    if dim is not None:
+        offsets[dim] = layout.tp_rank * local[dim]
+    if layout.fsdp_degree > 1 and local:
+        chunk, _ = fsdp_rows(local[0], layout.fsdp_degree, layout.fsdp_rank)
+        offsets[0] += min(layout.fsdp_rank * chunk, local[0])
+    return tuple(offsets)
+
+
 def local_numels(name: str, shape: tuple[int, ...], layout: RankLayout) -> tuple[int, int]:
     """(elements allocated, elements held) of the parameter on a rank of `layout`: FSDP's padded shard and its
     unpadded view (equal without FSDP)."""

@@ -350,7 +350,8 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], result: RankResult)
 
 
 def _check_dcp_plan(experts, rank: int, result: RankResult) -> None:
-    """The DCP save plan of this rank (keys and chunks, no data): every sharded parameter's chunk is its local shard."""
+    """The DCP save plan of this rank (keys and chunks, no data): every sharded parameter's chunk is the local shard
+    the layout arithmetic says, at the offset it says."""
     from torch.distributed.checkpoint import DefaultSavePlanner
 
     from videogrpo.grpo.checkpoint import dcp_state
@@ -361,21 +362,21 @@ def _check_dcp_plan(experts, rank: int, result: RankResult) -> None:
     plan = planner.create_local_plan()
     result.dcp_items = len(plan.items)
     chunks = {item.index.fqn: item.tensor_data.chunk for item in plan.items if item.tensor_data is not None}
-    prefix = "" if len(experts.experts) == 1 else None
     for expert in experts.experts:
-        base = "model." if prefix == "" else f"{expert.name}.model."
+        base = "model." if len(experts.experts) == 1 else f"{expert.name}.model."
         for name, param in expert.module.named_parameters():
             if not hasattr(param, "to_local"):
                 continue
-            local = tuple(param.to_local().shape)
+            expected = (
+                shard_layout.local_shape(name, tuple(param.shape), result.layout),
+                shard_layout.global_offset(name, tuple(param.shape), result.layout),
+            )
             chunk = chunks.get(base + name)
             if chunk is None:
-                if any(local):
-                    result.problems.append(f"DCP save plan: no chunk of {base + name} (local shard {list(local)})")
-                continue
-            if tuple(chunk.sizes) != local:
+                result.problems.append(f"DCP save plan: no chunk of {base + name}")
+            elif (tuple(chunk.sizes), tuple(chunk.offsets)) != expected:
                 result.problems.append(
-                    f"DCP save plan: {base + name} chunk {list(chunk.sizes)} at {list(chunk.offsets)}, local shard "
-                    f"{list(local)}"
+                    f"DCP save plan: {base + name} chunk {list(chunk.sizes)} at {list(chunk.offsets)}, the layout "
+                    f"arithmetic says {list(expected[0])} at {list(expected[1])}"
                 )
     result.steps.append("DCP save plan")
