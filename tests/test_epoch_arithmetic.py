@@ -101,6 +101,7 @@ def test_each_epoch_rolls_out_every_prepared_sample_once_per_group_member(
     assert set(np.bincount(ranks, minlength=cfg.world_size)[scoring]) == {prompts * group // len(scoring)}
     assert set(slots) == set(range(prompts)) and set(members) == set(range(group))
 
+    never = set(range(len(train)))  # samples left out of every epoch so far
     rolled, skipped = defaultdict(list), defaultdict(list)
     for action in run_plan(cfg, len(order)):
         epoch, batch = batch_for_step(order, prompts, action.batch)
@@ -119,10 +120,18 @@ def test_each_epoch_rolls_out_every_prepared_sample_once_per_group_member(
         assert (per_sample == group).sum() == prompts * len(batches)
         left_out = set(np.flatnonzero(per_sample == 0).tolist())
         skipped_samples = {i for batch in skipped[epoch] for i in batch}
-        assert skipped_samples <= left_out and len(left_out) == len(skipped_samples) + remainder
+        # The partial batch dropped at an epoch's end is the training order's tail.
+        tail = {position[id(sample)] for sample in order[len(order) - remainder :]}
+        assert len(tail) == remainder and left_out == skipped_samples | tail
         assert len(batches) + len(skipped[epoch]) == per_epoch
         if not cfg.grpo.delayed_replay:
             assert not left_out, f"epoch {epoch}: {len(left_out)} samples never rolled out"
+        never &= left_out
+    if cfg.grpo.delayed_replay:
+        # The order is shuffled once and every epoch's last batch is a flush with a full slot at these counts: the
+        # same batch and the tail are left out of every epoch (docs/reference-system.md#one-step-delayed-replay).
+        _, last_batch = batch_for_step(order, prompts, per_epoch - 1)
+        assert never == {position[id(sample)] for sample in last_batch} | tail
 
 
 @pytest.mark.parametrize("recipe,nodes", TOPOLOGIES, ids=IDS)
@@ -152,10 +161,16 @@ def test_tp_peers_draw_alike_and_every_row_draws_its_own_noise(repo, monkeypatch
         ]
 
     order = training_order(training_split(cfg.data), cfg.data.shuffle_seed)
+    in_order = {id(sample): i for i, sample in enumerate(order)}
     per_epoch = steps_per_epoch(len(order), prompts)
     last = per_epoch * cfg.train.epochs - 1
     for batch in (0, per_epoch - 1, per_epoch, last):  # both ends of the first epoch, the second's first, the last
+        _, batch_prompts = batch_for_step(order, prompts, batch)
         for replica, ranks in peers.items():
+            if not cfg.grpo.shared_prompts:  # the reference's strided sampler: positions k P + r + {0, R, 2R, ...}
+                taken = sorted({in_order[id(batch_prompts[j])] for wave in rows[ranks[0]] for j, _ in wave})
+                first = (batch % per_epoch) * prompts + replica
+                assert taken == list(range(first, first + prompts, len(peers))), f"replica {replica}, batch {batch}"
             assert [experts.tp_rank(rank) for rank in ranks] == list(range(tp)), f"replica {replica}"
             assert len({assignment.replica_seed(seed, rank, tp) for rank in ranks}) == 1
             assert all(rows[rank] == rows[ranks[0]] for rank in ranks), f"TP peers {ranks} roll out different rows"
@@ -207,3 +222,6 @@ def test_the_full_length_plan_makes_the_reference_update_count(repo, monkeypatch
     else:
         expected = epochs * per_epoch
     assert total_updates(actions) == expected == REFERENCE_UPDATES[recipe]
+    # Every rolled-out batch is replayed in exactly one update: no rollout is wasted, none replayed twice.
+    rolled_out = [action.batch for action in actions if action.prepare]
+    assert sorted(action.replay for action in actions if action.update) == rolled_out
