@@ -1,4 +1,10 @@
-"""Which prompts and which group members each rank rolls out (docs/reference-system.md#grpo, shared-prompt mode)."""
+"""Which prompts and which group members each rank rolls out (docs/reference-system.md#grpo, shared-prompt mode),
+and the counters each rollout row's random draws are keyed by.
+
+The keys hold the global batch, the prompt's index in it and the group member, never a rank, a wave or a
+chunk: a row draws the same noise and eta wherever it is rolled out, so tensor-parallel peers (which roll out
+the same rows) agree, and a resumed run or another world size draws what an uninterrupted one would.
+"""
 
 from __future__ import annotations
 
@@ -35,3 +41,31 @@ def replica_work(rank: int, world: int, tensor_parallel: int, batch_size: int, g
     replica = rank // tensor_parallel
     slots = tuple(range(replica, replicas * batch_size, replicas))
     return RankWork(slots, tuple(range(group_size)))
+
+
+X_T_STEP = 0x1A17
+"""The step counter of a row's initial noise x_T: far above any denoising step's, so never one of theirs."""
+ETA_STREAM = 0xE7A
+"""The counter that sets a prompt's eta draw (grpo.eta_range) apart from its noise draws."""
+
+
+def init_noise_key(seed: int, batch: int, prompt: int, member: int, shared: bool) -> tuple[int, ...]:
+    """x_T of a row: one per prompt when the group shares it (grpo.share_group_noise; member counter 0), else one
+    per member (member + 1, so that no member's key is the shared one)."""
+    return (seed, batch, prompt, 0 if shared else member + 1, X_T_STEP)
+
+
+def step_noise_key(seed: int, batch: int, prompt: int, member: int, step: int) -> tuple[int, ...]:
+    """eps of denoising step `step` of a row."""
+    return (seed, batch, prompt, member, step)
+
+
+def eta_key(seed: int, batch: int, prompt: int) -> tuple[int, ...]:
+    """A prompt's eta (grpo.eta_range): one per prompt and batch, shared by its whole group."""
+    return (seed, batch, prompt, ETA_STREAM)
+
+
+def replica_seed(seed: int, rank: int, tensor_parallel: int) -> int:
+    """The seed of a rank's global torch generator (for any draw not counter-keyed): one per data replica, so
+    both ranks of a TP pair draw alike."""
+    return seed + rank // tensor_parallel

@@ -23,6 +23,13 @@ from videogrpo.models.wan import DTYPES
 from videogrpo.parallel import fsdp, tensor_parallel
 
 
+def mesh_dims(cfg: Config, world: int) -> tensor_parallel.MeshDims | None:
+    """The dp x tp arithmetic of a run under tensor parallel (which ranks are TP peers), else None."""
+    if cfg.parallel.tensor_parallel > 1:
+        return tensor_parallel.mesh_dims(world, cfg.parallel.tensor_parallel, cfg.parallel.data_parallel)
+    return None
+
+
 @dataclass
 class Expert:
     name: str
@@ -49,9 +56,7 @@ class Experts:
     def build(cls, raw: dict[str, torch.nn.Module], routed: bool, cfg: Config, world: int, device: torch.device):
         """Wrap each raw transformer as the config says: gradient checkpointing, the frozen reference (KL > 0),
         compiled blocks, then TP x FSDP2 (tensor_parallel > 1) or the data-parallel layout."""
-        dims = None
-        if cfg.parallel.tensor_parallel > 1:
-            dims = tensor_parallel.mesh_dims(world, cfg.parallel.tensor_parallel, cfg.parallel.data_parallel)
+        dims = mesh_dims(cfg, world)
         experts, mesh = [], None
         for name, module in raw.items():
             if cfg.train.gradient_checkpointing:

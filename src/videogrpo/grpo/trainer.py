@@ -171,7 +171,7 @@ class Trainer:
         self.cfg, self.paths, self.ctx, self.run_id = cfg, paths, ctx, run_id
         # Seeded per data replica: TP peers must draw alike (every draw of the run is counter-keyed; this one's
         # stream is for anything that is not).
-        torch.manual_seed(cfg.train.seed + ctx.rank // cfg.parallel.tensor_parallel)
+        torch.manual_seed(assignment.replica_seed(cfg.train.seed, ctx.rank, cfg.parallel.tensor_parallel))
         offloading = cfg.train.offload_inference_models
         frozen_device = offload.HOST if offloading else None
         if cfg.model.kind == "i2v_a14b":
@@ -257,22 +257,22 @@ class Trainer:
         return chunk
 
     def _rollout_chunk(self, batch_index: int, rows: list[tuple[int, int]], embeds, condition) -> Trajectory:
-        cfg, dev, seed = self.cfg, self.ctx.device, self.cfg.train.seed
-        # Noise is keyed by (seed, batch, prompt, member, step): independent of ranks, waves, chunks and resumes.
+        cfg, dev, seed, b = self.cfg, self.ctx.device, self.cfg.train.seed, batch_index
+        # Draws are keyed by batch, prompt and member (assignment): independent of ranks, waves, chunks and resumes.
+        shared = cfg.grpo.share_group_noise
         init = torch.stack(
-            [
-                seeded_normal(self.shape, dev, seed, batch_index, j, 0 if cfg.grpo.share_group_noise else g + 1, 0x1A17)
-                for j, g in rows
-            ]
+            [seeded_normal(self.shape, dev, *assignment.init_noise_key(seed, b, j, g, shared)) for j, g in rows]
         )
         if cfg.grpo.eta_range:
             lo, hi = cfg.grpo.eta_range
-            etas = torch.tensor([seeded_uniform(lo, hi, seed, batch_index, j, 0xE7A) for j, _ in rows], device=dev)
+            etas = torch.tensor([seeded_uniform(lo, hi, *assignment.eta_key(seed, b, j)) for j, _ in rows], device=dev)
         else:
             etas = torch.full((len(rows),), cfg.grpo.eta, device=dev)
 
         def step_noise(i: int) -> torch.Tensor:
-            return torch.stack([seeded_normal(self.shape, dev, seed, batch_index, j, g, i) for j, g in rows])
+            return torch.stack(
+                [seeded_normal(self.shape, dev, *assignment.step_noise_key(seed, b, j, g, i)) for j, g in rows]
+            )
 
         with torch.no_grad():
             return rollout(
