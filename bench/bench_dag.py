@@ -12,8 +12,9 @@ planning lists the tree (every file is an input of eval_set) and reads none of i
 `--cells-items` tree, the matrix grows: more samplers (both presets), more Hub models (published).
 No results directory exists before a dry run, and the benchmark fails if one exists after it: every run
 plans from scratch and writes nothing. Runs are interleaved over `--repeats`; medians are printed with the
-spread between identical runs, beside the same command on a one-rule Snakefile (Snakemake's own start).
-Record the output in bench/RESULTS.md. `--smoke`: the 50-item tree, the presets' own cells, one repeat.
+spread between identical runs, beside the same command on a one-rule Snakefile (Snakemake's own start). Last,
+the listing of each tree that eval_set's inputs take at every parse, in this process: the digest's scandir walk
+the workflow uses against pathlib's rglob, which it used before. Record the output in bench/RESULTS.md. `--smoke`: the 50-item tree, the presets' own cells, one repeat.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def matrix_override(work: Path, tree: Path, preset: str, samplers: int, models: 
 
 
 def dry_run(work: Path, configfiles: list[str]) -> tuple[float, dict[str, int]]:
-    """Seconds of one `snakemake -n` in `work`, and the jobs it planned by rule (with `total`)."""
+    """Seconds of one `snakemake -n` in `work`, and the jobs it planned by rule (with `total`, and `eval_set inputs`:
+    the files of eval_set's input line)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     argv = ["snakemake", "-n", "--configfile", *configfiles] if configfiles else ["snakemake", "-n", "--cores", "1"]
     start = time.perf_counter()
@@ -86,7 +88,27 @@ def dry_run(work: Path, configfiles: list[str]) -> tuple[float, dict[str, int]]:
     if (work / "results").exists():
         raise SystemExit(f"{' '.join(argv)} wrote {work / 'results'}: a dry run must write nothing")
     stats = out.stdout.split("Job stats:")[-1]
-    return seconds, {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
+    jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
+    inputs = re.search(r"^rule eval_set:\n\s+input: (.*)$", out.stdout, re.M)
+    jobs["eval_set inputs"] = len(inputs[1].split(", ")) if inputs else 0
+    return seconds, jobs
+
+
+def listing_times(tree: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of listing the tree as eval_tree_inputs (workflow/rules/common.smk) does at every parse, by the
+    digest's scandir walk, and as it did before, by pathlib's rglob and a stat per path."""
+    from videogrpo.provenance.digest import list_files
+
+    scandir, rglob = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        listed = [str(tree / rel) for rel in list_files(tree)]
+        scandir.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        globbed = [str(path) for path in sorted(tree.rglob("*")) if path.is_file()]
+        rglob.append(time.perf_counter() - start)
+        assert sorted(listed) == globbed, "the two listings differ"
+    return statistics.median(scandir), statistics.median(rglob)
 
 
 def main() -> None:
@@ -127,6 +149,11 @@ def main() -> None:
                 configfiles = [RECIPE, f"config/matrix/{config[0]}.yaml", str(root / f"matrix-{i}.yaml")]
                 seconds, jobs[config] = dry_run(work, configfiles)
                 times[config].append(seconds)
+                if jobs[config]["eval_set inputs"] != files[config[1]]:  # the tree as the workflow lists it
+                    raise SystemExit(
+                        f"eval_set plans {jobs[config]['eval_set inputs']} inputs; the tree holds {files[config[1]]}"
+                    )
+        listing = {items: listing_times(root / f"tree-{items}", args.repeats) for items in args.items}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = statistics.median(one_rule)
@@ -151,7 +178,7 @@ def main() -> None:
         return "| " + " | ".join(str(c) for c in cols) + " |"
 
     print("\nItems: the external evaluation tree's samples (4 files each, and the split manifest: eval_set's inputs)\n")
-    print("| preset | items | tree files | cells | jobs | dry run | spread | over one-rule |")
+    print("| preset | items | eval_set inputs | cells | jobs | dry run | spread | over one-rule |")
     print("|---|---|---|---|---|---|---|---|")
     for config in items_table:
         print(row(config, config[0], config[1], files[config[1]]))
@@ -160,6 +187,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for config in cells_table:
         print(row(config, config[0], config[3], config[2]))
+    print("\nListing the tree as eval_set's inputs, at every parse (in this process, median seconds)\n")
+    print("| items | files | digest.list_files (scandir) | pathlib rglob + is_file | rglob / scandir |")
+    print("|---|---|---|---|---|")
+    for items, (scandir, rglob) in listing.items():
+        print(f"| {items} | {files[items]} | {scandir:.3f} | {rglob:.3f} | {rglob / scandir:.2f} |")
 
 
 if __name__ == "__main__":
