@@ -11,10 +11,11 @@ and split_manifest.json; at most 100 tasks, half of them Out-of-Domain_50). The 
 planning lists the tree (every file is an input of eval_set) and reads none of it. Then, over the
 `--cells-items` tree, the matrix grows: more samplers (both presets), more Hub models (published).
 No results directory exists before a dry run, and the benchmark fails if one exists after it: every run
-plans from scratch and writes nothing. Runs are interleaved over `--repeats`; medians are printed with the
-spread between identical runs, beside the same command on a one-rule Snakefile (Snakemake's own start). Last,
-the listing of each tree that eval_set's inputs take at every parse, in this process: the digest's scandir walk
-the workflow uses against pathlib's rglob, which it used before. Record the output in bench/RESULTS.md. `--smoke`: the 50-item tree, the presets' own cells, one repeat.
+plans from scratch and writes nothing. Runs are interleaved over `--repeats`; medians of wall and CPU time are
+printed with the spread between identical runs, beside the same command on a one-rule Snakefile (Snakemake's
+own start). Last, the listing of each tree that eval_set's inputs take at every parse, in this process: the
+digest's scandir walk the workflow uses, against pathlib's rglob, which it used before. Record the output in
+bench/RESULTS.md. `--smoke`: the 50-item tree, the presets' own cells, one repeat (what the tests run).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,14 +77,16 @@ def matrix_override(work: Path, tree: Path, preset: str, samplers: int, models: 
     return {"matrix": matrix}
 
 
-def dry_run(work: Path, configfiles: list[str]) -> tuple[float, dict[str, int]]:
-    """Seconds of one `snakemake -n` in `work`, and the jobs it planned by rule (with `total`, and `eval_set inputs`:
-    the files of eval_set's input line)."""
+def dry_run(work: Path, configfiles: list[str]) -> tuple[tuple[float, float], dict[str, int]]:
+    """(wall seconds, CPU seconds) of one `snakemake -n` in `work`, and the jobs it planned by rule (with `total`, and
+    `eval_set inputs`: the files of eval_set's input line). CPU time (user and system, of the process and the
+    children it waited for) moves less than wall time on a machine others share."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     argv = ["snakemake", "-n", "--configfile", *configfiles] if configfiles else ["snakemake", "-n", "--cores", "1"]
-    start = time.perf_counter()
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if out.returncode:
         raise SystemExit(f"{' '.join(argv)} failed in {work}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     if (work / "results").exists():
@@ -91,7 +95,7 @@ def dry_run(work: Path, configfiles: list[str]) -> tuple[float, dict[str, int]]:
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
     inputs = re.search(r"^rule eval_set:\n\s+input: (.*)$", out.stdout, re.M)
     jobs["eval_set inputs"] = len(inputs[1].split(", ")) if inputs else 0
-    return seconds, jobs
+    return (seconds, cpu), jobs
 
 
 def listing_times(tree: Path, repeats: int) -> tuple[float, float]:
@@ -140,15 +144,15 @@ def main() -> None:
         for i, (preset, items, samplers, models) in enumerate(configs):
             override = matrix_override(work, root / f"tree-{items}", preset, samplers, models)
             (root / f"matrix-{i}.yaml").write_text(yaml.safe_dump(override))
-        times: dict[tuple, list[float]] = {config: [] for config in configs}
+        times: dict[tuple, list[tuple[float, float]]] = {config: [] for config in configs}
         jobs: dict[tuple, dict[str, int]] = {}
         one_rule = []
         for _ in range(args.repeats):
             one_rule.append(dry_run(baseline, [])[0])
             for i, config in enumerate(configs):
                 configfiles = [RECIPE, f"config/matrix/{config[0]}.yaml", str(root / f"matrix-{i}.yaml")]
-                seconds, jobs[config] = dry_run(work, configfiles)
-                times[config].append(seconds)
+                measured, jobs[config] = dry_run(work, configfiles)
+                times[config].append(measured)
                 if jobs[config]["eval_set inputs"] != files[config[1]]:  # the tree as the workflow lists it
                     raise SystemExit(
                         f"eval_set plans {jobs[config]['eval_set inputs']} inputs; the tree holds {files[config[1]]}"
@@ -156,35 +160,37 @@ def main() -> None:
         listing = {items: listing_times(root / f"tree-{items}", args.repeats) for items in args.items}
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    base = statistics.median(one_rule)
+    base = statistics.median(t[0] for t in one_rule)
+    base_cpu = statistics.median(t[1] for t in one_rule)
     print(
         f"`snakemake -n` of {RECIPE} with a matrix preset over a synthesized external evaluation tree, fresh results "
         f"directory; median of {args.repeats} runs each, interleaved; {len(os.sched_getaffinity(0))} CPUs; "
-        f"the same command on a one-rule Snakefile: {base:.2f} s"
+        f"the same command on a one-rule Snakefile: {base:.2f} s ({base_cpu:.2f} s CPU)"
     )
 
     def row(config: tuple, *first: object) -> str:
-        median = statistics.median(times[config])
-        spread = (max(times[config]) - min(times[config])) / median
-        cells = jobs[config].get("generate_cell", 0)
+        wall, cpu = [t[0] for t in times[config]], [t[1] for t in times[config]]
+        median = statistics.median(wall)
+        spread = (max(wall) - min(wall)) / median
         cols = [
             *first,
-            cells,
+            jobs[config].get("generate_cell", 0),
             jobs[config]["total"],
             f"{median:.2f} s",
             f"{100 * spread:.0f}%",
-            f"{median - base:.2f} s",
+            f"{statistics.median(cpu):.2f} s",
+            f"{statistics.median(cpu) - base_cpu:.2f} s",
         ]
         return "| " + " | ".join(str(c) for c in cols) + " |"
 
     print("\nItems: the external evaluation tree's samples (4 files each, and the split manifest: eval_set's inputs)\n")
-    print("| preset | items | eval_set inputs | cells | jobs | dry run | spread | over one-rule |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preset | items | eval_set inputs | cells | jobs | dry run | spread | CPU time | CPU over one-rule |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for config in items_table:
         print(row(config, config[0], config[1], files[config[1]]))
     print(f"\nCells: matrix.models x matrix.samplers and the held-out check, over the {args.cells_items}-item tree\n")
-    print("| preset | models | samplers | cells | jobs | dry run | spread | over one-rule |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preset | models | samplers | cells | jobs | dry run | spread | CPU time | CPU over one-rule |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for config in cells_table:
         print(row(config, config[0], config[3], config[2]))
     print("\nListing the tree as eval_set's inputs, at every parse (in this process, median seconds)\n")
