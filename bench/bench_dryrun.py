@@ -4,15 +4,16 @@
 
 In one invocation, on a copy of the checkout: `snakemake -n` of the tiny default and of every
 released recipe's full DAG, and a no-op rerun (`snakemake --cores 2` after a finished run: nothing to
-do), each against the same command on a one-rule Snakefile in an empty directory. Prints medians and
-their ratios; record the output in bench/RESULTS.md. `--smoke`: one run each of the tiny default's and one
-recipe's dry run, no finished run (what the tests run, seconds).
+do), each against the same command on a one-rule Snakefile in an empty directory. Prints medians of wall
+and CPU time and their ratios; record the output in bench/RESULTS.md. `--smoke`: one run each of the tiny
+default's and one recipe's dry run, no finished run (what the tests run, seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,16 +44,20 @@ def copy_checkout(dest: Path) -> Path:
     return dest
 
 
-def timed(argv: list[str], cwd: Path, repeats: int) -> float:
+def timed(argv: list[str], cwd: Path, repeats: int) -> tuple[float, float]:
+    """Medians of wall and CPU seconds (user and system, of the command and the children it waited for): CPU time
+    moves less than wall time on a machine others share."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(time.perf_counter() - start)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         if out.returncode:
             raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main() -> None:
@@ -87,11 +92,14 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"median of {args.repeats} runs each; baseline: the same command on a one-rule Snakefile")
-    print("\n| command | this workflow | one-rule Snakefile | ratio |")
-    print("|---|---|---|---|")
-    for name, seconds, base in rows:
+    print("\n| command | this workflow | one-rule Snakefile | ratio | CPU: this workflow | CPU: one-rule | CPU ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (seconds, cpu), (base, base_cpu) in rows:
         command = "snakemake -n" if "rerun" not in name else "snakemake --cores 2"
-        print(f"| `{command}`: {name} | {seconds:.2f} s | {base:.2f} s | x{seconds / base:.2f} |")
+        print(
+            f"| `{command}`: {name} | {seconds:.2f} s | {base:.2f} s | x{seconds / base:.2f} | {cpu:.2f} s "
+            f"| {base_cpu:.2f} s | x{cpu / base_cpu:.2f} |"
+        )
 
 
 if __name__ == "__main__":
