@@ -1,6 +1,6 @@
 """Benchmark: the materialize_dataset stage against tar, and the tree digest against in-memory hashlib.
 
-    .venv/bin/python bench/bench_materialize.py [--mb 480] [--archives 10] [--repeats 3] [--fresh-ext4]
+    .venv/bin/python bench/bench_materialize.py [--mb 480] [--archives 10] [--repeats 3] [--fresh-ext4] [--smoke]
 
 In one invocation, on archives it generates in a temporary directory (incompressible media: random
 bytes in the VBVR member layout, ~200 KB per sample, gzip level 1) on the same file system:
@@ -13,7 +13,8 @@ bytes in the VBVR member layout, ~200 KB per sample, gzip level 1) on the same f
 Every command runs `--repeats` times, interleaved, into a fresh directory; medians are printed with the
 spread between identical runs. The page cache is warm for every command alike. With `--fresh-ext4`
 (root), everything happens on a new ext4 file system in memory (a loop device over tmpfs), so the
-disk's write-back does not time the commands. Record the output in bench/RESULTS.md.
+disk's write-back does not time the commands. Record the output in bench/RESULTS.md. `--smoke`: 4 MB in 2
+archives, one repeat (what the tests run, seconds).
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ def main() -> None:
     parser.add_argument("--archives", type=int, default=10, help="number of archives")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every command (the median is printed)")
     parser.add_argument("--fresh-ext4", action="store_true", help="run on a new in-memory ext4 file system (root)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 4 MB in 2 archives, one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.archives, args.repeats = 4, 2, 1
     with contextlib.ExitStack() as stack:
         where = stack.enter_context(fresh_ext4(3 * args.mb)) if args.fresh_ext4 else None
         run(args, Path(tempfile.mkdtemp(prefix="videogrpo-materialize-", dir=where)))

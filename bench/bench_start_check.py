@@ -2,10 +2,11 @@
 a 10 GB transformer (a sparse file of the TI2V-5B's bf16 size) and a dataset of many small files, with a cold digest
 cache (every byte hashed) and a warm one (a stat per file), side by side in one run.
 
-    python bench/bench_start_check.py [--gb 10] [--samples 2000] [--repeats 3]
+    python bench/bench_start_check.py [--gb 10] [--samples 2000] [--repeats 3] [--smoke]
 
 The model is what fetch_model records (its manifest made here first, which hashes it once); the dataset raw/ tree
-is what materialize_dataset records. Prints one table; results go to bench/RESULTS.md.
+is what materialize_dataset records. Prints one table; results go to bench/RESULTS.md. `--smoke`: a 10 MB model, 20
+samples, one repeat (what the tests run, seconds).
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000, help="samples of the dataset's raw/ (5 files each)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 10 MB, 20 samples, one repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.gb, args.samples, args.repeats = 0.01, 20, 1
     root = Path(tempfile.mkdtemp(prefix="bench-start-check-", dir=args.dir))
     try:
         run(args, root)

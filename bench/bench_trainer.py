@@ -1,6 +1,6 @@
 """Benchmark: one-step-delayed replay against the synchronous loop, and the trainer's overhead.
 
-    .venv/bin/python bench/bench_trainer.py [--updates 12] [--repeats 2]
+    .venv/bin/python bench/bench_trainer.py [--updates 12] [--repeats 2] [--smoke]
 
 Everything runs side by side in one invocation on the tiny model and synthetic data, 2 gloo processes:
 1. calibration: a synchronous run with an instant reward measures rollout (R) and replay (T) per update;
@@ -11,6 +11,8 @@ Everything runs side by side in one invocation on the tiny model and synthetic d
    timed in the same windows as the trainer's metrics.
 Every configuration runs `--repeats` times, interleaved, so the spread between identical runs is
 printed next to every ratio: a ratio within that spread is noise. Record the output in bench/RESULTS.md.
+`--smoke` (what the tests run): 3 updates of 4 rollouts on one rank, once, the CPU-bound reward only (no
+calibration, no latency-bound runs): the synchronous and the delayed run and the plain loop, three torchrun launches.
 """
 
 from __future__ import annotations
@@ -67,9 +69,11 @@ def build_inputs(root: Path) -> tuple[Path, Path, Path]:
     return model, dataset, kit
 
 
-def config(kit: Path, updates: int, delayed: bool) -> dict:
+def config(kit: Path, updates: int, delayed: bool, smoke: bool = False) -> dict:
+    from videogrpo.provenance.digest import evalkit_source_digest
+
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    cfg["evalkit"]["path"] = str(kit)
+    cfg["evalkit"].update(path=str(kit), digest=evalkit_source_digest(kit))  # the checkout with the latency added
     cfg["logging"] = {"wandb_mode": "disabled"}
     cfg["grpo"].update(delayed_replay=delayed, group_size=8, prompts_per_step=2)
     # Small scorer videos and 4 sleeping workers: the reward is mostly latency, not CPU that the
@@ -77,12 +81,17 @@ def config(kit: Path, updates: int, delayed: bool) -> dict:
     cfg["evalkit"].update(video_size=64, workers=4)
     # save_steps past the end: the delayed run drains only at epoch ends, like a long real run.
     cfg["train"].update(max_steps=updates, epochs=50, save_steps=10_000)
+    if smoke:  # one rank of 4 rollouts and one scorer worker: the code paths, not the sizes (one torch start per run)
+        cfg["grpo"].update(group_size=4, prompts_per_step=1)  # shared prompts: a wave's prompts are the world's
+        cfg["evalkit"].update(workers=1)
+        cfg["parallel"].update(procs_per_node=1)
     return cfg
 
 
-def torchrun(module: str, args: list[str], latency: float, log: Path) -> None:
+def torchrun(module: str, args: list[str], latency: float, log: Path, ranks: int) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", **{LATENCY_VAR: str(latency)})
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", module, *args]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", module]
+    argv += args
     with open(log, "w") as out:
         code = subprocess.run(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
     if code:
@@ -115,12 +124,14 @@ def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path, latency:
         ],
         latency,
         root / f"{name}.log",
+        cfg["parallel"]["procs_per_node"],
     )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def steady(values: list[float], skip: int = 2) -> float:
-    return statistics.median(values[skip:])
+    """The median after the first `skip` updates (compilation, warm-up); the last one when there are no more."""
+    return statistics.median(values[skip:] or values[-1:])
 
 
 def spread(values: list[float]) -> float:
@@ -146,6 +157,7 @@ def raw(root: Path, name: str, cfg: dict, model: Path, dataset: Path, kit: Path,
         ],
         0.0,
         log,
+        cfg["parallel"]["procs_per_node"],
     )
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
@@ -157,21 +169,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=12, help="optimizer updates per run")
     parser.add_argument("--repeats", type=int, default=2, help="identical runs of every configuration")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: 3 small updates, CPU-bound only")
     args = parser.parse_args()
+    if args.smoke:
+        args.updates, args.repeats = 3, 1
+    rewards = (("cpu-bound", 0.0),) if args.smoke else (("latency-bound", None), ("cpu-bound", 0.0))
     root = Path(tempfile.mkdtemp(prefix="videogrpo-bench-"))
     try:
         model, dataset, kit = build_inputs(root)
-        sync_cfg, delayed_cfg = config(kit, args.updates, False), config(kit, args.updates, True)
-        calib = train(root, "calibration", sync_cfg, model, dataset, 0.0)
-        per_rank = sync_cfg["grpo"]["group_size"] * sync_cfg["grpo"]["prompts_per_step"] // 2
+        sync_cfg = config(kit, args.updates, False, args.smoke)
+        delayed_cfg = config(kit, args.updates, True, args.smoke)
+        ranks = sync_cfg["parallel"]["procs_per_node"]
+        per_rank = sync_cfg["grpo"]["group_size"] * sync_cfg["grpo"]["prompts_per_step"] // ranks
         workers = sync_cfg["evalkit"]["workers"]
-        # A latency-bound reward (a remote judge, or scoring on cores the trainer does not use): the
-        # sleep alone takes about R + T per batch, where overlapping helps most.
-        busy = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
-        latency = round(busy / math.ceil(per_rank / workers), 3)
+        if not args.smoke:
+            calib = train(root, "calibration", sync_cfg, model, dataset, 0.0)
+            # A latency-bound reward (a remote judge, or scoring on cores the trainer does not use): the
+            # sleep alone takes about R + T per batch, where overlapping helps most.
+            busy = steady([m["time_rollout_s"] + m["time_replay_s"] for m in calib])
+            rewards = (("latency-bound", round(busy / math.ceil(per_rank / workers), 3)), ("cpu-bound", 0.0))
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
-            for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
+            for name, lat in rewards:
                 runs.setdefault(f"sync-{name}", []).append(
                     train(root, f"sync-{name}-{rep}", sync_cfg, model, dataset, lat)
                 )
@@ -182,7 +201,7 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(
-        f"tiny model, 17 frames 64x64, 8 sampling steps, 2 ranks x {per_rank} rollouts, {workers} scorer "
+        f"tiny model, 17 frames 64x64, 8 sampling steps, {ranks} ranks x {per_rank} rollouts, {workers} scorer "
         f"workers per rank, {args.updates} updates per run, {args.repeats} identical runs per configuration; "
         f"per run the median over updates after the first 2, then the median over runs"
     )
@@ -191,7 +210,7 @@ def main() -> None:
         "| spread of identical runs (sync, delayed) | ideal |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, lat in (("latency-bound", latency), ("cpu-bound", 0.0)):
+    for name, lat in rewards:
         sync, delayed = runs[f"sync-{name}"], runs[f"delayed-{name}"]
         window = {key: statistics.median(steady([m[key] for m in run]) for run in sync) for key in WINDOWS}
         t_sync = [steady([m["time_step_s"] for m in run]) for run in sync]
