@@ -173,6 +173,18 @@ def test_preflight_checks_the_experts_the_run_trains(fetched, tmp_path):
     assert disk.ok and f"checkpoints of {high + low:,} parameters" in disk.detail
 
 
+def first_chunks(shapes: dict, tp: int, fsdp: int) -> int:
+    """Elements of rank 0's shards: TP splits the parameters of shard_layout's table (which tensor_parallel.block_plan
+    is built from) in tp, then FSDP2 cuts dim 0 of each piece as torch.chunk does, rank 0 holding the first chunk."""
+    total = 0
+    for name, full in shapes.items():
+        local = list(full)
+        if (dim := shard_layout.tp_split_dim(name)) is not None:
+            local[dim] //= tp
+        total += torch.chunk(torch.empty(local, device="meta"), fsdp)[0].numel()
+    return total
+
+
 def test_the_memory_plan_holds_the_state_of_every_trained_expert(fetched):
     """The optimizer state of both experts, sharded TP 2 x FSDP 2 over 4 ranks; one expert's working sets."""
     model_dir, _ = fetched
@@ -187,8 +199,10 @@ def test_the_memory_plan_holds_the_state_of_every_trained_expert(fetched):
         assert check.ok and "not enforced on CPU" in check.detail
         assert report["sharding"] == 4  # FSDP over the 2 data replicas x tensor_parallel 2
         terms = {t["name"]: t["bytes"] for t in report["terms"]}
-        assert terms["master weights"] == 4 * trained // 4 and terms["AdamW moments"] == 8 * trained // 4
-        assert terms["gradients"] == 4 * trained // 4
+        # TP 2, then FSDP2 chunks each rank's piece in 2 (torch.chunk); what TP leaves whole is split in 2 only.
+        per_rank = first_chunks(both.params.shapes, tp=2, fsdp=2) * trained // high
+        assert terms["master weights"] == 4 * per_rank and terms["AdamW moments"] == 8 * per_rank
+        assert terms["gradients"] == 4 * per_rank and per_rank > trained // 4
         # One expert runs at a time: FSDP's unsharded root and blocks are one expert's, whichever are trained.
         p = both.params
         assert terms["FSDP unsharded"] == 4 * (p.outside_blocks + 2 * p.per_block)
@@ -211,12 +225,7 @@ def test_the_a14b_recipe_plans_both_experts_at_tp2_x_fsdp4():
     # then FSDP2 chunks dim 0 of each rank's piece in 4 as torch.chunk does; what TP leaves whole (embedders, norms,
     # modulation tables, the output head, row-wise biases) is split in 4 only. `videogrpo simulate` checks the
     # same numbers against torch's own sharding.
-    first_chunk = 0
-    for name, full in counts.shapes.items():
-        local = list(full)
-        if (dim := shard_layout.tp_split_dim(name)) is not None:
-            local[dim] //= 2
-        first_chunk += torch.chunk(torch.empty(local, device="meta"), 4)[0].numel()
+    first_chunk = first_chunks(counts.shapes, tp=2, fsdp=4)
     assert first_chunk * 8 > counts.total
     assert terms["master weights"] == 4 * 2 * first_chunk  # both experts
     assert terms["AdamW moments"] == 8 * 2 * first_chunk  # rank 0 holds the full first chunks

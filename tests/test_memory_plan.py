@@ -282,7 +282,10 @@ def test_a_sharded_plan_counts_fsdps_unsharded_blocks_and_checkpointing(tiny_mod
     )
     terms = {t.name: t for t in memory_plan.plan_for_config(cfg, shape).terms}
     p = shape.params
-    assert terms["master weights"].bytes == 4 * p.total // 2
+    # FSDP2 over 2 ranks: dim 0 of every parameter cut as torch.chunk cuts it, rank 0 allocating the first chunk.
+    with torch.device("meta"):
+        first_chunk = sum(torch.chunk(torch.empty(s), 2)[0].numel() for s in p.shapes.values())
+    assert terms["master weights"].bytes == 4 * first_chunk >= 4 * p.total // 2
     assert terms["FSDP unsharded"].bytes == 2 * p.outside_blocks + 2 * 2 * p.per_block
     assert terms["FSDP block gradients"].bytes == 4 * p.per_block and "autocast copies" not in terms
     d, f = 48, 96
