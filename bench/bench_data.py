@@ -16,12 +16,14 @@ dataset (`data.source: hub`) would:
    first update (load_split, training_order, the data-loader topology with its order digest, the update
    plan, and the batch of every update of an epoch).
 
-Measured: the wall time of each snakemake run (its planning included), and of the stage command alone
-with the peak RSS of its largest process (the stage or one of its workers; getrusage of a wrapper that
-the job's PATH finds first); for loading, its wall time and the peak of the Python heap it allocates
-(tracemalloc, in a second pass: the trainer's imports are not the load's). Each count runs once, so
-noise shows in the per-10x column as a ratio off its expected value. Growth is
-judged by "x per 10x": the ratio between two counts scaled to a tenfold step (10 is linear, 1 flat).
+Measured: the wall time of each snakemake run (its planning included), and of the stage command alone;
+the CPU time (user + system) of both, which other work on a shared machine does not inflate as it does
+wall time; the peak RSS of the largest process (the stage or one of its workers: getrusage of a wrapper
+that the job's PATH finds first as `videogrpo`); for loading, its wall and CPU time and the peak of the
+Python heap it allocates (tracemalloc, in a second pass: the trainer's imports are not the load's).
+Growth is read as "x per 10x": the ratio between two counts scaled to a tenfold step (10 is linear, 1
+flat). Each count runs once. bench/bench_materialize.py measures the unpack against tar at the real
+bytes per sample; this one, how the stages grow with the number of samples and files.
 `--smoke` runs one tiny count (seconds). Record the output in bench/RESULTS.md.
 """
 
