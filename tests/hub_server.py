@@ -44,8 +44,9 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def lfs_pointer(data: bytes) -> bytes:
-    oid = hashlib.sha256(data).hexdigest()
+def lfs_pointer(data: bytes, oid: str | None = None) -> bytes:
+    """The LFS pointer file of `data` (`oid`: its SHA-256, when already known)."""
+    oid = oid or hashlib.sha256(data).hexdigest()
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {len(data)}\n".encode()
 
 
@@ -88,6 +89,10 @@ class HubHandler(BaseHTTPRequestHandler):
     short: set[str] = set()
     gated: dict[tuple[str, str], str] = {}
     storage: str = ""  # another origin, as the Hub's storage is another host: clients do not follow it on HEAD
+    # id(bytes) -> (the bytes, their SHA-256): every listing and storage request looks files up by digest, which
+    # would hash every file of the repository again for each download (the dataset benchmark serves 50 archives).
+    # The bytes are held so that an id is never reused while its entry is here.
+    digests: dict[int, tuple[bytes, str]] = {}
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
@@ -120,6 +125,12 @@ class HubHandler(BaseHTTPRequestHandler):
                 f"Access to {kind} {repo_id} is restricted and you are not in the authorized list.",
             )
         return False
+
+    def _sha256(self, data: bytes) -> str:
+        known = self.digests.get(id(data))
+        if known is None or known[0] is not data:
+            known = self.digests[id(data)] = (data, hashlib.sha256(data).hexdigest())
+        return known[1]
 
     def _error(self, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
@@ -163,12 +174,12 @@ class HubHandler(BaseHTTPRequestHandler):
             for name, data in sorted(files.items()):
                 if prefix and not name.startswith(prefix + "/"):
                     continue
-                entry = {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
-                if is_lfs(name, data):
-                    pointer = lfs_pointer(data)
-                    entry["oid"] = git_blob_id(pointer)
+                lfs = is_lfs(name, data)
+                pointer = lfs_pointer(data, self._sha256(data)) if lfs else b""
+                entry = {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(pointer if lfs else data)}
+                if lfs:
                     entry["lfs"] = {
-                        "oid": hashlib.sha256(data).hexdigest(),
+                        "oid": self._sha256(data),
                         "size": len(data),
                         "pointerSize": len(pointer),
                     }
@@ -193,10 +204,10 @@ class HubHandler(BaseHTTPRequestHandler):
                 return
             data = files[name]
             if is_lfs(name, data):
-                sha = hashlib.sha256(data).hexdigest()
+                sha = self._sha256(data)
                 self.send_response(302)
                 self.send_header("X-Repo-Commit", revision)
-                self.send_header("ETag", f'"{git_blob_id(lfs_pointer(data))}"')
+                self.send_header("ETag", f'"{git_blob_id(lfs_pointer(data, sha))}"')
                 self.send_header("X-Linked-Etag", f'"{sha}"')
                 self.send_header("X-Linked-Size", str(len(data)))
                 query = f"repo={quote(repo_id)}&file={quote(name)}&sig={signature(sha, repo_id)}"
@@ -221,7 +232,7 @@ class HubHandler(BaseHTTPRequestHandler):
             self._error(403, "AccessDenied", "the signature of this URL does not match")
             return
         files = [fs for (_, rid), commits in self.repos.items() if rid == repo_id for fs in commits.values()]
-        match = next(((n, d) for fs in files for n, d in fs.items() if hashlib.sha256(d).hexdigest() == sha), None)
+        match = next(((n, d) for fs in files for n, d in fs.items() if self._sha256(d) == sha), None)
         if match is None:
             self._error(404, "EntryNotFound", f"no object {sha}")
             return
@@ -281,6 +292,7 @@ class HubServer:
             "corrupt": corrupt or set(),
             "short": short or set(),
             "gated": gated or {},
+            "digests": {},
         }
         handler = type("Handler", (HubHandler,), attrs)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)

@@ -9,8 +9,8 @@ import pytest
 
 from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.data.materialize import FIELDS, materialize
-from videogrpo.data.validate import validate
-from videogrpo.data.video import read_video
+from videogrpo.data.validate import in_order, validate
+from videogrpo.data.video import decoded_shape, read_video
 from videogrpo.demo import synthetic_dataset
 from videogrpo.errors import DataError
 
@@ -59,6 +59,24 @@ def test_archives_are_byte_reproducible(tmp_path):
     a = synthetic_dataset.generate(tmp_path / "a", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
     b = synthetic_dataset.generate(tmp_path / "b", TASKS[:1], 2, 0, FRAMES, SIDE, SIDE, 16)
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_synthetic_tasks_at_the_real_count_and_parallel_archives(tmp_path):
+    names = synthetic_dataset.task_names(50)
+    assert len(set(names)) == 50 and names[:3] == TASKS
+    assert names[3] == "S-4_move_red_square_v2_data-generator"
+    assert all(synthetic_dataset.rule_of(name) is not None for name in names)
+    # A variant draws its own samples: the seed includes the task name.
+    variant = synthetic_dataset.sample_members(names[3], 0, 0, 5, 32, 32, 16)
+    assert [v for k, v in variant.items() if k.endswith(".png")] != [
+        v for k, v in synthetic_dataset.sample_members(TASK, 0, 0, 5, 32, 32, 16).items() if k.endswith(".png")
+    ]
+    with pytest.raises(ValueError, match="no synthetic generator for tasks"):
+        synthetic_dataset.generate(tmp_path / "x", ["S-9_paint_it_black_v2_data-generator"], 1, 0, 5, 32, 32, 16)
+    args = (names[:4], 2, 0, 5, 32, 32, 16)
+    one = synthetic_dataset.generate(tmp_path / "one", *args, tasks_per_archive=1)
+    two = synthetic_dataset.generate(tmp_path / "two", *args, tasks_per_archive=1, workers=2)
+    assert len(one) == 4 and [p.read_bytes() for p in one] == [p.read_bytes() for p in two]
 
 
 def test_ground_truth_video_ends_on_the_final_frame(dataset):
@@ -117,6 +135,40 @@ def test_validate_names_the_bad_file_and_the_field(tmp_path):
         validate(out, [TASK], 1, None, None, None, log=lambda _: None)
     with pytest.raises(DataError, match="1 samples, expected data.samples_per_task = 2"):
         validate(out, [TASK], 2, None, None, None, log=lambda _: None)
+
+
+def test_validate_reports_every_problem_in_sample_order_across_chunks(tmp_path):
+    """Past the first chunks of samples a worker checks (validate._CHUNK), problems still come back, in order."""
+    per_task = 40
+    archives = synthetic_dataset.generate(tmp_path / "a", [TASK], per_task, 0, 5, 32, 32, 16)
+    unpack(tmp_path, archives, per_task=per_task)
+    out = tmp_path / "out"
+    report = validate(out, [TASK], per_task, 5, 32, 32, workers=2, log=lambda _: None)
+    assert report["samples"] == per_task and report["video_shapes_frames_h_w"] == {"5x32x32": per_task}
+    videos = sorted(out.rglob("ground_truth.mp4"))
+    assert decoded_shape(videos[0]) == read_video(videos[0]).shape[:3]
+    videos[-1].write_bytes(b"not a video")
+    (videos[21].parent / "prompt.txt").write_text("  \n")
+    with pytest.raises(DataError, match=r"\(2 problems\):\n  .*_00021/video/prompt.txt: empty prompt\n  .*_00039/"):
+        validate(out, [TASK], per_task, 5, 32, 32, workers=2, log=lambda _: None)
+
+
+def test_in_order_keeps_a_bounded_window_in_flight():
+    from concurrent.futures import ThreadPoolExecutor
+
+    submitted = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, *args):
+            submitted.append(args[0])
+            return super().submit(fn, *args)
+
+    with Counting(max_workers=2) as pool:
+        got = []
+        for value in in_order(pool, lambda item, factor: item * factor, range(20), 3, 10):
+            got.append(value)
+            assert len(submitted) <= len(got) + 3  # never more than 3 ahead of what was consumed
+    assert got == [10 * i for i in range(20)] and submitted == list(range(20))
 
 
 def test_training_order_is_a_fixed_shuffle_and_batches_drop_the_remainder(dataset):

@@ -47,6 +47,24 @@ def test_evalkit_files_sort_by_path_components_and_skip_non_python(tmp_path):
     ]
 
 
+def test_tree_order_is_pathlib_order_for_any_names(tmp_path):
+    """list_files orders by path components as pathlib compares them, whatever characters sort near "/"."""
+    import random
+    from pathlib import PurePosixPath
+
+    rng = random.Random(0)
+    alphabet = ["a", "b", "-", ".x", " ", "\x01", "0", "~", "é", "_"]
+    names = set()
+    while len(names) < 60:
+        names.add("/".join("".join(rng.choices(alphabet, k=rng.randint(1, 3))) for _ in range(rng.randint(1, 3))))
+    names = {n for n in names if not any(n.startswith(o + "/") for o in names)}  # a file is no directory
+    for rel in names:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    assert len(names) > 30
+    assert digest.list_files(tmp_path) == sorted(names, key=lambda rel: PurePosixPath(rel).parts)
+
+
 def test_evalkit_digest_matches_an_independent_implementation(tmp_path):
     make_kit(tmp_path)
     files = digest.evalkit_files(tmp_path)

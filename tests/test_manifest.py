@@ -3,7 +3,8 @@ import json
 import pytest
 
 from videogrpo.errors import VideoGRPOError
-from videogrpo.provenance.manifest import StageRun, read_manifest
+from videogrpo.provenance import manifest as manifest_module
+from videogrpo.provenance.manifest import StageRun, read_manifest, write_manifest
 
 
 def test_manifest_records_inputs_outputs_params_and_versions(tmp_path):
@@ -38,6 +39,20 @@ def test_secrets_never_reach_a_manifest(tmp_path, monkeypatch):
         with StageRun("demo", tmp_path / "m.json", inputs={}, params={"oops": "hf_supersecret_value"}):
             pass
     assert not (tmp_path / "m.json").exists()
+
+
+def test_a_streamed_manifest_is_the_indented_json_and_secrets_across_blocks_are_found(tmp_path, monkeypatch):
+    entries = {f"t/s{i:06d}/video/ground_truth.mp4": ["ab" * 32, i] for i in range(30_000)}
+    big = {"outputs": {"raw": {"entries": entries}}}
+    write_manifest(tmp_path / "big.json", big)  # over two blocks of text
+    assert (tmp_path / "big.json").read_text() == json.dumps(big, indent=2, sort_keys=True) + "\n"
+    # One piece of the encoder per block: a secret that spans a key, its separator and its value still shows.
+    monkeypatch.setattr(manifest_module, "_BLOCK", 1)
+    monkeypatch.setenv("HF_TOKEN", 'token": "value123')
+    write_manifest(tmp_path / "fine.json", {"token": "value12"})
+    with pytest.raises(VideoGRPOError, match=r"refusing to write the value of \$HF_TOKEN"):
+        write_manifest(tmp_path / "leak.json", {"token": "value1234"})
+    assert not (tmp_path / "leak.json").exists() and not list(tmp_path.glob(".leak*"))
 
 
 def test_unreadable_manifest_says_which_stage_to_rerun(tmp_path):

@@ -250,7 +250,8 @@ def split(samples: dict[str, list[str]], heldout_per_task: int, seed: int) -> di
     for index, (task, ids) in enumerate(sorted(samples.items())):
         order = np.random.default_rng([seed, index]).permutation(len(ids))
         heldout = sorted(ids[i] for i in order[:heldout_per_task])
-        result[task] = {"rl": [i for i in ids if i not in set(heldout)], "heldout": heldout}
+        held = set(heldout)  # once per task: a set per sample made this quadratic in the task's samples
+        result[task] = {"rl": [i for i in ids if i not in held], "heldout": heldout}
     return result
 
 

@@ -1,14 +1,17 @@
 """Validation of a materialized dataset: every sample complete and readable, every video decodes.
 
 Videos are decoded in a process pool (one per thread the rule was given), since a full dataset holds
-tens of thousands of them.
+tens of thousands of them: samples go to the workers in chunks (one round trip per chunk, not per sample),
+and only a few chunks are in flight at a time, so the parent holds the results of those, never of all.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
 from videogrpo.data.materialize import FIELDS
@@ -20,7 +23,7 @@ def check_sample(sample_dir: str, gt_frames: int | None, gt_height: int | None, 
     """Problems of one sample (empty list when it is sound) and the shape of its ground-truth video."""
     from PIL import Image
 
-    from videogrpo.data.video import read_video
+    from videogrpo.data.video import decoded_shape
 
     root = Path(sample_dir)
     problems = []
@@ -47,9 +50,8 @@ def check_sample(sample_dir: str, gt_frames: int | None, gt_height: int | None, 
             problems.append(f"{root / name}: cannot decode image ({err})")
     shape = None
     try:
-        video = read_video(root / "video/ground_truth.mp4")
-        shape = list(video.shape[:3])
-        frames, height, width = shape
+        frames, height, width = decoded_shape(root / "video/ground_truth.mp4")
+        shape = [frames, height, width]
         for label, want, got in (
             ("frames", gt_frames, frames),
             ("height", gt_height, height),
@@ -60,6 +62,27 @@ def check_sample(sample_dir: str, gt_frames: int | None, gt_height: int | None, 
     except DataError as err:
         problems.append(str(err))
     return {"dir": sample_dir, "problems": problems, "shape": shape}
+
+
+_CHUNK = 16  # samples a worker checks per round trip: a few tens of milliseconds of decoding
+_AHEAD = 4  # chunks in flight per worker: none waits for the parent, which holds only these
+
+
+def check_samples(sample_dirs: list[str], gt_frames: int | None, gt_height: int | None, gt_width: int | None):
+    """check_sample of each directory, in order."""
+    return [check_sample(d, gt_frames, gt_height, gt_width) for d in sample_dirs]
+
+
+def in_order(pool: Executor, fn: Callable, items: Iterable, ahead: int, *args) -> Iterator:
+    """fn(item, *args) of every item, in order, at most `ahead` submitted and not yet consumed at a time
+    (Executor.map submits every item at once and keeps each result until the end)."""
+    items = iter(items)
+    pending = deque(pool.submit(fn, item, *args) for item in itertools.islice(items, ahead))
+    while pending:
+        result = pending.popleft().result()
+        for item in itertools.islice(items, 1):
+            pending.append(pool.submit(fn, item, *args))
+        yield result
 
 
 def validate(
@@ -87,15 +110,16 @@ def validate(
     dirs = [str(raw / task / sample_id) for task, ids in sorted(found_tasks.items()) for sample_id in ids]
     progress = Progress("validate samples", total=len(dirs), unit="samples")
     shapes: dict[str, int] = {}
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(check_sample, d, gt_frames, gt_height, gt_width) for d in dirs]
-        for future in futures:
-            result = future.result()
-            problems += result["problems"]
-            if result.get("shape"):
-                key = "x".join(map(str, result["shape"]))
-                shapes[key] = shapes.get(key, 0) + 1
-            progress.update()
+    workers = max(1, workers)
+    chunks = (dirs[i : i + _CHUNK] for i in range(0, len(dirs), _CHUNK))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for results in in_order(pool, check_samples, chunks, _AHEAD * workers, gt_frames, gt_height, gt_width):
+            for result in results:
+                problems += result["problems"]
+                if result.get("shape"):
+                    key = "x".join(map(str, result["shape"]))
+                    shapes[key] = shapes.get(key, 0) + 1
+            progress.update(len(results))
     progress.finish()
     if problems:
         shown = "\n  ".join(problems[:20])

@@ -68,6 +68,24 @@ def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.nda
     return np.stack(frames)
 
 
+def decoded_shape(path: str | os.PathLike) -> tuple[int, int, int]:
+    """(frames, height, width) of a video, every frame decoded as read_video decodes it, none converted to RGB:
+    what validation needs of tens of thousands of videos (the conversion was half of its time)."""
+    import av
+
+    path = Path(path)
+    count, height, width = 0, 0, 0
+    try:
+        with av.open(str(path)) as container:
+            for frame in container.decode(video=0):
+                count, height, width = count + 1, frame.height, frame.width
+    except (av.error.FFmpegError, OSError) as err:
+        raise DataError(f"{path}: cannot decode video ({err})") from None
+    if not count:
+        raise DataError(f"{path}: video has no decodable frames")
+    return count, height, width
+
+
 def playback_fps(frames: int, fps: int, max_seconds: float) -> int:
     """Frame rate that fits every frame into the duration cap: max(fps, ceil(frames / max_seconds)).
 

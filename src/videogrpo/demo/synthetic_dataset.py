@@ -4,6 +4,10 @@ Writes exactly the archive format of the real dataset (docs/reference-system.md#
 members are `<task>/<task_dir>/<sample_id>/{first_frame.png, metadata.json, video/final_frame.png,
 video/ground_truth.mp4, video/prompt.txt}` plus an ignored extra member, so the materializer and
 validator run on the same code path as for the real data. Archives are byte-reproducible for a seed.
+
+Three rules, and as many tasks as asked for: `task_names(50)` gives the real dataset's task count (the three
+rules' tasks, then numbered variants of them), so the data stages can be run at the real counts
+(bench/bench_data.py).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import tarfile
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +127,29 @@ TASKS: dict[str, Callable[[np.random.Generator, int, int, int], Sample]] = {
 }
 
 
+_VARIANT = re.compile(r"^S-\d+_(?P<rule>[a-z_]+)_v\d+_data-generator$")
+
+
+def task_names(count: int) -> list[str]:
+    """`count` synthetic task names: the three rules' tasks, then numbered variants of them in turn
+    (`S-4_move_red_square_v2_data-generator`, ...), whose samples differ (a sample's seed includes its task)."""
+    rules = list(TASKS)
+    names = rules[:count]
+    for number in range(len(rules) + 1, count + 1):
+        rule = rules[(number - 1) % len(rules)]
+        names.append(f"S-{number}_{_short(rule)}_v{(number - 1) // len(rules) + 1}_data-generator")
+    return names
+
+
+def rule_of(task: str) -> Callable[[np.random.Generator, int, int, int], Sample] | None:
+    """The generator of one of the rules' tasks or of a variant of it (task_names); None for any other name."""
+    if task in TASKS:
+        return TASKS[task]
+    match = _VARIANT.match(task)
+    by_short = {_short(name): rule for name, rule in TASKS.items()}
+    return by_short.get(match["rule"]) if match else None
+
+
 def _short(task: str) -> str:
     return task.split("_", 1)[1].removesuffix("_data-generator")
 
@@ -147,7 +176,10 @@ def sample_members(
     # One generator per (seed, task, index): a sample does not depend on which others were made.
     task_key = int.from_bytes(hashlib.sha256(task.encode()).digest()[:8], "big")
     rng = np.random.default_rng([seed, task_key, index])
-    sample = TASKS[task](rng, frames, height, width)
+    rule = rule_of(task)
+    if rule is None:
+        raise ValueError(f"no synthetic generator for task {task!r}; known: {sorted(TASKS)} and their task_names()")
+    sample = rule(rng, frames, height, width)
     sample_id = f"{_short(task)}_{index:05d}"
     prefix = f"{task}/{_short(task)}_task/{sample_id}"
     metadata = dict(sample.metadata, task=task, sample_id=sample_id, frames=frames, height=height, width=width)
@@ -172,6 +204,18 @@ def _write_archive(path: Path, members: dict[str, bytes]) -> None:
                     tar.addfile(info, io.BytesIO(members[name]))
 
 
+def _archive_of(
+    path: Path, tasks: list[str], samples_per_task: int, seed: int, frames: int, height: int, width: int, fps: int
+) -> tuple[Path, int]:
+    """Write one archive of `tasks`; (its path, its member count). One archive is in memory at a time."""
+    members: dict[str, bytes] = {}
+    for task in tasks:
+        for index in range(samples_per_task):
+            members.update(sample_members(task, index, seed, frames, height, width, fps))
+    _write_archive(path, members)
+    return path, len(members)
+
+
 def generate(
     out_dir: str | Path,
     tasks: list[str],
@@ -184,22 +228,30 @@ def generate(
     archive_dir: str = "VBVR-Pro-RL-Video",
     tasks_per_archive: int = 2,
     progress: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> list[Path]:
-    """Write the synthetic dataset as tar.gz archives under out_dir/archive_dir; return their paths."""
-    unknown = [t for t in tasks if t not in TASKS]
+    """Write the synthetic dataset as tar.gz archives under out_dir/archive_dir; return their paths.
+
+    `workers` processes write archives at once (the bytes do not depend on it)."""
+    unknown = [t for t in tasks if rule_of(t) is None]
     if unknown:
-        raise ValueError(f"no synthetic generator for tasks {unknown}; known: {sorted(TASKS)}")
+        raise ValueError(f"no synthetic generator for tasks {unknown}; known: {sorted(TASKS)} and their task_names()")
     out = Path(out_dir) / archive_dir
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for part, first in enumerate(range(0, len(tasks), tasks_per_archive)):
-        members: dict[str, bytes] = {}
-        for task in tasks[first : first + tasks_per_archive]:
-            for index in range(samples_per_task):
-                members.update(sample_members(task, index, seed, frames, height, width, fps))
-        path = out / f"VBVR-Pro-RL-Video_part{part:03d}.tar.gz"
-        _write_archive(path, members)
-        paths.append(path)
-        if progress:
-            progress(f"wrote {path.name}: {len(members)} members")
-    return paths
+    jobs = [
+        (out / f"VBVR-Pro-RL-Video_part{part:03d}.tar.gz", tasks[first : first + tasks_per_archive])
+        for part, first in enumerate(range(0, len(tasks), tasks_per_archive))
+    ]
+    media = (samples_per_task, seed, frames, height, width, fps)
+    if workers <= 1 or len(jobs) == 1:
+        written = (_archive_of(path, part, *media) for path, part in jobs)
+        return [_report(path, count, progress) for path, count in written]
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        futures = [pool.submit(_archive_of, path, part, *media) for path, part in jobs]
+        return [_report(*future.result(), progress) for future in futures]
+
+
+def _report(path: Path, members: int, progress: Callable[[str], None] | None) -> Path:
+    if progress:
+        progress(f"wrote {path.name}: {members} members")
+    return path
