@@ -1,6 +1,7 @@
 """What is checked before a model is loaded or a GPU hour is spent: the config-aware checks of the preflight stage
 (`checks`), the per-node probe every machine of a training job runs before torchrun (`node`), the per-rank memory
-plan (`memory_plan`) and the Triton compiler's test kernel (`triton_check`).
+plan (`memory_plan`), the Triton compiler's test kernel (`triton_check`), and a recipe checked at its real world size
+and shapes on torch's fake process group (`simulate`, `videogrpo simulate`).
 
 May import: `grpo`, `parallel`, `rewards`, `models`, `data`, `artifacts`, `provenance`, `config` and the core modules.
 """
