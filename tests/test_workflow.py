@@ -325,7 +325,7 @@ def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
 def test_cli_commands_of_the_readme(demo, workdir):
     out = run(["videogrpo", "--help"], workdir)
     shown = re.findall(r"^    (\S+)", out.stdout, re.M)  # what a person runs; the rules' commands under `stage`
-    assert shown == ["config", "schema", "verify", "diff", "trace", "stage"], out.stdout
+    assert shown == ["config", "simulate", "schema", "verify", "diff", "trace", "stage"], out.stdout
     out = run(["videogrpo", "stage", "--help"], workdir)
     for rule in RULES:
         assert rule.replace("_", "-") in out.stdout
