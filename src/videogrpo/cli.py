@@ -64,6 +64,13 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rank_list(value: str) -> list[int]:
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give ranks as comma-separated integers, e.g. 0,9,127") from None
+
+
 def _simulate_command(args: argparse.Namespace) -> int:
     import time
 
@@ -71,9 +78,8 @@ def _simulate_command(args: argparse.Namespace) -> int:
     from videogrpo.preflight.simulate import simulate
 
     cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set))
-    ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r.strip()]
     started = time.monotonic()
-    results = simulate(cfg, ranks, steps=not args.no_steps, log=lambda line: print(line, flush=True))
+    results = simulate(cfg, args.ranks, steps=not args.no_steps, log=lambda line: print(line, flush=True))
     print(
         f"{len(results)} ranks of {cfg.world_size} checked in {time.monotonic() - started:.0f} s: every parameter's "
         "shard, the training state's bytes and the checkpoint plan as the memory plan and layout say"
@@ -181,7 +187,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sim.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
     sim.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. parallel.nodes=4")
-    sim.add_argument("--ranks", help="comma-separated ranks to check (default: first, last, each shard group's first)")
+    sim.add_argument(
+        "--ranks",
+        type=_rank_list,
+        help="comma-separated ranks to check (default: first, last, each shard group's first)",
+    )
     sim.add_argument("--no-steps", action="store_true", help="only the shards and the checkpoint plan (seconds a rank)")
     sim.set_defaults(handler=_simulate_command)
     schema = sub.add_parser(

@@ -100,6 +100,18 @@ def trained_shapes(cfg: Config) -> dict[str, dict]:
     return {name: expert for name in (EXPERTS if cfg.train.experts == "both" else (cfg.train.experts,))}
 
 
+def simulated_shape(cfg: Config, shapes: dict[str, dict]) -> memory_plan.ModelShape:
+    """The memory plan's view of the simulated transformers (their parameter shapes, each trained expert's) and of
+    the model kind's latent geometry; the frozen models are not built, so they count no parameters here."""
+    from videogrpo.models.shapes import LATENT_GEOMETRY
+
+    counts = tuple(memory_plan.ParamCounts.from_shapes(memory_plan.config_shapes(s)) for s in shapes.values())
+    geo = LATENT_GEOMETRY[cfg.model.kind]
+    config = next(iter(shapes.values()))
+    experts = counts if len(counts) > 1 else ()
+    return memory_plan.ModelShape(config, counts[0], 0, geo["z_dim"], geo["spatial"], geo["temporal"], experts)
+
+
 def simulation_config(cfg: Config) -> Config:
     """The config the simulated ranks run: the recipe's, on the fake group's backend, on CPU, not compiled."""
     from videogrpo.parallel.fsdp import FAKE_BACKEND
@@ -119,10 +131,8 @@ def simulate(cfg: Config, ranks: list[int] | None = None, steps: bool = True, lo
     if bad:
         raise VideoGRPOError(f"--ranks {bad}: the world size is {world} (ranks 0 to {world - 1})")
     shapes = trained_shapes(cfg)
-    counts = {name: memory_plan.ParamCounts.from_shapes(memory_plan.config_shapes(s)) for name, s in shapes.items()}
-    model_shape = memory_plan.ModelShape(
-        next(iter(shapes.values())), next(iter(counts.values())), 0, 1, 1, 1, tuple(counts.values())
-    )
+    model_shape = simulated_shape(cfg, shapes)
+    latent = model_shape.latent_shape(cfg.video.num_frames, cfg.video.height, cfg.video.width)
     par = cfg.parallel
     log(
         f"simulating {cfg.recipe}: world {world} ({par.nodes} nodes x {par.procs_per_node}), {par.data_parallel}"
@@ -134,7 +144,7 @@ def simulate(cfg: Config, ranks: list[int] | None = None, steps: bool = True, lo
     for rank in ranks:
         layout = shard_layout.rank_layout(par.data_parallel, world, par.shard_group_size, par.tensor_parallel, rank)
         planned = memory_plan.sharded_state_bytes(model_shape, layout)
-        result = _in_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, steps)
+        result = _in_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, latent if steps else None)
         log(result.line())
         for problem in result.problems[:20]:
             log(f"  - {problem}")
@@ -183,7 +193,8 @@ def _in_own_process(function, *args):
     return value
 
 
-def _simulate_rank(cfg, rank, layout, shapes, planned, steps) -> RankResult:
+def _simulate_rank(cfg, rank, layout, shapes, planned, latent: tuple[int, ...] | None) -> RankResult:
+    """One rank in this process: the layout checks, then (with a `latent` shape, else none) the steps."""
     import torch
     import torch.distributed as dist
     from diffusers import WanTransformer3DModel
@@ -208,7 +219,7 @@ def _simulate_rank(cfg, rank, layout, shapes, planned, steps) -> RankResult:
         _check_dcp_plan(experts, rank, result)  # on the meta device, before the steps make AdamW's state
         for expert in experts.experts:  # the plan made AdamW's state on the meta device; the steps make their own
             expert.optimizer.state.clear()
-        if steps:
+        if latent is not None:
             from torch._subclasses.fake_tensor import FakeTensorMode
             from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -222,7 +233,7 @@ def _simulate_rank(cfg, rank, layout, shapes, planned, steps) -> RankResult:
             with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
                 for expert in experts.experts:
                     expert.module.to_empty(device="cpu")
-                _run_steps(cfg, sim, rank, experts, sigmas, result)
+                _run_steps(cfg, sim, rank, experts, sigmas, latent, result)
         result.problems += [
             f"{name}: torch holds {result.observed[name]:,} bytes, the memory plan counts {planned[name]:,}"
             for name in TERMS
@@ -255,9 +266,7 @@ def _check_shards(module, layout, result: RankResult) -> int:
         local = tuple(param.to_local().shape) if hasattr(param, "to_local") else tuple(param.shape)
         expected_local = shard_layout.local_shape(name, tuple(param.shape), layout)
         expected_alloc, _ = shard_layout.local_numels(name, tuple(param.shape), layout)
-        got_alloc = allocations.get(id(param), param.numel() if not hasattr(param, "to_local") else None)
-        if got_alloc is None:  # a DTensor FSDP does not hold: TP without FSDP keeps the local shard whole
-            got_alloc = param.to_local().numel()
+        got_alloc = allocations.get(id(param), math.prod(local))  # what FSDP does not hold is its local shard
         if local != expected_local or got_alloc != expected_alloc:
             result.problems.append(
                 f"{name} {list(param.shape)}: local shard {list(local)} allocating {got_alloc:,}, the layout "
@@ -269,14 +278,14 @@ def _check_shards(module, layout, result: RankResult) -> int:
     return total
 
 
-def _run_steps(cfg, sim, rank, experts, sigmas: list[float], result: RankResult) -> None:
+def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, ...], result: RankResult) -> None:
     """One rollout step and one replay step per trained expert, on fake tensors, with this rank's first chunk's rows."""
     import torch
 
     from videogrpo.grpo import offload, rollout
+    from videogrpo.grpo.flops import video_tokens
     from videogrpo.grpo.loss import ppo_objective
     from videogrpo.grpo.trainer import waves
-    from videogrpo.models.shapes import LATENT_GEOMETRY
 
     device = torch.device("cpu")
     routed = cfg.model.kind == "i2v_a14b"
@@ -289,23 +298,20 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], result: RankResult)
 
         model = WanTI2V.without_frozen_models(experts.policy, device, sim)
     g = cfg.grpo
-    geo = LATENT_GEOMETRY[cfg.model.kind]
-    frames = (cfg.video.num_frames - 1) // geo["temporal"] + 1
-    latent = (geo["z_dim"], frames, cfg.video.height // geo["spatial"], cfg.video.width // geo["spatial"])
     wave = waves(cfg, rank, cfg.world_size)[0]
     rows = len(offload.rollout_chunks(wave, g.sample_batch_size)[0])
     first = next(iter(experts.policy.values() if routed else [experts.policy]))
     text_dim = first.config.text_dim
     embeds = torch.randn(rows, cfg.model.max_text_tokens, text_dim).to(model.compute_dtype)
     if routed:
-        condition = torch.randn(rows, 4 + geo["z_dim"], *latent[1:])
+        condition = torch.randn(rows, 4 + latent[0], *latent[1:])  # the mask's 4 channels, the first frame's latent
         schedule = expert_schedule(sigmas, model.boundary, model.loaded)
         indices = [schedule.index(name) for name in model.loaded]
     else:
-        condition = torch.randn(rows, geo["z_dim"], 1, *latent[2:])
+        condition = torch.randn(rows, latent[0], 1, *latent[2:])
         indices = [0]
     etas = torch.full((rows,), float(g.eta))
-    tokens = frames * latent[2] // 2 * latent[3] // 2
+    tokens = video_tokens(latent, tuple(first.config.patch_size))
     for index in indices:
         pair = sigmas[index : index + 2]
         trajectory = rollout.rollout(
