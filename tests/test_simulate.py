@@ -106,3 +106,15 @@ def test_fsdp_rows_are_torch_chunks():
                 held = chunks[shard].shape[0] if shard < len(chunks) else 0
                 padded = chunks[0].shape[0] if chunks else 0
                 assert shard_layout.fsdp_rows(rows, degree, shard) == (padded, held), (rows, degree, shard)
+
+
+def test_an_unsharded_layout_is_simulated_too():
+    """The tiny default replicates its transformer on 2 ranks: its parameters are not FSDP's, and the steps must
+    still reach the gradients and AdamW state torch allocates for them."""
+    out = run("--configfile", "config/config.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = rank_lines(out.stdout)
+    assert sorted(lines) == [0, 1]
+    for line in lines.values():
+        for term in ("master weights", "gradients", "AdamW moments"):
+            assert re.search(rf"{term} [\d.]+ KB = plan", line), line

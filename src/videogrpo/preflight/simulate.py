@@ -232,7 +232,7 @@ def _simulate_rank(cfg, rank, layout, shapes, planned, latent: tuple[int, ...] |
             # run with a symbolic size.
             with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
                 for expert in experts.experts:
-                    expert.module.to_empty(device="cpu")
+                    _materialize(expert)
                 _run_steps(cfg, sim, rank, experts, sigmas, latent, result)
         result.problems += [
             f"{name}: torch holds {result.observed[name]:,} bytes, the memory plan counts {planned[name]:,}"
@@ -243,6 +243,16 @@ def _simulate_rank(cfg, rank, layout, shapes, planned, latent: tuple[int, ...] |
         dist.destroy_process_group()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _materialize(expert) -> None:
+    """The expert's parameters as fake CPU tensors. FSDP2 keeps its sharded parameter objects through to_empty; an
+    unsharded module gets new ones (a meta tensor cannot take a fake one's data), so the expert's parameter list
+    and its AdamW (which has no state yet) are pointed at them."""
+    expert.module.to_empty(device="cpu")
+    expert.params[:] = [p for p in expert.module.parameters() if p.requires_grad]
+    (group,) = expert.optimizer.param_groups
+    group["params"] = list(expert.params)
 
 
 def _fsdp_allocations(module) -> dict[int, int]:
