@@ -241,7 +241,66 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
     assert set(classes.values()) == {config.CONTRACT, config.EXECUTION, config.EVALUATION, config.COSMETIC}
     contract = config.training_contract(config.Config(), "T-1\n")
     digested = {f"{section}.{name}" for section, fields in contract.items() for name in fields}
-    assert digested == {p for p, c in classes.items() if c == config.CONTRACT} - {"recipe"}
+    off = {path for switches, dependents in config.identity.OPTION_GROUPS for path in (*switches, *dependents)}
+    assert digested == {p for p, c in classes.items() if c == config.CONTRACT} - {"recipe"} - off
+    # Every option is a contract field, and its switches are off by default.
+    assert off <= {p for p, c in classes.items() if c == config.CONTRACT}
+    for switches, _ in config.identity.OPTION_GROUPS:
+        for path, value in switches.items():
+            section, name = path.split(".")
+            assert getattr(getattr(config.Config(), section), name) == value, path
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"grpo": {"clip_range_high": 0.02}},
+        {"grpo": {"skip_zero_variance_groups": True}},
+        {"reward": {"terms": {"vbvr_rule": 1.0}}},
+        {"train": {"lora_rank": 4}},
+        {"train": {"validate_every": 2}},
+        {"train": {"validate_before_training": True}},
+    ],
+    ids=lambda change: ".".join(next(iter(change.items()))[1]),
+)
+def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, monkeypatch, change):
+    """Off, an option's fields (switches and the fields that only matter when it is on) are left out of the run
+    identity and of train's params; on, they are in both, its dependent fields included."""
+    monkeypatch.chdir(repo)
+    held = {"data": {"heldout_per_task": 1}}  # validation reads held-out prompts
+
+    def load(*changes):
+        merged = {}
+        for layer in (held, *changes):
+            merged = config.deep_merge(merged, layer)
+        return config.load([repo / "config/config.yaml"], merged)
+
+    off, on = load(), load(change)
+    assert config.run_identity(on) != config.run_identity(off)
+    params_off = config.identity_fields(config.stage_view(off, "train"))
+    params_on = config.identity_fields(config.stage_view(on, "train"))
+    ((section, values),) = change.items()
+    switch = f"{section}.{next(iter(values))}"
+    assert switch not in params_off and switch in params_on
+    moved = {
+        "lora_alpha": 8.0,
+        "lora_dropout": 0.1,
+        "lora_targets": ["to_q"],
+        "lora_export_merged": True,
+        "validate_prompts": 2,
+        "validate_sampler": "unipc",
+    }
+    for switches, dependents in config.identity.OPTION_GROUPS:
+        if switch not in switches:
+            continue
+        for path in dependents:
+            assert path not in params_off and path in params_on
+            # A dependent field changed while its option is off is no new run; while it is on, it is one.
+            section_name, name = path.split(".")
+            assert moved[name] != getattr(getattr(off, section_name), name)
+            dependent = {section_name: {name: moved[name]}}
+            assert config.run_identity(load(dependent)) == config.run_identity(off)
+            assert config.run_identity(load(change, dependent)) != config.run_identity(on)
 
 
 IDENTITY_CASES = {

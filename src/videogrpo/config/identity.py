@@ -82,6 +82,7 @@ _FIELD_CLASSES = {
             "judge_error_score",
             "judge_fail_on_error",
             "judge_max_retries",
+            "terms",
         )
     },
     **{
@@ -116,6 +117,15 @@ _FIELD_CLASSES = {
             "experts",
             "save_steps",
             "seed",
+            "lora_rank",
+            "lora_alpha",
+            "lora_dropout",
+            "lora_targets",
+            "lora_export_merged",
+            "validate_every",
+            "validate_before_training",
+            "validate_prompts",
+            "validate_sampler",
         )
     },
     # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
@@ -160,6 +170,10 @@ _FIELD_CLASSES = {
             "master_port",
             "cpu_threads",
             "device_memory_gib",
+            # Where the optimizer state and gradients wait between updates: the same update (docs/options.md),
+            # so a run that ran out of device memory resumes with them on.
+            "offload_optimizer",
+            "offload_gradients",
         )
     },
     "logging.wandb_mode": EXECUTION,
@@ -334,11 +348,45 @@ def flat_fields(view: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+# Options beyond the released recipes (docs/options.md): each group's switches with the value that turns them off,
+# and the fields that only matter when one is on. While every switch of a group is off, the group's fields are left
+# out of the training contract and of the stages' params, so an option added later changes no existing run's
+# identity and reruns nothing; turned on, its fields count like any contract field.
+OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
+    ({"grpo.clip_range_high": None}, ()),
+    ({"grpo.skip_zero_variance_groups": False}, ()),
+    ({"reward.terms": {}}, ()),
+    (
+        {"train.lora_rank": 0},
+        ("train.lora_alpha", "train.lora_dropout", "train.lora_targets", "train.lora_export_merged"),
+    ),
+    (
+        {"train.validate_every": 0, "train.validate_before_training": False},
+        ("train.validate_prompts", "train.validate_sampler"),
+    ),
+)
+
+
+def options_off(flat: dict[str, Any]) -> set[str]:
+    """The fields of `flat` ({`section.field`: value}) that belong to an option group whose switches are all off."""
+    off = set()
+    for switches, dependents in OPTION_GROUPS:
+        if all(flat.get(path, value) == value for path, value in switches.items()):
+            off.update(switches, dependents)
+    return off
+
+
 def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
     """The fields of a stage view (`stage_view`) that say what the stage makes, by `section.field`: contract
-    and evaluation fields. They are its Snakemake params and key its kept work; execution and cosmetic
-    fields reach it through its config file only."""
-    return {path: value for path, value in flat_fields(view).items() if field_class(path) in (CONTRACT, EVALUATION)}
+    and evaluation fields, but an option that is off (OPTION_GROUPS). They are its Snakemake params and key its
+    kept work; execution and cosmetic fields reach it through its config file only."""
+    flat = flat_fields(view)
+    off = options_off(flat)
+    return {
+        path: value
+        for path, value in flat.items()
+        if field_class(path) in (CONTRACT, EVALUATION) and path not in off
+    }
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -382,7 +430,9 @@ def select(cfg: Config, paths: list[str]) -> dict[str, Any]:
 
 def training_contract(cfg: Config, task_list_text: str) -> dict[str, Any]:
     """The contract fields, the task list by its names (not its path). `recipe` names the directory instead."""
-    contract = select(cfg, [p for p in fields_of_class(CONTRACT) if p != "recipe"])
+    paths = [p for p in fields_of_class(CONTRACT) if p != "recipe"]
+    off = options_off(flat_fields(select(cfg, paths)))
+    contract = select(cfg, [p for p in paths if p not in off])
     contract["data"]["task_list"] = sorted(task_names(task_list_text))
     return contract
 

@@ -192,6 +192,10 @@ class RewardConfig:
     """Sequences the judge service runs at once."""
     judge_ready_timeout_s: float = 1800.0
     """Seconds to wait for the judge service to answer before the run fails."""
+    terms: dict[str, float] = field(default_factory=dict)
+    """Several rewards: reward kind (`vbvr_rule`, `vbvr_vlm`) -> weight; the advantage is taken from the weighted
+    sum and each term's raw mean is logged (`reward/<kind>`); each term fails as its own fail_on_error says
+    (evalkit.fail_on_error, judge_fail_on_error). Empty: reward.kind alone, as the reference."""
 
 
 @dataclass
@@ -240,6 +244,12 @@ class GRPOConfig:
     shuffle_advantages: bool = False
     """Placebo control: permute each group's advantages among its members (seeded), keeping the reward
     statistics and destroying the credit assignment; a real gain must beat this run's."""
+    clip_range_high: float | None = None
+    """Upper clip range of the PPO ratio (the ratio is clipped to [1 - c, 1 + clip_range_high], c the active clip
+    range: delayed_clip_range under delayed replay, else clip_range); null: symmetric, as the reference."""
+    skip_zero_variance_groups: bool = False
+    """A group whose rewards are all equal contributes no loss (its rollouts are not replayed) and is counted in
+    the `zero_variance_groups` metric; false: kept with zero advantages, as the reference (docs/options.md)."""
 
 
 @dataclass
@@ -285,6 +295,29 @@ class TrainConfig:
     offload_inference_models: bool = True
     """Keep the text encoder and VAE on CPU except while they encode or decode, park trajectories on CPU
     between rollout and replay, and empty the allocator cache before replay (docs/reference-system.md#memory)."""
+    lora_rank: int = 0
+    """Rank of LoRA adapters (peft) trained instead of the full transformer(s), the base weights frozen; 0: full
+    fine-tuning, as the reference (docs/options.md#lora)."""
+    lora_alpha: float | None = None
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank); null: lora_rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input."""
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
+    )
+    """Module names (peft target_modules, matched as name suffixes) the adapters wrap: by default every attention
+    projection (self and cross attention) and both FFN projections of each Wan block."""
+    lora_export_merged: bool = False
+    """Also export the transformer(s) with the adapters merged in (the adapters alone are always exported)."""
+    validate_every: int = 0
+    """Validate every this many optimizer updates (and after the last): held-out prompts rolled out with fixed
+    noise and validate_sampler, scored by the training reward, logged as `val/*` metrics; 0: never."""
+    validate_before_training: bool = False
+    """Validate once before the first update (at update 0)."""
+    validate_prompts: int = 8
+    """Most held-out prompts a validation rolls out: the first of the held-out split (data.heldout_per_task)."""
+    validate_sampler: str = "euler"
+    """Sampler of the validation rollouts, a matrix sampler name (`euler`, `unipc`, `flowcps-<eta>`, ...)."""
 
 
 @dataclass
@@ -323,6 +356,10 @@ class ParallelConfig:
     device_memory_gib: float | None = None
     """Memory of one device in GiB that preflight's memory plan is checked against (null: probe torch.cuda on
     the node preflight runs on; a number plans for the cluster's GPUs from a login node)."""
+    offload_optimizer: bool = False
+    """Keep the AdamW moments in host memory and step the optimizer there (the same update; docs/options.md)."""
+    offload_gradients: bool = False
+    """Move each reduced gradient to host memory after the backward pass (the same update; docs/options.md)."""
 
 
 PUBLISHED_PIPELINE_SHA256 = "968acf1b214bce097f4d034bf26923dbf496ac319c1adb6560c16089f2ab0e50"
