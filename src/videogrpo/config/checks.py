@@ -55,6 +55,7 @@ POSITIVE = {
     "reward.judge_ready_timeout_s",
     "grpo.sampling_steps",
     "grpo.shift",
+    "grpo.clip_range_high",
     "grpo.group_size",
     "grpo.prompts_per_step",
     "grpo.prompts_per_wave",

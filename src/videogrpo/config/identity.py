@@ -376,6 +376,18 @@ def options_off(flat: dict[str, Any]) -> set[str]:
     return off
 
 
+def options_on(view: dict[str, Any]) -> dict[str, Any]:
+    """The switches of the options that are on in a stage view or a config (nested sections), {`section.field`:
+    value}: what the report names beside the recipe."""
+    flat = flat_fields(view)
+    return {
+        path: flat[path]
+        for switches, _ in OPTION_GROUPS
+        for path, value in switches.items()
+        if path in flat and flat[path] != value
+    }
+
+
 def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
     """The fields of a stage view (`stage_view`) that say what the stage makes, by `section.field`: contract
     and evaluation fields, but an option that is off (OPTION_GROUPS). They are its Snakemake params and key its
@@ -383,9 +395,7 @@ def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
     flat = flat_fields(view)
     off = options_off(flat)
     return {
-        path: value
-        for path, value in flat.items()
-        if field_class(path) in (CONTRACT, EVALUATION) and path not in off
+        path: value for path, value in flat.items() if field_class(path) in (CONTRACT, EVALUATION) and path not in off
     }
 
 

@@ -16,26 +16,41 @@ class PPOStats:
 
 
 def ppo_objective(
-    logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, clip_range: float
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    clip_range_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, rho, log rho): mean(max(-A rho, -A clip(rho, 1 - c, 1 + c))) with rho = exp(logp_new - logp_old)."""
+    """(loss, rho, log rho): mean(max(-A rho, -A clip(rho, 1 - c, 1 + c_high))) with rho = exp(logp_new - logp_old);
+    c_high is clip_range_high, or c when it is None (symmetric, as the reference)."""
     log_ratio = logp_new - logp_old.detach()
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    high = clip_range if clip_range_high is None else clip_range_high
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
     return torch.maximum(unclipped, clipped).mean(), ratio, log_ratio
 
 
 def ppo_loss(
-    logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, clip_range: float
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    clip_range_high: float | None = None,
 ) -> tuple[torch.Tensor, PPOStats]:
-    """`ppo_objective`'s loss and its diagnostics as Python numbers (which read the values: not on fake tensors)."""
-    loss, ratio, log_ratio = ppo_objective(logp_new, logp_old, advantages, clip_range)
+    """`ppo_objective`'s loss and its diagnostics as Python numbers (which read the values: not on fake tensors).
+    The clip fraction counts the ratios outside [1 - c, 1 + c_high]."""
+    loss, ratio, log_ratio = ppo_objective(logp_new, logp_old, advantages, clip_range, clip_range_high)
     with torch.no_grad():
+        if clip_range_high is None:  # the reference's count, kept as written
+            clipped = (ratio - 1).abs() > clip_range
+        else:
+            clipped = (ratio < 1.0 - clip_range) | (ratio > 1.0 + clip_range_high)
         stats = PPOStats(
             ratio_mean=ratio.mean().item(),
             ratio_abs_max=(ratio - 1).abs().max().item(),
-            clip_fraction=((ratio - 1).abs() > clip_range).float().mean().item(),
+            clip_fraction=clipped.float().mean().item(),
             approx_kl=(ratio - 1 - log_ratio).mean().item(),
         )
     return loss, stats

@@ -29,13 +29,12 @@ from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, checkpoint, flops, offload, replay, sft_init
-from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.rollout import (
     Trajectory,
-    counter_seed,
     frame_mask,
     replay_log_prob,
     rollout,
@@ -323,7 +322,9 @@ class Trainer:
         for _, _, score, task, _ in everyone:
             per_task.setdefault(task, []).append(score)
         errors = sum(error for *_, error in everyone)
-        return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors}
+        # grpo.skip_zero_variance_groups: such groups contribute no loss (docs/options.md#groups-without-signal).
+        skipped = zero_variance_groups(table) if self.cfg.grpo.skip_zero_variance_groups else None
+        return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors, "skipped": skipped}
 
     def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
         """The rows of `chunk` each replay forward takes: the rollout's chunks (docs/reference-system.md#a14b)."""
@@ -343,6 +344,12 @@ class Trainer:
         # whose peers compute one replica's loss together), hence the replica count.
         normalizer = len(timesteps) * g.group_size * g.prompts_per_step
         grad_scale = self.experts.replicas(self.ctx.world_size) / normalizer
+        skipped = gathered["skipped"]
+        if skipped is not None:  # the loss is a mean over the kept groups' terms only (0 if none is kept)
+            kept = g.prompts_per_step - int(skipped.sum())
+            grad_scale = (
+                self.experts.replicas(self.ctx.world_size) / (normalizer // g.prompts_per_step * kept) if kept else 0.0
+            )
         policy, reference = self.experts.policy, self.experts.reference
         sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl"), 0.0)
         ratio_abs_max = 0.0
@@ -357,16 +364,28 @@ class Trainer:
                 new = replay_log_prob(
                     self.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                 )
-                loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip)
+                loss, stats = ppo_loss(
+                    new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip, g.clip_range_high
+                )
                 kl = torch.zeros((), device=loss.device)
+                # A skipped group's rows (advantage 0: no policy term) are replayed still, every rank running the
+                # same forwards; they are left out of the KL term.
+                keep = None if skipped is None else [k for k, i in enumerate(at) if not skipped[chunk.prompts[i]]]
                 if reference is not None:
                     with torch.no_grad():
                         ref = replay_log_prob(
                             self.model, reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                         )
                     mask = frame_mask(new.mean.shape[2], new.mean.device, self.model.pins_first_frame)
-                    kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, mask)
-                ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
+                    if keep is None:
+                        kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, mask)
+                    elif keep:
+                        std = new.std if new.std.numel() == 1 else new.std[keep]
+                        kl = kl_divergence(g.sampler, new.mean[keep], ref.mean[keep], std, mask)
+                if keep is None:
+                    ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
+                else:
+                    ((loss * rows + g.kl_coeff * kl * len(keep)) * grad_scale).backward()
                 for key, value in (
                     ("policy_loss", loss.item()),
                     ("kl_loss", kl.item()),
@@ -398,6 +417,7 @@ class Trainer:
             reward_errors=gathered["errors"],
             ppo_ratio_abs_max=ratio_abs_max,
             ppo_clip_range=clip,
+            **({} if skipped is None else {"zero_variance_groups": int(skipped.sum())}),
             grad_norm=grad_norm,
             learning_rate=lr,
             delayed_replay_staleness=action.staleness,
@@ -575,12 +595,3 @@ class Trainer:
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")
         process_groups.barrier()
-
-
-def shuffled_within_groups(advantages: torch.Tensor, seed: int, batch: int) -> torch.Tensor:
-    """The placebo control (grpo.shuffle_advantages): each group's advantages permuted among its members."""
-    out = advantages.clone()
-    for j in range(advantages.shape[0]):
-        order = np.random.default_rng(counter_seed(seed, 0x5A5A, batch, j)).permutation(advantages.shape[1])
-        out[j] = advantages[j, torch.from_numpy(order)]
-    return out

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from videogrpo.config import options_on
 from videogrpo.provenance import cost_page, trace
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
 
@@ -427,6 +428,9 @@ def recipe_summary(config: dict[str, Any], updates: int | None) -> str:
         f"{updates if updates is not None else '?'} updates",
         f"{p.get('nodes', '?')} node(s) x {p.get('procs_per_node', '?')} processes ({layout})",
     ]
+    if on := options_on({k: v for k, v in config.items() if isinstance(v, dict)}):
+        # Options beyond the reference (docs/options.md): a reader comparing runs must see them.
+        parts.append("options " + ", ".join(f"{html.escape(k)} = {html.escape(json.dumps(v))}" for k, v in on.items()))
     return "; ".join(parts)
 
 
