@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from videogrpo import atomic
-from videogrpo.config import reward_kinds, uses_hub_kernel, uses_tracker
+from videogrpo.config import uses_hub_kernel, uses_tracker
 from videogrpo.errors import VideoGRPOError
 from videogrpo.preflight import checks as preflight
 from videogrpo.provenance.manifest import StageRun
@@ -49,12 +49,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         memory, plan = preflight.check_memory_plan(cfg, args.model)
         checks.append(memory)
-        kinds = reward_kinds(cfg)  # each reward the run scores with (reward.terms: several) is checked
-        if "vbvr_rule" in kinds:
-            checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
-            checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
-        if "vbvr_vlm" in kinds:
-            checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
+        checks += preflight.reward_checks(cfg, args.evalkit_fingerprint, args.dataset)
         if uses_tracker(cfg.logging, "mlflow"):
             checks.append(preflight.check_mlflow(cfg))
         if uses_hub_kernel(cfg):
