@@ -268,3 +268,12 @@ def test_the_dag_of_a_terms_run_holds_both_runtimes_stages(tmp_path):
     command = text.split("videogrpo stage train")[1].split("\n\n")[0]
     assert "--evalkit " in command and "--judge-model " in command
     assert "--evalkit-fingerprint" in text.split("videogrpo stage preflight")[1].split("\n\n")[0]
+
+
+def test_the_report_names_the_terms_and_their_weights():
+    from videogrpo.provenance.report_page import recipe_summary
+
+    assert "reward 0.7 x vbvr_rule + 0.3 x vbvr_vlm;" in recipe_summary(
+        {"reward": {"kind": "vbvr_rule", "terms": WEIGHTS}}, 2
+    )
+    assert "reward vbvr_vlm;" in recipe_summary({"reward": {"kind": "vbvr_vlm", "terms": {}}}, 2)
