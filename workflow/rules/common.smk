@@ -69,10 +69,12 @@ DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
 # Keyed by the pinned digest and the checkout's path: an attempt with another path (a typo, a moved
 # checkout) writes, and on failure deletes, its own outputs, never those of a good checkout.
 EVALKIT = f"{RESULTS}/evalkit/{layout.evalkit_key(CFG)}"
-RULE_REWARD = CFG.reward.kind == "vbvr_rule"
+# The reward kinds the run scores with (reward.terms' kinds, or reward.kind alone): each one's runtime is started
+# and checked.
+RULE_REWARD = "vbvr_rule" in vg.reward_kinds(CFG)
 # The VLM judge: a per-node service the training job starts from the pinned judge model, unless
 # reward.judge_endpoint names a service that already runs.
-JUDGE_SERVICE = CFG.reward.kind == "vbvr_vlm" and not CFG.reward.judge_endpoint
+JUDGE_SERVICE = "vbvr_vlm" in vg.reward_kinds(CFG) and not CFG.reward.judge_endpoint
 JUDGE = f"{RESULTS}/models/{layout.judge_key(CFG)}"
 # The Hub kernel of a `*_hub` attention backend: fetched into its own cache, which training loads offline.
 HUB_KERNEL = vg.uses_hub_kernel(CFG)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -172,12 +173,44 @@ def runtime_contract(cfg: Config) -> dict[str, str]:
     return dict(pin.split("==", 1) for pin in cfg.evalkit.runtime)
 
 
+def reward_kinds(cfg: Config) -> tuple[str, ...]:
+    """The reward kinds a run scores with, whose runtimes it starts and checks: reward.terms' kinds (several
+    rewards), or reward.kind alone (terms empty)."""
+    return kinds_in(cfg.reward.kind, cfg.reward.terms)
+
+
+def kinds_in(kind: str, terms: dict[str, float] | None) -> tuple[str, ...]:
+    """`reward_kinds` of a reward section's values, as a stage recorded them in its params (no Config there)."""
+    return tuple(sorted(terms)) if terms else (kind,)
+
+
+def _terms_problems(cfg: Config) -> list[str]:
+    r, known = cfg.reward, CHOICES["reward.kind"]
+    found = []
+    for kind, weight in r.terms.items():
+        if kind not in known:
+            found.append(f"reward.terms.{kind}: unknown reward kind {kind!r}; the kinds are {', '.join(known)}")
+        if not math.isfinite(weight) or weight == 0:
+            found.append(
+                f"reward.terms.{kind} = {weight!r}: a term's weight must be finite and non-zero (remove the term to "
+                f"drop it)"
+            )
+    if r.terms and r.kind not in r.terms:
+        found.append(
+            f"reward.kind = {r.kind!r} is not among reward.terms ({', '.join(sorted(r.terms))}): with terms, "
+            f"reward.kind must name one of them, so that it never names a reward the run does not score; set "
+            f"reward.kind to one of the terms, or add {r.kind} to reward.terms"
+        )
+    return found
+
+
 def _reward_problems(cfg: Config) -> list[str]:
-    if cfg.reward.kind == "vbvr_rule" and not cfg.evalkit.path:
+    kinds = reward_kinds(cfg)
+    if "vbvr_rule" in kinds and not cfg.evalkit.path:
         return ["evalkit.path = '': the vbvr_rule reward needs an EvalKit checkout directory"]
     found = []
     r = cfg.reward
-    if r.kind == "vbvr_vlm":
+    if "vbvr_vlm" in kinds:
         if why := revision_problem("reward.judge_revision", r.judge_revision):
             found.append(why)
         if not r.judge_prompts or not HEX64.match(r.judge_prompts_digest):
@@ -378,6 +411,7 @@ CHECKS = (
     (("data",), _data_problems),
     (("evalkit",), _evalkit_problems),
     (("reward", "evalkit"), _reward_problems),
+    (("reward",), _terms_problems),
     (("video",), _video_problems),
     (("grpo",), _grpo_problems),
     (("matrix", "data"), _evaluation_set_problems),

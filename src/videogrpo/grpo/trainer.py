@@ -52,6 +52,7 @@ from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
+from videogrpo.rewards.terms import WeightedScorer, term_means
 
 
 @dataclass
@@ -204,6 +205,8 @@ class Trainer:
             self.scorer = scorer
         elif not self.scores:
             self.scorer = NoScorer()
+        elif cfg.reward.terms:  # several rewards, weighted
+            self.scorer = WeightedScorer.for_config(cfg, paths.evalkit, sorted({s.task for s in self.order}))
         elif cfg.reward.kind == "vbvr_vlm":
             tasks = sorted({sample.task for sample in self.order})
             self.scorer = JudgeScorer.for_config(cfg, tasks)
@@ -302,12 +305,12 @@ class Trainer:
         for chunk in prepared.chunks:
             results = self.scorer.collect(chunk.futures)
             mine += [
-                (j, g, r["score"], s.task, bool(r.get("error")))
+                (j, g, r["score"], s.task, bool(r.get("error")), r.get("terms"))
                 for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
             ]
         everyone = [row for part in process_groups.all_gather_objects(mine) for row in part]
         table = torch.full((self.cfg.grpo.prompts_per_step, self.cfg.grpo.group_size), float("nan"))
-        for j, g, score, _, _ in everyone:
+        for j, g, score, *_ in everyone:
             table[j, g] = score
         if torch.isnan(table).any():
             raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
@@ -319,12 +322,20 @@ class Trainer:
                 self.ctx.device
             )
         per_task: dict[str, list[float]] = {}
-        for _, _, score, task, _ in everyone:
+        for _, _, score, task, *_ in everyone:
             per_task.setdefault(task, []).append(score)
-        errors = sum(error for *_, error in everyone)
+        errors = sum(row[4] for row in everyone)
+        terms = term_means([row[5] for row in everyone])  # reward.terms: each term's raw mean
         # grpo.skip_zero_variance_groups: such groups contribute no loss (docs/options.md#groups-without-signal).
         skipped = zero_variance_groups(table) if self.cfg.grpo.skip_zero_variance_groups else None
-        return {"rewards": table, "advantages": adv, "per_task": per_task, "errors": errors, "skipped": skipped}
+        return {
+            "rewards": table,
+            "advantages": adv,
+            "per_task": per_task,
+            "errors": errors,
+            "terms": terms,
+            "skipped": skipped,
+        }
 
     def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
         """The rows of `chunk` each replay forward takes: the rollout's chunks (docs/reference-system.md#a14b)."""
@@ -415,6 +426,7 @@ class Trainer:
             advantage_mean=gathered["advantages"].mean().item(),
             reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
             reward_errors=gathered["errors"],
+            **gathered["terms"],
             ppo_ratio_abs_max=ratio_abs_max,
             ppo_clip_range=clip,
             **({} if skipped is None else {"zero_variance_groups": int(skipped.sum())}),

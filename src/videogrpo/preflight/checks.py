@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from videogrpo.artifacts.weights import WeightsError, directory_numels
-from videogrpo.config import Config, problems
+from videogrpo.config import Config, problems, reward_kinds
 from videogrpo.preflight import node as node_preflight
 from videogrpo.preflight.node import Check
 from videogrpo.provenance import digest
@@ -184,6 +184,18 @@ def check_judge_rubrics(cfg: Config, dataset_dir: Path) -> Check:
         f"({len(rubrics)} in the source), SHA-256 = reward.judge_prompts_digest; "
         f"{cfg.reward.judge_protocol}: the judge protocol's two texts, SHA-256 = reward.judge_protocol_digest",
     )
+
+
+def reward_checks(cfg: Config, evalkit_fingerprint: Path | None, dataset_dir: Path) -> list[Check]:
+    """The checks of every reward the run scores with (config.reward_kinds): the EvalKit's for the rule reward, the
+    judge's pinned sources for the VLM judge; a run of several rewards (reward.terms) checks each of them."""
+    kinds = reward_kinds(cfg)
+    found = []
+    if "vbvr_rule" in kinds:
+        found += [check_evalkit(cfg, evalkit_fingerprint), check_evalkit_tasks(cfg, dataset_dir)]
+    if "vbvr_vlm" in kinds:
+        found.append(check_judge_rubrics(cfg, dataset_dir))
+    return found
 
 
 def check_dataset(validation_file: Path, dataset_dir: Path, prompts_per_step: int) -> Check:

@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from videogrpo.artifacts.weights import directory_numels, directory_shapes
+from videogrpo.config import reward_kinds
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.parallel import shard_layout
 
@@ -439,7 +440,7 @@ def plan(
 def judge_share(cfg) -> float:
     """The share of each GPU the training job's own judge takes (0 when no judge runs on these GPUs)."""
     r = cfg.reward
-    if r.kind != "vbvr_vlm" or r.judge_endpoint or cfg.parallel.device != "cuda":
+    if "vbvr_vlm" not in reward_kinds(cfg) or r.judge_endpoint or cfg.parallel.device != "cuda":
         return 0.0
     return float(r.judge_gpu_memory)
 

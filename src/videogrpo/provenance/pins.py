@@ -17,12 +17,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from videogrpo.config import kinds_in
 from videogrpo.provenance import digest
 
 
 def _params(manifest: dict[str, Any], section: str) -> dict[str, Any]:
     value = manifest.get("params", {}).get(section)
     return value if isinstance(value, dict) else {}
+
+
+def _kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The reward kinds the stage's run scored with (reward.terms' kinds, or reward.kind), from its params."""
+    reward = _params(manifest, "reward")
+    return kinds_in(reward.get("kind", ""), reward.get("terms"))
 
 
 def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[str]]:
@@ -33,7 +40,7 @@ def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[s
     for manifest in manifests.values():
         evalkit = _params(manifest, "evalkit")
         fingerprinted = manifest["stage"] == "fingerprint_evalkit"
-        if not (fingerprinted or _params(manifest, "reward").get("kind") == "vbvr_rule"):
+        if not (fingerprinted or "vbvr_rule" in _kinds(manifest)):
             continue
         if not evalkit.get("path"):
             continue
@@ -91,7 +98,7 @@ def judge_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[str
     pins: set[tuple[str, str, str]] = set()
     for manifest in manifests.values():
         reward = _params(manifest, "reward")
-        if reward.get("kind") != "vbvr_vlm":
+        if "vbvr_vlm" not in _kinds(manifest):
             continue
         for path_field, digest_field in JUDGE_FILES:
             if reward.get(path_field):

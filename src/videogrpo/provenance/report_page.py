@@ -410,6 +410,12 @@ def verdict_rows(matrix: list[dict], check_sampler: str) -> list[dict]:
     return rows
 
 
+def reward_label(reward: dict[str, Any]) -> str:
+    """reward.kind, or its terms with their weights (reward.terms: several rewards, weighted)."""
+    terms = reward.get("terms") or {}
+    return " + ".join(f"{weight:g} x {kind}" for kind, weight in sorted(terms.items())) or str(reward.get("kind", "?"))
+
+
 def recipe_summary(config: dict[str, Any], updates: int | None) -> str:
     """One line of what was trained and how: the recipe and the settings a reader compares runs by."""
     g, p, t, m, r = (config.get(k, {}) for k in ("grpo", "parallel", "train", "model", "reward"))
@@ -421,7 +427,7 @@ def recipe_summary(config: dict[str, Any], updates: int | None) -> str:
         f"recipe <b>{html.escape(str(config.get('recipe', '?')))}</b>",
         f"model {html.escape(str(m.get('repo_id') if m.get('source') == 'hub' else m.get('source', '?')))}"
         f" ({html.escape(str(m.get('kind', '?')))})",
-        f"reward {html.escape(str(r.get('kind', '?')))}",
+        f"reward {html.escape(reward_label(r))}",
         f"sampler {html.escape(str(g.get('sampler', '?')))}, {html.escape(eta)}",
         f"{g.get('prompts_per_step', '?')} prompts x group {g.get('group_size', '?')} per update",
         f"lr {t.get('lr', '?')}",

@@ -1,7 +1,8 @@
 """Rewards: the rule reward over a pinned EvalKit checkout (`evalkit`: its source digest and runtime contract;
 `rule`, `scorer_process`, `request`, `scoring`: the scorer pool and what each sample is scored from), and the VLM
 judge (`judge_protocol`: the request and answer validation; `judge`: the client; `judge_service`: the per-node
-vLLM service). Each reward submits now and collects later.
+vLLM service); several of them at once, their weighted sum the reward (`terms`, reward.terms). Each reward submits now
+and collects later.
 
 May import: `data`, `provenance`, `config` and the core modules.
 """

@@ -32,13 +32,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from videogrpo.config import reward_kinds
 from videogrpo.errors import VideoGRPOError
 from videogrpo.rewards.judge import endpoint_of, wait_ready
 
 
+def uses_judge(cfg) -> bool:
+    """The run scores with the VLM judge (reward.kind vbvr_vlm, or a vbvr_vlm term of reward.terms)."""
+    return "vbvr_vlm" in reward_kinds(cfg)
+
+
 def co_hosted(cfg) -> bool:
     """The training job starts the judge on its own GPUs (vbvr_vlm without reward.judge_endpoint, on CUDA)."""
-    return cfg.reward.kind == "vbvr_vlm" and not cfg.reward.judge_endpoint and cfg.parallel.device == "cuda"
+    return uses_judge(cfg) and not cfg.reward.judge_endpoint and cfg.parallel.device == "cuda"
 
 
 def training_memory_fraction(cfg) -> float | None:
@@ -64,7 +70,7 @@ def cap_training_memory(cfg, device, cuda=None) -> float | None:
 def rendezvous_join_timeout(cfg) -> float | None:
     """Seconds torchrun's rendezvous waits for every node: the judge's ready timeout and torchrun's own 600 s
     when each node starts a judge first (None: torchrun's default)."""
-    if cfg.reward.kind != "vbvr_vlm" or cfg.reward.judge_endpoint:
+    if not uses_judge(cfg) or cfg.reward.judge_endpoint:
         return None
     return cfg.reward.judge_ready_timeout_s + 600.0
 
@@ -93,7 +99,7 @@ def serve_argv(cfg, model: Path) -> list[str]:
 @contextmanager
 def judge_service(cfg, model: Path | None, log: Path) -> Iterator[str]:
     """Yield the judge endpoint, with a service of this node running for the duration of the block."""
-    if cfg.reward.kind != "vbvr_vlm":
+    if not uses_judge(cfg):
         yield ""
         return
     endpoint = endpoint_of(cfg)

@@ -49,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         memory, plan = preflight.check_memory_plan(cfg, args.model)
         checks.append(memory)
-        if cfg.reward.kind == "vbvr_rule":
-            checks.append(preflight.check_evalkit(cfg, args.evalkit_fingerprint))
-            checks.append(preflight.check_evalkit_tasks(cfg, args.dataset))
-        else:
-            checks.append(preflight.check_judge_rubrics(cfg, args.dataset))
+        checks += preflight.reward_checks(cfg, args.evalkit_fingerprint, args.dataset)
         if uses_tracker(cfg.logging, "mlflow"):
             checks.append(preflight.check_mlflow(cfg))
         if uses_hub_kernel(cfg):
