@@ -1,5 +1,6 @@
 """Which prompts and which group members each rank rolls out (docs/reference-system.md#grpo, shared-prompt mode),
-and the counters each rollout row's random draws are keyed by.
+the counters each rollout row's random draws are keyed by, and the topology a checkpoint's data position is
+valid under (`dataloader_topology`).
 
 The keys hold the global batch, the prompt's index in it and the group member, never a rank, a wave or a
 chunk: a row draws the same noise and eta wherever it is rolled out, so tensor-parallel peers (which roll out
@@ -8,7 +9,12 @@ the same rows) agree, and a resumed run or another world size draws what an unin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+from videogrpo.config import Config
+from videogrpo.data.dataset import SampleRef
+from videogrpo.provenance.digest import sha256_bytes
 
 
 @dataclass(frozen=True)
@@ -69,3 +75,24 @@ def replica_seed(seed: int, rank: int, tensor_parallel: int) -> int:
     """The seed of a rank's global torch generator (for any draw not counter-keyed): one per data replica, so
     both ranks of a TP pair draw alike."""
     return seed + rank // tensor_parallel
+
+
+def dataloader_topology(cfg: Config, world: int, order: list[SampleRef]) -> dict:
+    """What a checkpoint's data position and per-rank state mean: the ranks, how prompts and group members
+    are spread over them, and the training order the position indexes (train.reset_dataloader: false)."""
+    p, par = cfg.grpo, cfg.parallel
+    ids = json.dumps([[s.task, s.sample_id] for s in order]).encode()
+    return {
+        "world_size": world,
+        "data_parallel": par.data_parallel,
+        "shard_group_size": par.shard_group_size,
+        "tensor_parallel": par.tensor_parallel,
+        "shared_prompts": p.shared_prompts,
+        "prompts_per_step": p.prompts_per_step,
+        "prompts_per_wave": p.prompts_per_wave,
+        "group_size": p.group_size,
+        "batch_size": cfg.train.batch_size,
+        "delayed_replay": p.delayed_replay,
+        "training_samples": len(order),
+        "training_order_sha256": sha256_bytes(ids),
+    }

@@ -48,7 +48,6 @@ from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift
 from videogrpo.parallel import process_groups
-from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
@@ -123,27 +122,6 @@ class PeakMemory:
         return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
 
 
-def dataloader_topology(cfg: Config, world: int, order: list[SampleRef]) -> dict:
-    """What a checkpoint's data position and per-rank state mean: the ranks, how prompts and group members
-    are spread over them, and the training order the position indexes (train.reset_dataloader: false)."""
-    p, par = cfg.grpo, cfg.parallel
-    ids = json.dumps([[s.task, s.sample_id] for s in order]).encode()
-    return {
-        "world_size": world,
-        "data_parallel": par.data_parallel,
-        "shard_group_size": par.shard_group_size,
-        "tensor_parallel": par.tensor_parallel,
-        "shared_prompts": p.shared_prompts,
-        "prompts_per_step": p.prompts_per_step,
-        "prompts_per_wave": p.prompts_per_wave,
-        "group_size": p.group_size,
-        "batch_size": cfg.train.batch_size,
-        "delayed_replay": p.delayed_replay,
-        "training_samples": len(order),
-        "training_order_sha256": sha256_bytes(ids),
-    }
-
-
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
     t = cfg.train
     return replay.plan(
@@ -214,7 +192,7 @@ class Trainer:
             self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
-        self.topology = dataloader_topology(cfg, ctx.world_size, self.order)
+        self.topology = assignment.dataloader_topology(cfg, ctx.world_size, self.order)
         self.memory = PeakMemory(ctx.device)
         self.rolled_out: list[int] = []
         """Batches rolled out since the last update (logged with it: skipped batches never appear)."""
