@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from videogrpo.config import Config
+from videogrpo.grpo import host_optimizer
 from videogrpo.models.wan import DTYPES
 from videogrpo.parallel import fsdp, tensor_parallel
 
@@ -87,7 +88,7 @@ class Experts:
                 module = fsdp.apply_data_parallel(module, cfg, world, device)
             module.train()
             params = [p for p in module.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+            optimizer = host_optimizer.optimizer(params, cfg.train.lr, cfg.train.weight_decay, cfg.parallel)
             experts.append(Expert(name, module, params, optimizer, reference))
         return cls(experts, routed, dims)
 
@@ -129,6 +130,9 @@ class Experts:
             grad_norm = tensor_parallel.clip_grad_norm(params, max_norm)
         else:
             grad_norm = fsdp.clip_grad_norm(params, max_norm)
+        for e in served:
+            if isinstance(e.optimizer, host_optimizer.HostAdamW):
+                e.optimizer.park_gradients()  # parallel.offload_gradients: the clipped gradients to the host
         for e in self.experts:
             for group in e.optimizer.param_groups:
                 group["lr"] = lr
