@@ -6,6 +6,7 @@ expert's gradients (the logged grad_norm is that norm before clipping). An exper
 step of an update has no gradient (None, on every rank alike: the trained timesteps are seeded per update,
 so every rank routes them the same way), and AdamW leaves it unchanged, moments and decay included, as
 torch's AdamW skips parameters without a gradient.
+With parallel.offload_optimizer each AdamW is `host_optimizer.HostAdamW`, which steps in host memory.
 
 `policy` is what the model's `velocity` takes: the one wrapped transformer (TI2V), or the wrapped experts by
 name (I2V, which routes each step to one of them).
