@@ -401,6 +401,12 @@ def _parallel_problems(cfg: Config) -> list[str]:
             )
         if why := revision_problem("parallel.attention_kernel_revision", p.attention_kernel_revision):
             found.append(why)
+    if p.offload_gradients and not p.offload_optimizer:
+        # The gradients go to the host for a step there; a device AdamW would need them back on the device.
+        found.append(
+            "parallel.offload_gradients = true: the gradients move to host memory for the optimizer step there, which "
+            "needs parallel.offload_optimizer = true; set both, or neither"
+        )
     return found
 
 

@@ -358,9 +358,12 @@ class ParallelConfig:
     """Memory of one device in GiB that preflight's memory plan is checked against (null: probe torch.cuda on
     the node preflight runs on; a number plans for the cluster's GPUs from a login node)."""
     offload_optimizer: bool = False
-    """Keep the AdamW moments in host memory and step the optimizer there (the same update; docs/options.md)."""
+    """Keep the AdamW moments, a float32 copy of the master weights' local shard and a gradient buffer in host memory
+    (pinned on CUDA) and step the optimizer there: the same update, 8 B per trained parameter's shard off each device,
+    16 B onto its host (docs/options.md#optimizer-and-gradient-offload)."""
     offload_gradients: bool = False
-    """Move each reduced gradient to host memory after the backward pass (the same update; docs/options.md)."""
+    """Move the reduced, clipped gradients to host memory before the optimizer step, so the device holds none
+    during it (they still accumulate on the device through the backward passes); needs offload_optimizer."""
 
 
 PUBLISHED_PIPELINE_SHA256 = "968acf1b214bce097f4d034bf26923dbf496ac319c1adb6560c16089f2ab0e50"

@@ -6,6 +6,7 @@ expert's gradients (the logged grad_norm is that norm before clipping). An exper
 step of an update has no gradient (None, on every rank alike: the trained timesteps are seeded per update,
 so every rank routes them the same way), and AdamW leaves it unchanged, moments and decay included, as
 torch's AdamW skips parameters without a gradient.
+With parallel.offload_optimizer each AdamW is `host_optimizer.HostAdamW`, which steps in host memory.
 
 `policy` is what the model's `velocity` takes: the one wrapped transformer (TI2V), or the wrapped experts by
 name (I2V, which routes each step to one of them).
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from videogrpo.config import Config
+from videogrpo.grpo import host_optimizer
 from videogrpo.models.wan import DTYPES
 from videogrpo.parallel import fsdp, tensor_parallel
 
@@ -87,7 +89,7 @@ class Experts:
                 module = fsdp.apply_data_parallel(module, cfg, world, device)
             module.train()
             params = [p for p in module.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+            optimizer = host_optimizer.optimizer(params, cfg.train.lr, cfg.train.weight_decay, cfg.parallel)
             experts.append(Expert(name, module, params, optimizer, reference))
         return cls(experts, routed, dims)
 
@@ -129,6 +131,9 @@ class Experts:
             grad_norm = tensor_parallel.clip_grad_norm(params, max_norm)
         else:
             grad_norm = fsdp.clip_grad_norm(params, max_norm)
+        for e in served:
+            if isinstance(e.optimizer, host_optimizer.HostAdamW):
+                e.optimizer.park_gradients()  # parallel.offload_gradients: the clipped gradients to the host
         for e in self.experts:
             for group in e.optimizer.param_groups:
                 group["lr"] = lr

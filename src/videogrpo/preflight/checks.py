@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import tempfile
 from dataclasses import asdict
@@ -249,11 +250,15 @@ def check_disk_space(cfg: Config, model_dir: Path, run_dir: Path) -> Check:
     return Check("disk_space", True, detail)
 
 
-def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = None, probe=None) -> tuple[Check, dict]:
+def check_memory_plan(
+    cfg: Config, model_dir: Path, frozen_dtype: str | None = None, probe=None, meminfo: Path = Path("/proc/meminfo")
+) -> tuple[Check, dict]:
     """The per-rank memory plan (memory_plan.py) against the device, and the plan itself for the report.
 
-    On CUDA the run is refused when the plan's peak exceeds the device's memory less the co-hosted judge's share;
-    on CPU it is printed only. `frozen_dtype` overrides model.frozen_dtype; `probe`: torch.cuda's stand-in.
+    On CUDA the run is refused when the plan's peak exceeds the device's memory less the co-hosted judge's share,
+    or, with parallel.offload_optimizer, when procs_per_node ranks' host terms and a reserve exceed this node's
+    MemTotal; on CPU it is printed only. `frozen_dtype` overrides model.frozen_dtype; `probe`: torch.cuda's
+    stand-in; `meminfo`: /proc/meminfo's.
     """
     from videogrpo.preflight import memory_plan
 
@@ -279,8 +284,44 @@ def check_memory_plan(cfg: Config, model_dir: Path, frozen_dtype: str | None = N
             f"parallel.device_memory_gib{lines}"
         )
         return Check("memory_plan", False, detail), plan.as_dict()
+    if plan.enforced and plan.host_terms and (refused := host_memory_problem(cfg, plan, meminfo)):
+        return Check("memory_plan", False, refused + lines), plan.as_dict()
     verdict = "fits" if plan.enforced else "not enforced on CPU"
     return Check("memory_plan", True, f"{memory_plan.gib(plan.peak)} per rank, {verdict}{lines}"), plan.as_dict()
+
+
+HOST_RESERVE_GIB = 16
+"""Host memory the plan leaves to everything it does not count: the OS and page cache, each process's Python, CUDA
+and NCCL host state, the data loader, parked trajectories and the prompt cache."""
+
+
+def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemTotal of this node in bytes (None where there is no /proc/meminfo)."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def host_memory_problem(cfg: Config, plan, meminfo: Path) -> str | None:
+    """Why the node's host memory cannot hold procs_per_node ranks' offloaded state (None: it can, or unknown)."""
+    from videogrpo.preflight.memory_plan import GIB, gib
+
+    total = host_memory_bytes(meminfo)
+    if total is None:
+        return None
+    procs = cfg.parallel.procs_per_node
+    need = procs * plan.host_bytes + HOST_RESERVE_GIB * GIB
+    if need <= total:
+        return None
+    return (
+        f"parallel.offload_optimizer = true: {procs} ranks per node (parallel.procs_per_node) x "
+        f"{gib(plan.host_bytes)} of host memory each + a {HOST_RESERVE_GIB} GiB reserve = {gib(need)}, more than "
+        f"this node's {gib(total)} (MemTotal, {meminfo}); shard more (parallel.data_parallel, shard_group_size, "
+        f"nodes), or set parallel.offload_optimizer and parallel.offload_gradients to false"
+    )
 
 
 def check_video_io() -> Check:

@@ -51,6 +51,11 @@ the frozen models' dtype):
   (the clamp's result) and uint8; the decoder's own activations are not counted (the GPU tier measures
   them);
 - on CUDA a reserve of 1 GiB for the CUDA context, cuBLAS and NCCL workspaces.
+With parallel.offload_optimizer the AdamW moments leave the device: they, a float32 copy of the master weights'
+local shard and a gradient buffer of the same size (16 B per element of rank 0's unpadded shard) are host terms,
+with the frozen models while train.offload_inference_models parks them on CPU; parallel.offload_gradients moves the
+gradients there after the clipping norm, so the device still holds them through the backward passes (the
+gradients term stays). Preflight checks procs_per_node x the host bytes per rank against the node's memory.
 The peak is the larger of the two phases' sums. Against it stands the device's memory (a number in
 parallel.device_memory_gib, or torch.cuda's total memory of device 0 probed on the node), less the
 co-hosted judge's share (reward.judge_gpu_memory of each GPU, rl_5b_vlm with reward.judge_endpoint
@@ -180,6 +185,13 @@ class MemoryPlan:
     """Fraction of each GPU the co-hosted judge takes (0: no judge on these GPUs)."""
     enforced: bool = True
     facts: dict = field(default_factory=dict)
+    host_terms: list[Term] = field(default_factory=list)
+    """Bytes a rank holds in host memory by the plan (parallel.offload_optimizer; empty without it)."""
+
+    @property
+    def host_bytes(self) -> int:
+        """A rank's planned host memory: every host term at once (the offloaded state lives through both phases)."""
+        return sum(t.bytes for t in self.host_terms)
 
     def phase_total(self, phase: str) -> int:
         return sum(t.bytes for t in self.terms if phase in t.phases)
@@ -201,6 +213,9 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         out = [f"{t.name:<22} {gib(t.bytes):>10}  [{'+'.join(t.phases)}] {t.detail}" for t in self.terms]
+        out += [f"{t.name:<22} {gib(t.bytes):>10}  [host] {t.detail}" for t in self.host_terms]
+        if self.host_terms:
+            out.append(f"{'host per rank':<22} {gib(self.host_bytes):>10}")
         out.append(f"{'rollout phase':<22} {gib(self.phase_total(ROLLOUT)):>10}")
         out.append(f"{'replay phase':<22} {gib(self.phase_total(REPLAY)):>10}")
         if self.device_bytes is None:
@@ -218,6 +233,8 @@ class MemoryPlan:
     def as_dict(self) -> dict:
         return {
             "terms": [asdict(t) for t in self.terms],
+            "host_terms": [asdict(t) for t in self.host_terms],
+            "host_bytes": self.host_bytes,
             "rollout_bytes": self.phase_total(ROLLOUT),
             "replay_bytes": self.phase_total(REPLAY),
             "peak_bytes": self.peak,
@@ -312,6 +329,8 @@ def plan(
     gradient_checkpointing: bool = True,
     offload_frozen: bool = False,
     offload_trajectories: bool = False,
+    offload_optimizer: bool = False,
+    offload_gradients: bool = False,
     attention_backend: str = "native",
     cuda: bool = True,
     device_bytes: int | None = None,
@@ -337,13 +356,31 @@ def plan(
         shape, shard_layout.rank_layout(data_parallel, world, shard_group_size, tensor_parallel, 0)
     )
     split = f"split {shard} ways, FSDP's padded shards"
+    moments = Term(
+        "AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trained:,}{experts}, rank 0's shard"
+    )
+    gradients_detail = f"4 B float32 x {trained:,}{experts}, {split}"
+    if offload_gradients:
+        gradients_detail += ": on the device through the backward passes, on the host for the optimizer step"
     terms = [
         Term(
             "master weights", state["master weights"], both, f"{trained:,} parameters{experts} x 4 B float32, {split}"
         ),
-        Term("AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trained:,}{experts}, rank 0's shard"),
-        Term("gradients", state["gradients"], replay_only, f"4 B float32 x {trained:,}{experts}, {split}"),
+        *(() if offload_optimizer else (moments,)),
+        Term("gradients", state["gradients"], replay_only, gradients_detail),
     ]
+    host_terms = []
+    if offload_optimizer:  # grpo/host_optimizer.py: every host tensor is shaped like the unpadded local shard
+        held = state["AdamW moments"] // 8  # elements of rank 0's unpadded local shards
+        host_terms = [
+            Term("AdamW moments", 8 * held, both, f"2 x 4 B float32 x {held:,} elements of rank 0's shard"),
+            Term("master weights copy", 4 * held, both, f"4 B float32 x {held:,}: what AdamW steps on the host"),
+            Term("gradients", 4 * held, both, f"4 B float32 x {held:,}: where the optimizer step reads them"),
+        ]
+        if offload_frozen:
+            host_terms.append(
+                Term("frozen models", shape.frozen_params * z, (REPLAY,), "text encoder + VAE, on CPU during replay")
+            )
     if shard // tensor_parallel > 1:
         terms.append(
             Term(
@@ -434,6 +471,7 @@ def plan(
         judge_share,
         enforced=cuda,
         facts={"video_tokens": tokens, "latent_shape": list(latent), "sharding": shard, "rows_per_forward": rows},
+        host_terms=host_terms,
     )
 
 
@@ -496,6 +534,8 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         gradient_checkpointing=cfg.train.gradient_checkpointing,
         offload_frozen=cfg.train.offload_inference_models,
         offload_trajectories=cfg.train.offload_inference_models,
+        offload_optimizer=cfg.parallel.offload_optimizer,
+        offload_gradients=cfg.parallel.offload_gradients,
         attention_backend=cfg.parallel.attention_backend,
         cuda=cfg.parallel.device == "cuda",
         device_bytes=memory,
