@@ -107,6 +107,10 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     # (sacct has no accounting storage here: the manifests' COMPLETED stands), a stage run outside SLURM none.
     train = json.loads((cluster_run / "train.manifest.json").read_text())
     assert train["slurm_job_id"] and (train["cost"]["nodes"], train["cost"]["gpus"]) == (2, 0), train["cost"]
+    # The profile's interconnect settings (tests/cluster/profile: set-resources: train) reached both nodes' ranks
+    # through the job's environment and srun, and the manifest records what the ranks saw.
+    assert train["interconnect"]["NCCL_DEBUG"] == "WARN", train["interconnect"]
+    assert log.count("[launch] interconnect: ") == 2 and "NCCL_DEBUG=WARN" in log, log[-3000:]
     invocation = json.loads((checkout / "results/.stage-config/invocation.json").read_text())
     assert json.loads((cluster_run / "report/provenance.json").read_text())["invocation"] == invocation
     lines = run(["videogrpo", "trace", str(cluster_run)], checkout).stdout.splitlines()

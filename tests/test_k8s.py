@@ -19,6 +19,7 @@ from demo import copy_checkout, jobs_run, run
 from videogrpo import cli, config
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.launch import k8s_job, torchrun
+from videogrpo.provenance import interconnect
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "registry.example.org/videogrpo:0.1"
@@ -45,6 +46,7 @@ POD = k8s_job.PodSettings(
     shm_mb=65536,
     gpu_manufacturer="nvidia",
     machine_type="p5.48xlarge",
+    interconnect_env="NCCL_DEBUG=WARN FI_PROVIDER=efa FI_EFA_USE_DEVICE_RDMA=1",
 )
 
 
@@ -106,10 +108,13 @@ def test_the_5b_recipe_trains_as_one_indexed_job_whose_pods_follow_the_manual_la
     }
     assert [ConfigError.exit_code, 4, 5] == fail["onExitCodes"]["values"]
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-    # Every pod's place in the run, as the launcher reads it from the pod's environment.
+    # Every pod's place in the run, as the launcher reads it from the pod's environment, and the profile's
+    # interconnect settings, which its launcher hands to the workers.
+    efa = {"NCCL_DEBUG": "WARN", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
     for index in (0, 1, 15):
         where = torchrun.from_environment(cfg, pod_env(container, index))
         assert where == torchrun.Launch(16, index, f"{name}-0.{name}", 29500, 8, "manual")
+        assert interconnect.recorded(torchrun.worker_env(cfg, pod_env(container, index))) == efa
 
 
 def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index():
@@ -327,6 +332,7 @@ def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):
     for given in ("gpu=8", "gpu_manufacturer=nvidia", "mem_mb=512000", "cpus_per_task=64"):
         assert given in resources.split(", "), (given, resources)
     assert "Shell command: videogrpo stage train --config-json" in train  # no Job: the plugin's pod trains
+    assert " --interconnect-env NCCL_DEBUG=WARN " in train  # the profile's, which the pod's launcher applies
 
 
 def test_the_5b_recipes_job_is_sized_by_the_profile_and_runs_the_executors_image(s3_endpoint, tmp_path):
@@ -342,7 +348,8 @@ def test_the_5b_recipes_job_is_sized_by_the_profile_and_runs_the_executors_image
     (shell,) = [line for line in rule_block(text, "train").splitlines() if line.startswith("Shell command: ")]
     submit = shell.removeprefix("Shell command: ").partition(" -- ")[0]
     assert submit.startswith("videogrpo stage k8s-job --config-json @results/.stage-config/train-")
-    pod = f"--image {IMAGE} --cpus 64 --mem-mb 512000 --shm-mb 65536 --gpu-manufacturer nvidia --apply"
+    pod = f"--image {IMAGE} --cpus 64 --mem-mb 512000 --shm-mb 65536 --gpu-manufacturer nvidia"
+    pod += " --interconnect-env NCCL_DEBUG=WARN --apply"  # the profile's, into every pod's spec
     assert submit.endswith(pod), submit
     preflight = rule_block(text, "preflight")
     assert "gpu=1" in preflight and "gpu_manufacturer=nvidia" in preflight and "mem_mb=64000" in preflight
@@ -366,6 +373,7 @@ def test_the_training_job_runs_as_the_executors_pods_do(tmp_path):
     executor = SimpleNamespace(namespace="videogrpo", service_account_name="trainer", privileged=True)
     resources = {"cpus_per_task": 64, "mem_mb": 512000, "shm_mb": 65536, "gpu_manufacturer": "nvidia"}
     resources["machine_type"] = "p5.48xlarge"
+    resources["interconnect_env"] = POD.interconnect_env
     parser = argparse.ArgumentParser()
     k8s_job.add_arguments(parser)
     given = ["--config-json", "{}", "--run-id", "x", "--spec", "s"]

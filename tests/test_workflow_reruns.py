@@ -22,6 +22,17 @@ def test_an_evaluation_setting_reruns_only_the_evaluation_stages_that_read_it_an
     assert jobs_run(out.stdout + out.stderr) == {"score_cell": 6, "matrix": 1, "report": 1, "all": 1}
 
 
+def test_the_interconnect_settings_rerun_nothing(demo, workdir):
+    """The train rule's interconnect_env resource (docs/options.md#interconnect-settings): another value, after a
+    complete run, is nothing to do (environment, not config: no param, no run identity)."""
+    run(["snakemake", "--cores", "2"], workdir)
+    given = ["--set-resources", "train:interconnect_env=NCCL_DEBUG=INFO FI_PROVIDER=efa"]
+    out = run(["snakemake", "-n", *given], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
+    forced = run(["snakemake", "-n", "-p", "--forcerun", "train", *given], workdir)
+    assert "--interconnect-env 'NCCL_DEBUG=INFO FI_PROVIDER=efa'" in forced.stdout, forced.stdout[-3000:]
+
+
 def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, workdir):
     """Workers, ports, retention, logging: how work runs, not what it makes. Flipped, nothing complete reruns
     (Snakemake and verify agree); the stages' config files hold the new values, which the next run of a stage

@@ -20,6 +20,7 @@ from videogrpo.launch import k8s_job
 from videogrpo.pipeline import driver_lock, layout, start
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
+from videogrpo.provenance import interconnect
 from videogrpo.provenance.digest import evalkit_files, list_files
 from videogrpo.stages import STAGES
 
@@ -331,6 +332,20 @@ def train_job_submit(wildcards, resources):
         f"videogrpo stage k8s-job --config-json {shlex.quote(stage_config('train'))} --run-id {RUN_ID}"
         f" --spec {shlex.quote(spec)} {shlex.join(args)} --apply -- "
     )
+
+
+def interconnect_args(wildcards, resources):
+    """train's --interconnect-env: the NCCL and EFA settings of the profile (the train rule's `interconnect_env`
+    resource, docs/options.md#interconnect-settings), which the stage hands to every node's workers. Environment, not
+    config: they change how tensors travel, not what training computes, so they are no part of the run identity,
+    and a params function of `resources` is no rerun trigger for Snakemake. Checked here, so a dry run refuses a bad
+    one too."""
+    value = resources.get(interconnect.RESOURCE) or ""
+    try:
+        interconnect.parse(value, f"set-resources: train: {interconnect.RESOURCE} of your profile")
+    except VideoGRPOError as err:
+        raise WorkflowError(str(err)) from None
+    return f"--interconnect-env {shlex.quote(value)}" if value else ""
 
 
 def eval_tree_inputs():

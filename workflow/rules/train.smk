@@ -3,6 +3,7 @@
 # stage mirrors them to the bucket while it trains (--checkpoint-store, object_store.py).
 # Under profiles/kubernetes with several nodes the rule runs on the driver, which writes the run's indexed
 # Job beside it and waits for it (`videogrpo stage k8s-job`, k8s_job.py): every pod runs the same training command.
+# The profile's interconnect settings (set-resources: train: interconnect_env) reach every node's workers.
 rule train:
     input:
         **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
@@ -36,8 +37,9 @@ rule train:
         upstream=upstream_args,
         submit=train_job_submit,
         checkpoint_store=checkpoint_store_args,
+        interconnect=interconnect_args,
     shell:
         "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
         " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
-        " {params.checkpoint_store} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.stages.log_tee {log:q}"
+        " {params.checkpoint_store} {params.interconnect} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.stages.log_tee {log:q}"

@@ -17,8 +17,8 @@ counted.
 
 What the pods have in common with the executor plugin's pods comes from where the plugin reads it, never from the
 config (PodSettings): the image, namespace, service account and privileged mode from the executor's flags, the
-CPUs, memory, /dev/shm, GPU manufacturer and node type from the train rule's resources (the profile's
-default-resources and set-resources: train).
+CPUs, memory, /dev/shm, GPU manufacturer, node type and interconnect settings from the train rule's resources (the
+profile's default-resources and set-resources: train).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 from videogrpo import atomic
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.provenance import interconnect
 
 # The API version the specs are checked against (kubernetes-validate, strict): backoffLimitPerIndex and
 # maxFailedIndexes are GA from 1.33, the pods' job-completion-index label from 1.28.
@@ -72,6 +73,9 @@ class PodSettings:
     """The rule's gpu_manufacturer (`nvidia`, `amd`, in any case), as the executor plugin reads it for its GPU pods."""
     machine_type: str = ""
     """The rule's machine_type: the node.kubernetes.io/instance-type of the pods (empty: any)."""
+    interconnect_env: str = ""
+    """The rule's interconnect_env: NCCL and EFA settings (`NAME=value ...`, provenance/interconnect.py) in every
+    pod's environment, as the rule's command hands them to a plugin pod's workers."""
 
 
 # The train rule's resources each PodSettings field is read from (the profile's default-resources and set-resources).
@@ -81,6 +85,7 @@ POD_RESOURCES = {
     "--shm-mb": "shm_mb",
     "--gpu-manufacturer": "gpu_manufacturer",
     "--machine-type": "machine_type",
+    "--interconnect-env": interconnect.RESOURCE,
 }
 
 
@@ -173,6 +178,13 @@ def pod_problems(cfg: Config, pod: PodSettings) -> list[str]:
     return found
 
 
+def interconnect_settings(pod: PodSettings) -> dict[str, str]:
+    source = (
+        f"the train rule's {interconnect.RESOURCE} resource (set-resources: train of profiles/kubernetes/config.yaml)"
+    )
+    return interconnect.parse(pod.interconnect_env, source)
+
+
 def check(cfg: Config, workdir: str | os.PathLike, pod: PodSettings) -> None:
     found = problems(cfg, workdir) + pod_problems(cfg, pod)
     if found:
@@ -226,6 +238,8 @@ def train_specs(
         # The checkout's package on the volume, whose code digests the driver recorded; the image gives the
         # environment it runs in.
         {"name": "PYTHONPATH", "value": os.path.join(os.path.abspath(workdir), "src")},
+        # In the spec, so that `kubectl describe` shows them and every pod has them before its launcher starts.
+        *({"name": name, "value": value} for name, value in interconnect_settings(p).items()),
     ]
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -374,6 +388,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu-manufacturer", default="", help="nvidia or amd (the rule's gpu_manufacturer)")
     parser.add_argument("--machine-type", default="", help="the pods' node type (the rule's machine_type)")
+    parser.add_argument(
+        "--interconnect-env", default="", help="NCCL and EFA settings of every pod (the rule's interconnect_env)"
+    )
     parser.add_argument("--apply", action="store_true", help="apply the spec with kubectl and wait for the Job")
     parser.add_argument("--poll-seconds", type=float, default=30.0, help="how often --apply checks the Job")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command every pod runs")
@@ -398,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
         args.shm_mb,
         args.gpu_manufacturer,
         args.machine_type,
+        args.interconnect_env,
     )
     specs = train_specs(cfg, args.run_id, command, args.workdir, pod)
     validate(specs)

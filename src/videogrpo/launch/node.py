@@ -28,6 +28,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import torchrun
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import node as node_preflight
+from videogrpo.provenance import interconnect
 from videogrpo.rewards.judge_service import judge_service, rendezvous_join_timeout
 
 WORKER = "videogrpo.grpo.worker"
@@ -106,6 +107,8 @@ def train_this_node(cfg: Config, job: NodeTraining) -> None:
     if failed:
         raise VideoGRPOError(f"per-node preflight failed on node {where.node_rank}:\n  " + "\n  ".join(failed))
     env = torchrun.worker_env(cfg)
+    # Every node says what its workers get: a node whose own environment differs shows in its log.
+    log(f"[launch] interconnect: {interconnect.describe(torchrun.workers_interconnect(cfg, env))}")
     if job.kernel_cache:  # diffusers loads the Hub kernel when the backend is set: from this cache only
         env.update(attention_kernel.loader_env(job.kernel_cache))
     judge_log = job.run_dir / "logs" / f"judge-node{where.node_rank}.log"

@@ -20,13 +20,18 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.preflight import node as node_preflight
+from videogrpo.provenance import interconnect
 
 CONTRACT_VARS = ("MASTER_ADDR", "WORLD_SIZE", "RANK")
+# What torchrun's agent adds to every worker's environment unless it is set (torch.distributed.elastic's
+# local_elastic_agent): part of what the workers see, so of what the train manifest records.
+TORCHRUN_WORKER_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,29 @@ def worker_env(cfg: Config, env: dict[str, str] | None = None) -> dict[str, str]
     env = dict(os.environ if env is None else env)
     threads = str(cfg.parallel.cpu_threads)
     return dict(env, **node_preflight.node_env(env), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+
+
+def workers_interconnect(cfg: Config, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The interconnect variables (provenance/interconnect.py) this machine's ranks see: worker_env's and torchrun's."""
+    return interconnect.recorded({**TORCHRUN_WORKER_DEFAULTS, **worker_env(cfg, env)})
+
+
+def apply_interconnect(settings: Mapping[str, str], env: MutableMapping[str, str] | None = None) -> list[str]:
+    """Put a profile's interconnect settings (provenance/interconnect.py) into `env`, this process's environment by
+    default: what srun hands every node's launcher (--export=ALL) and worker_env every worker. Each one unless the
+    environment already sets it (a site's module, a one-off `NCCL_DEBUG=INFO snakemake ...`), which wins; returns
+    a line for each setting the environment overrode, so that neither source is silently dropped."""
+    env = os.environ if env is None else env
+    notes = []
+    for name, value in settings.items():
+        if name not in env:
+            env[name] = value
+        elif env[name] != value:
+            notes.append(
+                f"interconnect: {name}={env[name]} from the environment, not the profile's {value} "
+                f"(unset it to use the profile's)"
+            )
+    return notes
 
 
 def needs_srun(cfg: Config, env: dict[str, str] | None = None) -> bool:

@@ -41,6 +41,8 @@ SHARED_MODULES = frozenset(
         "videogrpo.provenance.manifest",
         "videogrpo.provenance.cost",
         "videogrpo.provenance.code",
+        # The interconnect variables: environment that manifests record, never what a stage computes.
+        "videogrpo.provenance.interconnect",
         "videogrpo.stages",
         "videogrpo.stages.common",
     }

@@ -357,6 +357,9 @@ class StageRun:
         # them (train: nodes x GPUs per node); `nodes` likewise.
         self.gpus: tuple[int, str] | None = None
         self.nodes = 1
+        # The interconnect environment the stage's workers saw (interconnect.recorded), set by train: written only
+        # when set, so the other stages' manifests are as they were.
+        self.interconnect: dict[str, str] | None = None
 
     def __enter__(self) -> StageRun:
         self.started_at = now_iso()
@@ -404,6 +407,7 @@ class StageRun:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "git": self.git,
             "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")} or None,
+            **({"interconnect": self.interconnect} if self.interconnect is not None else {}),
             "accelerator": accelerator_info(),
             "inputs": self.input_records,
             "upstream": [str(p) for p in self.upstream],

@@ -31,12 +31,15 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import torchrun
 from videogrpo.launch.node import NodeTraining, preflight_this_node, train_this_node
 from videogrpo.preflight import node as node_preflight
-from videogrpo.provenance import cost
+from videogrpo.provenance import cost, interconnect
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
 from videogrpo.stages.common import add_config_argument, load_config
 
+INTERCONNECT_SOURCE = (
+    f"--interconnect-env (the train rule's {interconnect.RESOURCE} resource: set-resources: train of your profile)"
+)
 # Needed to train; a preflight-only run needs only --config-json (argparse cannot say "required unless").
 TRAINING_ARGUMENTS = ("manifest", "run_id", "run_dir", "model", "dataset", "preflight", "final", "metrics")
 
@@ -71,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="s3://bucket/prefix mirroring the checkpoint directory, for a run in object storage",
     )
     parser.add_argument("--checkpoint-store-endpoint", help="the S3 endpoint URL of --checkpoint-store (not AWS)")
+    parser.add_argument(
+        "--interconnect-env",
+        default="",
+        help="NCCL_DEBUG=WARN FI_PROVIDER=efa ...: the interconnect settings every node's workers get, unless the "
+        "environment sets them (the rule passes the profile's interconnect_env resource)",
+    )
     parser.add_argument("--input-digests", help=argparse.SUPPRESS)  # the first node's, handed to the others
 
 
@@ -147,6 +156,10 @@ def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
+    # Into this process's environment, before anything starts: srun hands it to every node, worker_env to the ranks.
+    settings = interconnect.parse(args.interconnect_env, INTERCONNECT_SOURCE)
+    for note in torchrun.apply_interconnect(settings):
+        print(f"[train] {note}", file=sys.stderr, flush=True)
     if node_preflight.preflight_only(args.preflight_only):
         return preflight_only_run(cfg, args)
     missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
@@ -171,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         stage.nodes = cfg.parallel.nodes
         parallel = cfg.parallel
         stage.gpus = cost.training_gpus(parallel.nodes, parallel.procs_per_node, parallel.device, os.environ)
+        # What this node's ranks see; the other nodes get the same through srun or the Job's spec.
+        stage.interconnect = torchrun.workers_interconnect(cfg)
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         with checkpoint_mirror(args.checkpoint_store, args.checkpoint_store_endpoint, checkpoints):
