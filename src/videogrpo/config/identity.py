@@ -383,9 +383,7 @@ def identity_fields(view: dict[str, Any]) -> dict[str, Any]:
     flat = flat_fields(view)
     off = options_off(flat)
     return {
-        path: value
-        for path, value in flat.items()
-        if field_class(path) in (CONTRACT, EVALUATION) and path not in off
+        path: value for path, value in flat.items() if field_class(path) in (CONTRACT, EVALUATION) and path not in off
     }
 
 

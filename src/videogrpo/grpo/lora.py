@@ -133,3 +133,17 @@ def write_export(folder: Path, config, adapters: dict, whole: dict | None, cfg: 
     plain.fuse_lora()
     plain.unload_lora()
     plain.save_pretrained(str(folder))
+
+
+def adapter_shapes(shapes: dict[str, tuple[int, ...]], rank: int, targets) -> dict[str, tuple[int, ...]]:
+    """The adapters' parameter shapes peft adds to a transformer whose parameter shapes are `shapes` (state-dict
+    keys): for each linear weight [out, in] of a targeted layer, lora_A [rank, in] and lora_B [out, rank]. Torch-free:
+    the memory plan counts with it."""
+    found = {}
+    for name, shape in shapes.items():
+        layer, _, leaf = name.rpartition(".")
+        if leaf == "weight" and len(shape) == 2 and any(matches(layer, t) for t in targets):
+            out_features, in_features = shape
+            found[f"{layer}.lora_A.{ADAPTER}.weight"] = (rank, in_features)
+            found[f"{layer}.lora_B.{ADAPTER}.weight"] = (out_features, rank)
+    return found
