@@ -97,6 +97,8 @@ NON_NEGATIVE = {
     "grpo.decode_batch_size",
     "reward.judge_max_retries",
     "train.retries",
+    "train.lora_rank",
+    "train.lora_dropout",
 }
 
 
@@ -410,6 +412,32 @@ def _parallel_problems(cfg: Config) -> list[str]:
     return found
 
 
+def _lora_problems(cfg: Config) -> list[str]:
+    """LoRA (docs/options.md#lora): its settings, and the layouts it trains under."""
+    t = cfg.train
+    if t.lora_rank <= 0:
+        return []
+    found = []
+    if t.lora_alpha is not None and t.lora_alpha <= 0:
+        found.append(f"train.lora_alpha = {t.lora_alpha!r}: must be > 0, or null (lora_rank)")
+    if t.lora_dropout >= 1:
+        found.append(f"train.lora_dropout = {t.lora_dropout!r}: must be below 1 (the share of inputs dropped)")
+    if not t.lora_targets or not all(isinstance(n, str) and n.strip() for n in t.lora_targets):
+        found.append(
+            f"train.lora_targets = {t.lora_targets!r}: must name at least one linear layer of the transformer "
+            f"(suffixes of module names, e.g. to_q, ffn.net.2)"
+        )
+    if cfg.parallel.tensor_parallel > 1:
+        # The TP plan replaces the very projections peft wraps (attention and FFN) by sharded ones, whose weights
+        # the adapters' merge and export would need whole.
+        found.append(
+            f"train.lora_rank = {t.lora_rank} with parallel.tensor_parallel = {cfg.parallel.tensor_parallel}: LoRA "
+            f"is not supported under tensor parallelism (its plan shards the attention and FFN projections the "
+            f"adapters wrap); set parallel.tensor_parallel: 1 (FSDP or HSDP shard the frozen base as well)"
+        )
+    return found
+
+
 # Each cross-field rule runs when every section it reads is present (stages receive only their sections).
 CHECKS = (
     (("model",), _model_problems),
@@ -425,6 +453,7 @@ CHECKS = (
     (("matrix",), _matrix_problems),
     (("logging",), _logging_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
+    (("parallel", "train"), _lora_problems),
 )
 
 

@@ -298,11 +298,12 @@ class TrainConfig:
     between rollout and replay, and empty the allocator cache before replay (docs/reference-system.md#memory)."""
     lora_rank: int = 0
     """Rank of LoRA adapters (peft) trained instead of the full transformer(s), the base weights frozen; 0: full
-    fine-tuning, as the reference (docs/options.md#lora)."""
+    fine-tuning, as the reference. Checkpoints hold the adapters only; the export writes Diffusers' LoRA file per
+    trained transformer folder; refused with parallel.tensor_parallel > 1 (docs/options.md#lora)."""
     lora_alpha: float | None = None
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank); null: lora_rank."""
     lora_dropout: float = 0.0
-    """Dropout on the LoRA adapters' input."""
+    """Dropout on the LoRA adapters' input, in every forward of the policy in train mode (rollouts included)."""
     lora_targets: list[str] = field(
         default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
     )

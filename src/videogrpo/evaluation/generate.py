@@ -160,7 +160,7 @@ def generate_rank(
     `transformer_dir` / `transformer_2_dir`: trained folders replacing the pipeline's `transformer` (TI2V's, or
     I2V's high-noise expert) and `transformer_2` (I2V's low-noise expert); None keeps the pipeline's own."""
     from videogrpo.evaluation import sampling
-    from videogrpo.models.wan import load_transformer, scheduler_flow_shift
+    from videogrpo.models.wan import scheduler_flow_shift
 
     torch.set_num_threads(cfg.parallel.cpu_threads)
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
@@ -181,7 +181,7 @@ def generate_rank(
         substituted = {name: Path(folder) for name, folder in folders.items() if folder is not None}
         transformer = sampling.substitute_experts(model, substituted, cfg.parallel.attention_backend)
     elif transformer_dir is not None:
-        transformer = load_transformer(transformer_dir, device, cfg.parallel.attention_backend)
+        transformer = sampling.trained_transformer(transformer_dir, model_dir, device, cfg)
     else:
         transformer = model.transformer
     sampling.eval_mode(transformer)

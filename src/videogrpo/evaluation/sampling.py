@@ -8,7 +8,8 @@ The kinds differ in four facts, all kept here so that the stages differ only in 
 - pinning: TI2V sets latent frame 0 to its condition before the first step and after every step; I2V
   pins nothing, latent frame 0 is denoised like the others (docs/reference-system.md#a14b);
 - the trained model: the base pipeline with the exported `transformer` (TI2V), or with each exported
-  expert folder (`transformer`, `transformer_2`) substituted for the base expert (I2V).
+  expert folder (`transformer`, `transformer_2`) substituted for the base expert (I2V); a LoRA run's folder
+  without merged weights stands for the base transformer with its adapters fused (models/lora.py).
 Evaluation takes no log-probabilities, so the rollout's frame mask (0 on TI2V's pinned frame, all ones
 for I2V) plays no part here.
 
@@ -29,8 +30,9 @@ import torch
 from videogrpo import models
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import samplers
+from videogrpo.models import lora
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, check_expert
-from videogrpo.models.wan import WanTI2V, load_transformer
+from videogrpo.models.wan import WanTI2V
 
 
 def is_i2v(model) -> bool:
@@ -93,7 +95,9 @@ def substitute_experts(model: WanI2VA14B, folders: Mapping[str, Path], attention
         setattr(model, EXPERT_FOLDERS[name], None)
         if model.device.type == "cuda":
             torch.cuda.empty_cache()
-        expert = load_transformer(folder, model.device, attention_backend)
+        # A LoRA run's folder holds adapters: the base expert from the pipeline, the adapters fused (models/lora.py).
+        base = model.model_dir / EXPERT_FOLDERS[name]
+        expert = lora.load_trained_transformer(folder, base, model.device, attention_backend)
         check_expert(folder, expert.config, model.vae.config.z_dim)
         model.experts[name] = expert
         setattr(model, EXPERT_FOLDERS[name], expert)
@@ -105,7 +109,15 @@ def trained_weights(cfg, model, final_dir: Path):
     experts with the exported expert folder(s) substituted (I2V; `train.experts` says which)."""
     if is_i2v(model):
         return eval_mode(substitute_experts(model, exported_folders(cfg, final_dir), cfg.parallel.attention_backend))
-    return load_transformer(final_dir / "transformer", model.device, cfg.parallel.attention_backend).eval()
+    return trained_transformer(final_dir / "transformer", model.model_dir, model.device, cfg).eval()
+
+
+def trained_transformer(folder: Path, model_dir: Path, device: torch.device, cfg) -> torch.nn.Module:
+    """TI2V's trained transformer from an exported folder: the whole transformer it holds, or (a LoRA run's export
+    without the merged weights) the base pipeline's `transformer` with the folder's adapters fused."""
+    return lora.load_trained_transformer(
+        folder, Path(model_dir) / "transformer", device, cfg.parallel.attention_backend
+    )
 
 
 def encode(model, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int):

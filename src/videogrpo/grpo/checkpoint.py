@@ -1,7 +1,8 @@
 """Training checkpoints with torch.distributed.checkpoint: complete only when the marker exists.
 
 Layout: <root>/step-00000012/{dcp/, rng/rank-00000.pt, state.json, COMPLETE}; the DCP holds each trainable
-part's weights and optimizer state (TI2V's one transformer, or both A14B experts in one save). The marker is written
+part's weights and optimizer state (TI2V's one transformer, or both A14B experts in one save; under LoRA the
+adapters only, the frozen base being the model download's). The marker is written
 last and atomically by rank 0 after every rank has finished, so a crash at any point leaves either a
 complete checkpoint or one that resume ignores. Checkpoints live outside Snakemake's declared
 outputs, which Snakemake deletes before a rerun.
@@ -127,17 +128,25 @@ def topology_problems(saved: dict[str, Any] | None, current: dict[str, Any]) -> 
     return found
 
 
-def validate_export(final_dir: Path) -> dict[str, Any]:
-    """Load the exported transformer as users will (Diffusers format) and check every weight is finite.
+def validate_export(final_dir: Path, model_dir: Path | None = None) -> dict[str, Any]:
+    """Load the exported transformer as users will (Diffusers format) and check every weight is finite; a LoRA
+    run's adapters (models/lora.py) are fused into the base transformer of `model_dir` as Diffusers loads them.
 
     Returns the validation record the train manifest keeps; raises naming the file otherwise.
     """
     from diffusers import WanTransformer3DModel
 
+    from videogrpo.models import lora
     from videogrpo.provenance.digest import tree_digest
 
+    folder = final_dir / "transformer"
+    adapters_only = model_dir is not None and not lora.holds_full_transformer(folder) and lora.holds_adapters(folder)
     try:
-        model = WanTransformer3DModel.from_pretrained(final_dir / "transformer", torch_dtype=torch.float32)
+        if adapters_only:
+            base = WanTransformer3DModel.from_pretrained(Path(model_dir) / "transformer", torch_dtype=torch.float32)
+            model = lora.fuse_adapters(base, folder)
+        else:
+            model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.float32)
     except Exception as err:  # any loading failure is the finding
         raise VideoGRPOError(f"{final_dir}/transformer: the exported weights do not load ({err})") from None
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
@@ -185,6 +194,17 @@ def _all_finite(parts: Parts) -> bool:
     return all(process_groups.all_gather_objects(finite))
 
 
+def state_dict_options(model: torch.nn.Module):
+    """None (torch's defaults) for a model trained whole; for one with frozen parameters (LoRA: the base frozen, the
+    adapters trained) options that leave the frozen ones out of the checkpoint, which a resume rebuilds from the
+    model download instead."""
+    from torch.distributed.checkpoint import state_dict as sd
+
+    if all(p.requires_grad for p in model.parameters()):
+        return None
+    return sd.StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
     """The DCP state dict: {"model", "optim"} for one transformer (this layout predates experts), one such pair per
     expert name otherwise, so a two-expert checkpoint is one DCP save, complete only when both experts are."""
@@ -192,11 +212,12 @@ def dcp_state(parts: Parts, with_optim: bool) -> dict[str, Any]:
 
     state = {}
     for name, (model, optimizer) in parts.items():
+        options = state_dict_options(model)
         if with_optim and optimizer is not None:
-            model_sd, optim_sd = sd.get_state_dict(model, optimizer)
+            model_sd, optim_sd = sd.get_state_dict(model, optimizer, options=options)
             state[name] = {"model": model_sd, "optim": optim_sd}
         else:
-            state[name] = {"model": sd.get_model_state_dict(model)}
+            state[name] = {"model": sd.get_model_state_dict(model, options=options)}
     return state["transformer"] if list(state) == ["transformer"] else state
 
 
@@ -205,10 +226,13 @@ def _set_state(parts: Parts, loaded: dict[str, Any], with_optim: bool) -> None:
 
     for name, (model, optimizer) in parts.items():
         part = loaded if list(parts) == ["transformer"] else loaded[name]
+        options = state_dict_options(model)
         if with_optim and optimizer is not None:
-            sd.set_state_dict(model, optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"])
+            sd.set_state_dict(
+                model, optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"], options=options
+            )
         else:
-            sd.set_model_state_dict(model, part["model"])
+            sd.set_model_state_dict(model, part["model"], options=options)
 
 
 def save(

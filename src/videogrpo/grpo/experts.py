@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from videogrpo.config import Config
-from videogrpo.grpo import host_optimizer
+from videogrpo.grpo import host_optimizer, lora
 from videogrpo.models.wan import DTYPES
 from videogrpo.parallel import fsdp, tensor_parallel
 
@@ -60,7 +60,7 @@ class Experts:
         compiled blocks, then TP x FSDP2 (tensor_parallel > 1) or the data-parallel layout."""
         dims = mesh_dims(cfg, world)
         experts, mesh = [], None
-        for name, module in raw.items():
+        for index, (name, module) in enumerate(raw.items()):
             if cfg.train.gradient_checkpointing:
                 module.enable_gradient_checkpointing()
             reference = None
@@ -69,6 +69,8 @@ class Experts:
             if cfg.grpo.kl_coeff > 0:
                 reference = copy.deepcopy(module).to(DTYPES[cfg.parallel.param_dtype]).eval()
                 reference.requires_grad_(False)
+            if lora.enabled(cfg):  # adapters before any sharding, the base frozen (grpo/lora.py)
+                lora.add_adapters(module, cfg, index)
             if dims is not None:
                 tensor_parallel.check_model(module, dims.tp)
                 module, mesh = tensor_parallel.parallelize_model(

@@ -6,8 +6,17 @@ the sampler's elementwise arithmetic as nothing (they are a small fraction and n
 The backward is the forward's matmuls twice (the input's gradient and the weight's), less the input
 gradient of the three matmuls whose input needs none (the patch embedding of the latents, the first
 layers of the timestep and text embedders); gradient checkpointing (diffusers checkpoints each
-block) recomputes the blocks' forward once more in the backward. Every parameter is assumed
-trainable (full fine-tuning, as the trainer does).
+block) recomputes the blocks' forward once more in the backward. Every parameter is trainable (full
+fine-tuning, as the reference), unless LoRA trains adapters on a frozen base (train.lora_rank > 0).
+
+Under LoRA each adapted linear layer (rows m, in k, out n) adds its adapters' matmuls, 2 m k r + 2 m r n, to the
+forward (and to the recompute, for those inside the blocks). The backward has no weight gradient of a frozen
+matmul, and no gradient at all where nothing before needs one: the embedders (their inputs and weights frozen),
+the first block's self-attention q, k, v (their input is the embedded latents), the cross-attention's k, v (their
+input is the text). It is: the input gradients of every other block matmul and of the output head, both operands'
+gradients of attention's scores and values, and each adapter's gradients: A's weight gradient and B's weight and
+input gradients, plus A's input gradient where its layer's input needs one. Exact (torch's counter agrees) when the
+adapters wrap every attention projection, as the default train.lora_targets do; an upper bound otherwise.
 
 Nothing here changes a training value, which is why this module is not part of the trainer's math
 digest (`checkpoint.NOT_TRAINER_MATH`): the trainer makes one call per update (`update_metrics`).
@@ -15,9 +24,10 @@ digest (`checkpoint.NOT_TRAINER_MATH`): the trainer makes one call per update (`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +48,12 @@ class ForwardFlops:
     output: int
     no_input_grad: int
     """Of the above: matmuls whose input needs no gradient, so their backward is the weight gradient only."""
+    adapters: int = 0
+    """LoRA's adapter matmuls (0: full fine-tuning), counted in `total`."""
+    adapters_in_blocks: int = 0
+    """Of `adapters`: those inside the blocks, which gradient checkpointing recomputes."""
+    lora_backward: int | None = None
+    """The backward under LoRA (the module docstring); None: full fine-tuning's."""
 
     @property
     def total(self) -> int:
@@ -48,15 +64,19 @@ class ForwardFlops:
             + self.image_embedding
             + self.blocks
             + self.output
+            + self.adapters
         )
 
     @property
     def backward(self) -> int:
+        if self.lora_backward is not None:
+            return self.lora_backward
         return 2 * self.total - self.no_input_grad
 
     def training(self, gradient_checkpointing: bool) -> int:
         """Forward, backward and (with gradient checkpointing) the blocks' recompute."""
-        return self.total + self.backward + (self.blocks if gradient_checkpointing else 0)
+        recompute = self.blocks + self.adapters_in_blocks if gradient_checkpointing else 0
+        return self.total + self.backward + recompute
 
 
 def _get(config, name: str, default=None):
@@ -78,13 +98,16 @@ def forward_flops(
     batch: int = 1,
     per_token_timestep: bool = True,
     image: int = 0,
+    lora_rank: int = 0,
+    lora_targets: Sequence[str] = (),
 ) -> ForwardFlops:
     """FLOPs of one forward of diffusers' WanTransformer3DModel with `config` (its config or a dict of it).
 
     `video`: tokens per sample after patching; `text`: text tokens per sample (`model.max_text_tokens`,
     every one of them attended); `per_token_timestep`: the timestep embedded per token (Wan2.2 TI2V with
     expand_timesteps, as this project runs it) rather than once per sample; `image`: image-embedding
-    tokens per sample (Wan2.1 I2V's CLIP tokens; this project passes none).
+    tokens per sample (Wan2.1 I2V's CLIP tokens; this project passes none); `lora_rank` > 0: LoRA adapters of that
+    rank on the linear layers `lora_targets` names (train.lora_targets), the base frozen.
     """
     d = _get(config, "num_attention_heads") * _get(config, "attention_head_dim")
     patch = math.prod(_get(config, "patch_size"))
@@ -120,7 +143,7 @@ def forward_flops(
         + self_attention
         + cross_attention
     )
-    return ForwardFlops(
+    full = ForwardFlops(
         patch_embedding=patch_embedding,
         time_embedding=time_embedding,
         text_embedding=text_embedding,
@@ -129,6 +152,59 @@ def forward_flops(
         attention=layers * (self_attention + cross_attention),
         output=mm(video, d, c_out * patch),
         no_input_grad=patch_embedding + first_time + first_text + first_image,
+    )
+    if lora_rank <= 0:
+        return full
+    rows = {"video": video, "text": text, "image": image, "time": rows_t}
+    in_block = [
+        *((f"attn1.{p}", "video", d, d) for p in ("to_q", "to_k", "to_v", "to_out.0")),
+        ("attn2.to_q", "video", d, d),
+        ("attn2.to_k", "text", d, d),
+        ("attn2.to_v", "text", d, d),
+        ("attn2.to_out.0", "video", d, d),
+        *(((f"attn2.{p}", "image", added_kv, d) for p in ("add_k_proj", "add_v_proj")) if image else ()),
+        ("ffn.net.0.proj", "video", d, ffn),
+        ("ffn.net.2", "video", ffn, d),
+    ]
+    outside = [
+        ("condition_embedder.time_embedder.linear_1", "time", freq, d),
+        ("condition_embedder.time_embedder.linear_2", "time", d, d),
+        ("condition_embedder.time_proj", "time", d, 6 * d),
+        ("condition_embedder.text_embedder.linear_1", "text", text_dim, d),
+        ("condition_embedder.text_embedder.linear_2", "text", d, d),
+        ("proj_out", "video", d, c_out * patch),
+    ]
+
+    def adapted(name: str) -> bool:  # peft's rule for a list of target names (grpo/lora.matches)
+        return any(name == t or name.endswith("." + t) for t in lora_targets)
+
+    def a_b(kind: str, k: int, n: int) -> tuple[int, int]:
+        return mm(rows[kind], k, lora_rank), mm(rows[kind], lora_rank, n)
+
+    # Input gradients of the base: every block matmul on the hidden stream (not the first block's q, k, v), the
+    # output head, and attention's second operand.
+    hidden = [(name, kind, k, n) for name, kind, k, n in in_block if kind == "video"]
+    first_qkv = sum(mm(video, k, n) for name, _, k, n in hidden if name in ("attn1.to_q", "attn1.to_k", "attn1.to_v"))
+    base_input = layers * sum(mm(video, k, n) for _, _, k, n in hidden) - first_qkv + full.output + 2 * full.attention
+    in_blocks, outside_flops, adapter_backward = 0, 0, 0
+    for where, (name, kind, k, n) in [("block", layer) for layer in in_block] + [("outside", o) for o in outside]:
+        if not adapted(name):
+            continue
+        a, b = a_b(kind, k, n)
+        copies = layers if where == "block" else 1
+        # A's input gradient only where its layer's input needs one (not text, time or image, not block 0's q, k, v).
+        needs = kind == "video"
+        with_input = (copies - 1) if name in ("attn1.to_q", "attn1.to_k", "attn1.to_v") else copies
+        adapter_backward += copies * (a + 2 * b) + (with_input * a if needs else 0)
+        if where == "block":
+            in_blocks += copies * (a + b)
+        else:
+            outside_flops += a + b
+    return dataclasses.replace(
+        full,
+        adapters=in_blocks + outside_flops,
+        adapters_in_blocks=in_blocks,
+        lora_backward=base_input + adapter_backward,
     )
 
 
@@ -217,7 +293,9 @@ def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
     config = next(iter(model.trainable.values())).config  # A14B's experts have one architecture
     tokens = video_tokens(trainer.shape, tuple(config.patch_size))
     step = step_flops(
-        forward_flops(config, tokens, model.max_text_tokens),
+        forward_flops(
+            config, tokens, model.max_text_tokens, lora_rank=cfg.train.lora_rank, lora_targets=cfg.train.lora_targets
+        ),
         tokens,
         cfg.grpo.prompts_per_step * cfg.grpo.group_size,
         metrics["trained_timesteps"],

@@ -28,7 +28,7 @@ from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, checkpoint, flops, offload, replay, sft_init
+from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sft_init
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
@@ -570,7 +570,8 @@ class Trainer:
     def _export(self) -> None:
         """Write the declared outputs: the final transformer(s) (Diffusers format: `transformer`, and for I2V-A14B
         `transformer_2` for the low-noise expert, each one trained) and the metrics."""
-        states = self.experts.full_state_dicts()
+        trained = lora.gather_export(self.experts, self.cfg) if lora.enabled(self.cfg) else None  # grpo/lora.py
+        states = self.experts.full_state_dicts() if trained is None else {}
         if self.ctx.is_main:
             from diffusers import WanTransformer3DModel
 
@@ -579,6 +580,9 @@ class Trainer:
                     plain = WanTransformer3DModel.from_config(self.model.trainable[name].config)
                     plain.load_state_dict(state)
                     plain.save_pretrained(str(tmp / EXPERT_FOLDERS.get(name, name)))
+                for name, (adapters, whole) in (trained or {}).items():
+                    folder = tmp / EXPERT_FOLDERS.get(name, name)
+                    lora.write_export(folder, self.model.trainable[name].config, adapters, whole, self.cfg)
                 (tmp / "training_state.json").write_text(
                     json.dumps({"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n"
                 )

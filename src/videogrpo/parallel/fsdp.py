@@ -141,6 +141,8 @@ def describe_layout(model: torch.nn.Module) -> dict:
         "sharded": len(sharded),
         "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in params}),
     }
+    if frozen := [p for p in model.parameters() if not p.requires_grad]:  # LoRA: adapters trained, the base frozen
+        layout.update(trainable_numel=sum(p.numel() for p in params), frozen_numel=sum(p.numel() for p in frozen))
     if sharded:
         # The widest mesh: under TP x FSDP the replicated parameters live on the "dp" sub-mesh, the TP shards on both.
         mesh = max((p.device_mesh for p in sharded), key=lambda m: m.ndim)

@@ -11,7 +11,9 @@ degree x tensor_parallel, where the sharding degree is the data replicas (world 
 under `fsdp`, parallel.shard_group_size under `hsdp`, and 1 under `replicate` or on one rank; c, r, t, z:
 bytes per element of the compute dtype (parallel.param_dtype), the reduce dtype, the trajectory dtype and
 the frozen models' dtype):
-- master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; gradients
+- master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; under LoRA, P of
+  the gradients, the moments, FSDP's block gradients and the all-reduce buffer is the adapters' parameters, while
+  the master weights are the frozen base's and the adapters'; gradients
   exist only between the first backward and the optimizer step: replay phase only), counted parameter by
   parameter as torch shards them (parallel.shard_layout): FSDP pads dim 0 to a multiple of the sharding
   degree in the master weights and gradients, and TP leaves the parameters outside its plan whole;
@@ -134,11 +136,28 @@ class ModelShape:
     experts: tuple[ParamCounts, ...] = ()
     """Each trained expert's counts where a run trains several (two-expert models): the optimizer state sums
     them, while `params` (the largest) sizes the working sets, one expert running at a time. Empty: `params`."""
+    adapters: tuple[dict[str, tuple[int, ...]], ...] = ()
+    """LoRA (train.lora_rank > 0): each trained expert's adapter shapes, in `trained_counts`' order; the base is
+    frozen, so gradients and AdamW moments are the adapters' only. Empty: full fine-tuning."""
 
     @property
     def trained(self) -> int:
-        """Parameters with float32 master weights, gradients and AdamW moments: every trained expert's."""
-        return sum(e.total for e in self.trained_counts)
+        """Parameters with float32 master weights: every trained expert's (under LoRA its base and adapters)."""
+        return sum(e.total for e in self.trained_counts) + sum(math.prod(s) for a in self.adapters for s in a.values())
+
+    @property
+    def trainable(self) -> int:
+        """Parameters with gradients and AdamW moments: every trained expert's (under LoRA its adapters only)."""
+        if not self.adapters:
+            return self.trained
+        return sum(math.prod(s) for a in self.adapters for s in a.values())
+
+    @property
+    def trainable_per_block(self) -> int:
+        """Parameters of one block with gradients (under LoRA its adapters only), of the largest expert."""
+        if not self.adapters:
+            return self.params.per_block
+        return max(sum(math.prod(s) for n, s in a.items() if n.startswith("blocks.0.")) for a in self.adapters)
 
     @property
     def trained_counts(self) -> tuple[ParamCounts, ...]:
@@ -280,12 +299,29 @@ def sharded_state_bytes(shape: ModelShape, layout: shard_layout.RankLayout) -> d
     moments shaped like the unpadded local shard (torch.zeros_like of it). `videogrpo simulate` checks these
     against torch's own sharding at the recipes' world sizes."""
     allocated = held = 0
-    for counts in shape.trained_counts:
+    trainable_allocated = trainable_held = 0
+    for index, counts in enumerate(shape.trained_counts):
         if not counts.shapes:
             raise ValueError("the memory plan needs every trained parameter's shape (ParamCounts.from_shapes)")
-        a, h = shard_layout.sharded_numels(counts.shapes, layout)
+        adapters = shape.adapters[index] if shape.adapters else {}
+        a, h = shard_layout.sharded_numels({**counts.shapes, **adapters}, layout)
         allocated, held = allocated + a, held + h
-    return {"master weights": 4 * allocated, "AdamW moments": 8 * held, "gradients": 4 * allocated}
+        # LoRA: FSDP shards each adapter like any parameter; only they have gradients and moments.
+        ta, th = shard_layout.sharded_numels(adapters, layout) if adapters else (a, h)
+        trainable_allocated, trainable_held = trainable_allocated + ta, trainable_held + th
+    return {"master weights": 4 * allocated, "AdamW moments": 8 * trainable_held, "gradients": 4 * trainable_allocated}
+
+
+def with_lora(shape: ModelShape, rank: int, targets) -> ModelShape:
+    """`shape` with LoRA adapters of `rank` on the layers `targets` names (train.lora_targets) of every trained
+    expert (grpo.lora.adapter_shapes)."""
+    import dataclasses
+
+    from videogrpo.grpo.lora import adapter_shapes
+
+    return dataclasses.replace(
+        shape, adapters=tuple(adapter_shapes(c.shapes, rank, targets) for c in shape.trained_counts)
+    )
 
 
 def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
@@ -348,8 +384,9 @@ def plan(
     shard = sharding_degree(data_parallel, world // tensor_parallel, shard_group_size) * tensor_parallel
     p = shape.params
     # The optimizer state is every trained expert's; working sets are one expert's (one runs at a time).
-    trained = shape.trained
+    trained, trainable = shape.trained, shape.trainable
     experts = f" ({len(shape.experts)} experts)" if shape.experts else ""
+    lora = " LoRA adapters" if shape.adapters else ""
     both, replay_only = (ROLLOUT, REPLAY), (REPLAY,)
     # Rank 0 holds the largest share (FSDP's first shards are the full ones); every rank allocates the padded one.
     state = sharded_state_bytes(
@@ -357,9 +394,9 @@ def plan(
     )
     split = f"split {shard} ways, FSDP's padded shards"
     moments = Term(
-        "AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trained:,}{experts}, rank 0's shard"
+        "AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trainable:,}{lora}{experts}, rank 0's shard"
     )
-    gradients_detail = f"4 B float32 x {trained:,}{experts}, {split}"
+    gradients_detail = f"4 B float32 x {trainable:,}{lora}{experts}, {split}"
     if offload_gradients:
         gradients_detail += ": on the device through the backward passes, on the host for the optimizer step"
     terms = [
@@ -381,19 +418,28 @@ def plan(
             host_terms.append(
                 Term("frozen models", shape.frozen_params * z, (REPLAY,), "text encoder + VAE, on CPU during replay")
             )
+    # A block's parameters FSDP gathers: its weights and (LoRA) its adapters.
+    block_params = p.per_block + (shape.trainable_per_block if shape.adapters else 0)
     if shard // tensor_parallel > 1:
         terms.append(
             Term(
                 "FSDP unsharded",
-                p.outside_blocks * c + 2 * p.per_block * c,
+                p.outside_blocks * c + 2 * block_params * c,
                 both,
-                f"root {p.outside_blocks:,} + 2 blocks x {p.per_block:,} parameters x {c} B",
+                f"root {p.outside_blocks:,} + 2 blocks x {block_params:,} parameters x {c} B",
             )
         )
-        terms.append(Term("FSDP block gradients", p.per_block * r, replay_only, f"one block unsharded x {r} B"))
+        terms.append(
+            Term(
+                "FSDP block gradients",
+                shape.trainable_per_block * r,
+                replay_only,
+                f"one block unsharded x {r} B" + (f" ({shape.trainable_per_block:,}{lora})" if lora else ""),
+            )
+        )
     elif world > 1:
         terms.append(
-            Term("all-reduce buffer", 4 * trained // tensor_parallel, replay_only, "every gradient, one flat buffer")
+            Term("all-reduce buffer", 4 * trainable // tensor_parallel, replay_only, "every gradient, one flat buffer")
         )
     if shard // tensor_parallel == 1 and c != 4:
         terms.append(Term("autocast copies", c * p.total // tensor_parallel, both, f"weights cast to {c} B"))
@@ -510,6 +556,8 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
     traj = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
     traj_name = next(name for name, dtype in DTYPES.items() if dtype == traj)
     memory, source = device_memory(cfg, probe)
+    if cfg.train.lora_rank > 0:  # gradients and AdamW moments for the adapters only (docs/options.md#lora)
+        shape = with_lora(shape, cfg.train.lora_rank, cfg.train.lora_targets)
     return plan(
         shape,
         frames=cfg.video.num_frames,

@@ -226,6 +226,6 @@ def run(args: argparse.Namespace) -> int:
             },
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
-            "final_checkpoint": validate_export(args.final),
+            "final_checkpoint": validate_export(args.final, args.model),
         }
     return 0
