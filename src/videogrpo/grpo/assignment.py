@@ -69,3 +69,15 @@ def replica_seed(seed: int, rank: int, tensor_parallel: int) -> int:
     """The seed of a rank's global torch generator (for any draw not counter-keyed): one per data replica, so
     both ranks of a TP pair draw alike."""
     return seed + rank // tensor_parallel
+
+
+VALIDATION_STREAM = 0x7A1D
+"""The counter that sets validation's draws (train.validate_*) apart: a key of four counters, where training's keys
+have five, and another tag than evaluation's."""
+
+
+def validation_noise_key(seed: int, prompt: int, step: int) -> tuple[int, ...]:
+    """A validation prompt's draw: its x_T at step X_T_STEP, eps of denoising step `step`, its eta (a
+    flowcps-uniform sampler) at ETA_STREAM. The same at every validation point and wherever the prompt is rolled
+    out, so that validation points differ only by the weights."""
+    return (seed, VALIDATION_STREAM, prompt, step)
