@@ -72,13 +72,14 @@ def test_the_points_are_every_validate_every_updates_and_the_last(tiny_model, da
     assert not validation.before_training(config.from_dict(options(train=ON)), 1)  # a resume has its point 0
 
 
-def independent_scores(cfg_dict: dict, transformer_dir, tiny_model, dataset, evalkit) -> list[float]:
-    """The held-out prompts sampled one by one with the Euler ODE and validation's noise keys, decoded and scored by
-    the stand-in EvalKit: what validation must report, computed without the trainer."""
+def independent_scores(cfg_dict: dict, transformer_dir, tiny_model, dataset, evalkit, eta=None) -> list[float]:
+    """The held-out prompts sampled one by one with validation's noise keys (the Euler ODE, or Flow-CPS at `eta`),
+    decoded and scored by the stand-in EvalKit: what validation must report, computed without the trainer."""
     from videogrpo import config
     from videogrpo.data.dataset import load_split
     from videogrpo.grpo import assignment, denoise
     from videogrpo.grpo.rollout import seeded_normal
+    from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.models.wan import WanTI2V, flow_shift, load_transformer
     from videogrpo.rewards.rule import RuleScorer, score_request
 
@@ -101,6 +102,15 @@ def independent_scores(cfg_dict: dict, transformer_dir, tiny_model, dataset, eva
             embeds, condition = model.encode_conditions([sample.prompt], [sample.first_frame], v.height, v.width)
             key = assignment.validation_noise_key(cfg.train.seed, i, assignment.X_T_STEP)
             how = denoise.ODE(denoise.ode_scheduler("euler", tiny_model, shift), cfg.grpo.sampling_steps)
+            if eta is not None:
+                how = denoise.SDE(
+                    "flowcps",
+                    sigma_schedule(cfg.grpo.sampling_steps, shift),
+                    eta,
+                    lambda k, i=i: seeded_normal(
+                        shape, model.device, *assignment.validation_noise_key(cfg.train.seed, i, k)
+                    )[None],
+                )
             latents = denoise.sample_latents(
                 model, transformer, embeds, condition, seeded_normal(shape, model.device, *key)[None], how
             )
@@ -121,6 +131,21 @@ def test_the_points_are_the_reward_of_the_policys_videos(validated, tiny_model, 
     assert first["val/reward_std"] == pytest.approx(np.std(before), abs=1e-4)
     assert last["val/reward_mean"] == pytest.approx(np.mean(after), abs=1e-4)
     assert first["val/reward_mean"] != last["val/reward_mean"]  # the weights moved, and so did the score
+
+
+def test_an_sde_point_draws_each_prompts_noise_by_its_key(tiny_model, dataset, evalkit, tmp_path):
+    """Flow-CPS at eta 0.7: x_T and every step's eps keyed by (seed, prompt, step), whatever the batch holds."""
+    from videogrpo.grpo import validation
+
+    cfg = options(train=dict(ON, validate_sampler="flowcps-0.7"))
+    trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset)
+    try:
+        point = validation.validate(trainer, 0)
+    finally:
+        trainer.scorer.close()
+    alone = independent_scores(cfg, None, tiny_model, dataset, evalkit, eta=0.7)
+    assert point["val/reward_mean"] == pytest.approx(np.mean(alone), abs=1e-4)
+    assert point["val/reward_std"] == pytest.approx(np.std(alone), abs=1e-4)
 
 
 def test_a_resumed_run_logs_exactly_the_points_of_an_uninterrupted_one(validated, tiny_model, dataset, tmp_path):
