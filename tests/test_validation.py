@@ -148,30 +148,30 @@ def test_an_sde_point_draws_each_prompts_noise_by_its_key(tiny_model, dataset, e
     assert point["val/reward_std"] == pytest.approx(np.std(alone), abs=1e-4)
 
 
-def test_a_resumed_run_logs_exactly_the_points_of_an_uninterrupted_one(validated, tiny_model, dataset, tmp_path):
+def test_a_resumed_run_logs_exactly_the_points_of_an_uninterrupted_one(
+    validated, tiny_model, dataset, tmp_path, monkeypatch
+):
     """Two crashes: inside update 1 (after point 0 was written, before any checkpoint: a fresh start again), and
     inside point 2 (after update 2's row, before its checkpoint: a resume from update 1)."""
     from videogrpo.grpo import validation
 
+    real_validate = validation.validate
+
     def crashing_at(where: str, update: int):
         trainer = trainer_in_process(options(train=ON), tmp_path, tiny_model, dataset)
-        real = getattr(trainer, "update") if where == "update" else validation.validate
+        real = trainer.update if where == "update" else real_validate
 
         def crash(*args):
-            at = args[0].update if where == "update" else args[1]
-            if at == update:
+            if (args[0].update if where == "update" else args[1]) == update:
                 raise KeyboardInterrupt(f"crash in {where} {update}")
             return real(*args)
 
-        if where == "update":
-            trainer.update = crash
-        else:
-            validation.validate = crash
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(trainer, "update", crash) if where == "update" else patch.setattr(
+                validation, "validate", crash
+            )
             with pytest.raises(KeyboardInterrupt):
                 trainer.run()
-        finally:
-            validation.validate = real if where == "validate" else validation.validate
 
     crashing_at("update", 1)
     assert [m["step"] for m in metrics(tmp_path / "checkpoints")] == [0]
@@ -201,6 +201,7 @@ def test_validation_runs_in_eval_mode_on_the_offload_schedule_and_restores_both(
         phases = [phase for phase, what, _ in trainer.placement.moves[moves:] if what in offload.FROZEN]
         assert phases[:3] == ["encode", "encode", "rollout"] and "decode" not in phases[:1]
         assert row["step"] == 1 and row["val/prompts"] == 3
+        assert len(trainer.model._prompt_cache) == 0  # held-out prompts never evict training's
     finally:
         trainer.scorer.close()
 
