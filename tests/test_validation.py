@@ -280,3 +280,15 @@ def test_the_report_draws_the_points_beside_the_training_curve(validated):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == labels
     assert report_page.reward_curve_png(rows)
     assert tensors(validated)
+
+
+def test_diff_compares_the_last_update_and_the_last_point(validated, tmp_path):
+    from videogrpo.provenance.verify import _final_metrics
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train/metrics.jsonl").write_text((validated / "metrics.jsonl").read_text())
+    found = _final_metrics(tmp_path)
+    last_update, last_point = train_rows(validated)[-1], val_rows(validated)[-1]
+    assert found["train.step"] == 2 and found["train.reward_mean"] == last_update["reward_mean"]
+    assert found["train.val/reward_mean"] == last_point["val/reward_mean"]
+    assert "train.val/time_s" not in found
