@@ -292,3 +292,16 @@ def test_diff_compares_the_last_update_and_the_last_point(validated, tmp_path):
     assert found["train.step"] == 2 and found["train.reward_mean"] == last_update["reward_mean"]
     assert found["train.val/reward_mean"] == last_point["val/reward_mean"]
     assert "train.val/time_s" not in found
+
+
+def test_two_fsdp_ranks_share_the_prompts_and_log_what_one_rank_does(validated, tiny_model, dataset, tmp_path):
+    """Under torchrun on 2 gloo ranks with FSDP: 3 prompts dealt 2 + (1 and a dropped repeat), every rank in
+    lockstep; point 0 (the same initial weights) scores what the one-rank run scored."""
+    from harness import train, trainer_config
+
+    cfg = trainer_config(parallel={"data_parallel": "fsdp"}, train=dict(BASE["train"], **ON))
+    assert train(cfg, tmp_path, tiny_model, dataset)
+    points = val_rows(tmp_path)
+    assert [m["step"] for m in points] == [0, 1, 2] and all(m["val/prompts"] == 3 for m in points)
+    assert points[0]["val/reward_mean"] == pytest.approx(val_rows(validated)[0]["val/reward_mean"], abs=1e-4)
+    assert points[0]["val/reward_per_task"] == pytest.approx(val_rows(validated)[0]["val/reward_per_task"], abs=1e-4)
