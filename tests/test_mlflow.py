@@ -288,3 +288,41 @@ def test_contradictory_tracker_settings_are_refused(logging, message):
 def test_which_trackers_a_setting_selects(logging, wandb, mlflow):
     log = config.from_dict({"logging": logging}, partial=True).logging
     assert (config.uses_tracker(log, "wandb"), config.uses_tracker(log, "mlflow")) == (wandb, mlflow)
+
+
+def test_validation_points_reach_mlflow_once_across_a_resume(server, tmp_path):
+    """Validation records (train.validate_*: `val/*` keys at the step of the update they follow, 0 before
+    training) through the Tracker: a resumed tracker does not send a point the run holds again, and sends a new one."""
+    from videogrpo.grpo.tracking import Tracker
+
+    logging = config.from_dict({"logging": {"tracker": ["mlflow"], "mlflow_experiment": "validation"}}, partial=True)
+
+    def point(step: int, mean: float) -> dict:
+        return {
+            "step": step,
+            "val/reward_mean": mean,
+            "val/reward_std": 0.1,
+            "val/reward_per_task": {"task_a": mean},
+            "val/reward_errors": 0,
+            "val/prompts": 2,
+            "val/time_s": 1.0,
+        }
+
+    first = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
+    first.record_validation(point(0, 0.5))
+    first.record_validation(point(1, 0.6))
+    first.close()
+    resumed = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
+    resumed.trim(1)  # a resume from update 1's checkpoint keeps both points
+    resumed.record_validation(point(1, 0.7))  # were it redone, MLflow keeps the first value
+    resumed.record_validation(point(2, 0.8))
+    resumed.close()
+    c = client(server)
+    run_id = mlflow_run.Run("validation", IDENTITY).run_id
+    for key, want in [
+        ("val/reward_mean", [(0, 0.5), (1, 0.6), (2, 0.8)]),
+        ("val/reward/task_a", [(0, 0.5), (1, 0.6), (2, 0.8)]),
+    ]:
+        assert sorted((m.step, m.value) for m in c.get_metric_history(run_id, key)) == want
+    assert c.get_metric_history(run_id, "step") == []  # the update count (resumes' last_step) is the updates' own
+    assert [m["step"] for m in metrics(tmp_path)] == [0, 1, 1, 2]

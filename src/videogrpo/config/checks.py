@@ -345,6 +345,30 @@ def _evaluation_set_problems(cfg: Config) -> list[str]:
     return []
 
 
+def _validation_problems(cfg: Config) -> list[str]:
+    """Validation during training (train.validate_*) samples held-out prompts with a matrix sampler."""
+    t = cfg.train
+    found = []
+    if t.validate_every < 0:
+        found.append(f"train.validate_every = {t.validate_every}: must be >= 0 (0: no validation during training)")
+    if t.validate_prompts <= 0:
+        found.append(
+            f"train.validate_prompts = {t.validate_prompts}: must be > 0 (to turn validation off, set "
+            f"train.validate_every: 0 and train.validate_before_training: false)"
+        )
+    if why := sampler_problem(t.validate_sampler):
+        found.append(f"train.validate_sampler: {why}")
+    on = t.validate_every > 0 or t.validate_before_training
+    if on and cfg.data.heldout_per_task == 0:
+        found.append(
+            f"train.validate_every = {t.validate_every}, train.validate_before_training = "
+            f"{t.validate_before_training}: validation samples held-out prompts, but data.heldout_per_task is 0; "
+            f"hold samples out with data.heldout_per_task >= 1 (which removes them from training), or turn validation "
+            f"off (train.validate_every: 0, train.validate_before_training: false)"
+        )
+    return found
+
+
 TRACKERS = ("wandb", "mlflow", "none")
 
 
@@ -454,6 +478,7 @@ CHECKS = (
     (("logging",), _logging_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
     (("parallel", "train"), _lora_problems),
+    (("train", "data"), _validation_problems),
 )
 
 

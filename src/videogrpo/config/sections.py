@@ -313,11 +313,13 @@ class TrainConfig:
     """Also export the transformer(s) with the adapters merged in (the adapters alone are always exported)."""
     validate_every: int = 0
     """Validate every this many optimizer updates (and after the last): held-out prompts rolled out with fixed
-    noise and validate_sampler, scored by the training reward, logged as `val/*` metrics; 0: never."""
+    noise and validate_sampler, scored by the training reward, logged as `val/*` metrics at the update's step,
+    before its checkpoint; 0: never (docs/options.md#validation-during-training). Needs data.heldout_per_task > 0."""
     validate_before_training: bool = False
-    """Validate once before the first update (at update 0)."""
+    """Validate once before the first update (at update 0), on a fresh start (a resumed run has its point 0)."""
     validate_prompts: int = 8
-    """Most held-out prompts a validation rolls out: the first of the held-out split (data.heldout_per_task)."""
+    """Most held-out prompts a validation rolls out, one video each: the first of the held-out split
+    (data.heldout_per_task), dealt over the data replicas."""
     validate_sampler: str = "euler"
     """Sampler of the validation rollouts, a matrix sampler name (`euler`, `unipc`, `flowcps-<eta>`, ...)."""
 

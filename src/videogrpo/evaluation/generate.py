@@ -18,7 +18,6 @@ with the ones it lacks. Ranks take samples rank, rank + procs, ... (data paralle
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from videogrpo.config.identity import generation_settings
 from videogrpo.data.video import video_problem, write_mp4
 from videogrpo.errors import ConfigError, VideoGRPOError
 from videogrpo.evaluation.evalset import EvalSample
+from videogrpo.grpo.denoise import ode_scheduler
 
 SEED_TAG = 0xE7A1  # the noise stream of evaluation (training draws from others)
 # The key slot of a sample's drawn noise level (a flowcps-uniform cell): after every step number, so that it is
@@ -45,19 +45,6 @@ def sample_eta(sampler: Sampler, seed: int, index: int) -> float:
     if sampler.noise_range is None:
         return sampler.noise
     return seeded_uniform(*sampler.noise_range, seed, SEED_TAG, index, ETA_DRAW)
-
-
-def ode_scheduler(kind: str, model_dir: Path, shift: float):
-    """The diffusers scheduler of an ODE cell."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
-
-    if kind == "euler":
-        return FlowMatchEulerDiscreteScheduler(shift=shift)
-    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
-    if path.is_file() and json.loads(path.read_text()).get("_class_name") == "UniPCMultistepScheduler":
-        return UniPCMultistepScheduler.from_pretrained(Path(model_dir) / "scheduler")
-    # Wan2.2's own scheduler settings (its Diffusers snapshots ship this UniPC).
-    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,23 @@ for I2V) plays no part here.
 
 `sample_latents` runs a Gaussian transition of training (`SDE`: `grpo.samplers.transition`, the one the
 rollout steps with) or a diffusers ODE scheduler (`ODE`: the steps of diffusers' Wan pipelines), the latent
-in float32 between steps. The weights a stage substitutes are inputs of its StageRun, so their digests were
-checked against the train manifest before any is read here.
+in float32 between steps; the three are `grpo.denoise`'s, which validation during training samples with too.
+The weights a stage substitutes are inputs of its StageRun, so their digests were checked against the train
+manifest before any is read here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from videogrpo import models
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import samplers
+from videogrpo.grpo.denoise import ODE as ODE  # re-exported: generation samples through this module
+from videogrpo.grpo.denoise import SDE as SDE
+from videogrpo.grpo.denoise import sample_latents as sample_latents
 from videogrpo.models import lora
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, check_expert
 from videogrpo.models.wan import WanTI2V
@@ -121,71 +123,7 @@ def trained_transformer(folder: Path, model_dir: Path, device: torch.device, cfg
 
 
 def encode(model, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int):
-    """(prompt embeddings, condition) of a batch, as `velocity` and `pin` take them."""
+    """(prompt embeddings, condition) of a batch, as the model's velocity takes them."""
     if is_i2v(model):
         return model.encode_conditions(prompts, first_frames, height, width, num_frames)
     return model.encode_conditions(prompts, first_frames, height, width)
-
-
-def velocity(model, weights, x, sigma: float, embeds, guidance_scale: float, condition) -> torch.Tensor:
-    if is_i2v(model):
-        return model.velocity(weights, x, sigma, embeds, guidance_scale, condition=condition)
-    return model.velocity(weights, x, sigma, embeds, guidance_scale)
-
-
-def pin(model, x: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-    """x with TI2V's latent frame 0 set to the first frame's latent (cast to x's dtype); I2V's unchanged."""
-    if not is_i2v(model):
-        x[:, :, :1] = condition
-    return x
-
-
-@dataclass(frozen=True)
-class SDE:
-    """A Gaussian sampler of training (`grpo.samplers`) over a sigma schedule of T + 1 values."""
-
-    sampler: str
-    sigmas: torch.Tensor
-    eta: float | torch.Tensor
-    """The noise level, one for all or one per sample [B]."""
-    step_noise: Callable[[int], torch.Tensor]
-    """The eps [B, C, F, h, w] of denoising step i."""
-
-
-@dataclass(frozen=True)
-class ODE:
-    """A diffusers scheduler (UniPC, flow-matching Euler) run for `steps` steps."""
-
-    scheduler: object
-    steps: int
-
-
-@torch.no_grad()
-def sample_latents(
-    model,
-    weights,
-    embeds: torch.Tensor,
-    condition: torch.Tensor,
-    init: torch.Tensor,
-    how: SDE | ODE,
-    guidance_scale: float = 1.0,
-) -> torch.Tensor:
-    """The clean latents [B, C, F, h, w] (float32) denoised from the noise `init` by `how`."""
-    dtype = torch.float32
-    x = pin(model, init.to(dtype).clone(), condition)
-    if isinstance(how, SDE):
-        for i in range(len(how.sigmas) - 1):
-            sigma, sigma_next = float(how.sigmas[i]), float(how.sigmas[i + 1])
-            v = velocity(model, weights, x, sigma, embeds, guidance_scale, condition)
-            mean, std = samplers.transition(how.sampler, x, v, sigma, sigma_next, how.eta)
-            # samplers.step's x', without the log-probability evaluation has no use for.
-            x = pin(model, (mean + std * how.step_noise(i).float()).to(dtype), condition)
-        return x
-    scheduler = how.scheduler
-    scheduler.set_timesteps(how.steps, device=x.device)
-    for t in scheduler.timesteps:
-        v = velocity(
-            model, weights, x, float(t) / scheduler.config.num_train_timesteps, embeds, guidance_scale, condition
-        )
-        x = pin(model, scheduler.step(v, t, x, return_dict=False)[0].to(dtype), condition)
-    return x

@@ -96,3 +96,15 @@ def dataloader_topology(cfg: Config, world: int, order: list[SampleRef]) -> dict
         "training_samples": len(order),
         "training_order_sha256": sha256_bytes(ids),
     }
+
+
+VALIDATION_STREAM = 0x7A1D
+"""The counter that sets validation's draws (train.validate_*) apart: a key of four counters, where training's keys
+have five, and another tag than evaluation's."""
+
+
+def validation_noise_key(seed: int, prompt: int, step: int) -> tuple[int, ...]:
+    """A validation prompt's draw: its x_T at step X_T_STEP, eps of denoising step `step`, its eta (a
+    flowcps-uniform sampler) at ETA_STREAM. The same at every validation point and wherever the prompt is rolled
+    out, so that validation points differ only by the weights."""
+    return (seed, VALIDATION_STREAM, prompt, step)

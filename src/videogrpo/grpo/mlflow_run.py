@@ -173,9 +173,10 @@ class Run(Server):
             self.client.log_batch(self.run_id, tags=changed[i : i + PARAMS_PER_BATCH])
         self.client.log_text(self.run_id, json.dumps(config, indent=2, sort_keys=True) + "\n", "config.json")
 
-    def last_step(self) -> int:
-        """The last update whose metrics the run holds (0: none): `step` is logged with every update."""
-        return max((m.step for m in self.client.get_metric_history(self.run_id, "step")), default=0)
+    def last_step(self, key: str = "step", default: int = 0) -> int:
+        """The last update whose metrics the run holds (`default`: none): `step` is logged with every update,
+        `val/reward_mean` with every validation point."""
+        return max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=default)
 
     def log_metrics(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -13,6 +13,10 @@ from videogrpo import atomic
 from videogrpo.config.checks import uses_tracker
 from videogrpo.config.sections import LoggingConfig
 from videogrpo.grpo import mlflow_run
+from videogrpo.provenance.metric_rows import VALIDATION_PREFIX
+
+VALIDATED = VALIDATION_PREFIX + "reward_mean"
+PER_TASK = VALIDATION_PREFIX + "reward_per_task"
 
 
 class Tracker:
@@ -40,6 +44,8 @@ class Tracker:
         self.wandb = None
         self.mlflow: mlflow_run.Run | None = None
         self._mlflow_upto = 0
+        self._mlflow_validated_upto = -1
+        """The last validation point the MLflow run holds (-1: none; 0 is the one before training)."""
         self._last = 0
         self._started = time.monotonic()
         self._first: int | None = None
@@ -61,11 +67,14 @@ class Tracker:
             self.mlflow.set_status("RUNNING")
             self.mlflow.log_config(config)
             self._mlflow_upto = self._last = self.mlflow.last_step()
+            self._mlflow_validated_upto = self.mlflow.last_step(VALIDATED, default=-1)
             resumed = f", resumed after update {self._mlflow_upto}" if self.mlflow.resumed else ""
             log(f"MLflow run {self.mlflow.run_id} ({run_id}{resumed}) at {mlflow_run.redacted(self.mlflow.uri)}")
 
     def trim(self, upto: int) -> None:
-        """Keep only the lines of updates a resumed run will not redo."""
+        """Keep only the lines of updates a resumed run will not redo: steps up to `upto`, validation points among
+        them (one at update k is written before k's checkpoint; a fresh start passes -1, as it redoes the one at
+        update 0)."""
         if not self.enabled or not self.metrics_file.exists():
             return
         kept = [
@@ -100,6 +109,27 @@ class Tracker:
             f" | loss {metrics['policy_loss']:+.5f} | ratio {metrics['ppo_ratio_mean']:.6f}"
             f" | stale {metrics['delayed_replay_staleness']:.1f} | {metrics['time_step_s']:.2f} s/update{speed}"
             f" | ETA {math.ceil(eta)} s"
+        )
+
+    def record_validation(self, metrics: dict) -> None:
+        """One validation point (grpo/validation.py): its `val/*` keys at the step of the update it follows (0 before
+        training), per-task rewards as `val/reward/<task>`. It leaves the training progress (ETA, last update) be."""
+        if not self.enabled:
+            return
+        step = metrics["step"]
+        flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+        flat.update({f"{VALIDATION_PREFIX}reward/{t}": v for t, v in metrics[PER_TASK].items()})
+        if self.wandb is not None:
+            self.wandb.log(flat, step=step)
+        if self.mlflow is not None and step > self._mlflow_validated_upto:
+            self.mlflow.log_metrics(flat, step)
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps(metrics, sort_keys=True) + "\n")
+        log(
+            f"validation at update {step}/{self.total} | reward {metrics[VALIDATED]:.4f} ± "
+            f"{metrics[VALIDATION_PREFIX + 'reward_std']:.4f} over {metrics[VALIDATION_PREFIX + 'prompts']} held-out "
+            f"prompts | {metrics[VALIDATION_PREFIX + 'reward_errors']} scoring errors | "
+            f"{metrics[VALIDATION_PREFIX + 'time_s']:.2f} s"
         )
 
     def close(self) -> None:

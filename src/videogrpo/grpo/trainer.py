@@ -28,7 +28,7 @@ from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sft_init
+from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sft_init, validation
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
@@ -528,7 +528,7 @@ class Trainer:
             to_dict(self.cfg),
             enabled=self.ctx.is_main,
         )
-        self.tracker.trim(done)
+        self.tracker.trim(done if start else -1)  # a fresh start redoes validation point 0 too
         mode = "delayed replay" if self.cfg.grpo.delayed_replay else "synchronous"
         self._log(
             f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
@@ -538,6 +538,8 @@ class Trainer:
         self._log(f"flow shift {self.shift} ({self.shift_source})")
         slot: Prepared | None = None
         try:
+            if validation.before_training(self.cfg, start):
+                self.tracker.record_validation(validation.validate(self, 0))
             for index in range(start, len(self.actions)):
                 action = self.actions[index]
                 t0 = time.monotonic()
@@ -562,6 +564,8 @@ class Trainer:
                 metrics.update(flops.update_metrics(self, metrics, fresh is not None))
                 self.rolled_out = []
                 self.tracker.record(metrics)
+                if validation.due(self.cfg, action.update, self.total):  # before the checkpoint: resumes neither
+                    self.tracker.record_validation(validation.validate(self, action.update))  # redo nor skip it
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
                     self._checkpoint(index, action.update)
         finally:

@@ -270,11 +270,18 @@ class WanI2VA14B:
         return torch.cat([mask.expand(batch, -1, -1, -1, -1), latents], dim=1)
 
     def encode_conditions(
-        self, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int
+        self,
+        prompts: list[str],
+        first_frames: list[Path],
+        height: int,
+        width: int,
+        num_frames: int,
+        cached: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt embeddings, I2V conditions) of a batch: what every rollout is conditioned on."""
+        """(prompt embeddings, I2V conditions) of a batch: what every rollout is conditioned on (`cached`:
+        encode_prompts')."""
         images = load_first_frames(first_frames, height, width)
-        return self.encode_prompts(prompts), self.encode_first_frames(images, num_frames)
+        return self.encode_prompts(prompts, cached), self.encode_first_frames(images, num_frames)
 
     def velocity(
         self,

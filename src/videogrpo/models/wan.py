@@ -201,13 +201,13 @@ class WanTI2V:
         )
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+    def encode_prompts(self, prompts: list[str], cached: bool = True) -> torch.Tensor:
         """UMT5 embeddings [B, L, D] of the cleaned prompts, zero beyond each prompt's tokens (as diffusers' Wan
-        pipelines do), in the compute dtype, on the compute device."""
+        pipelines do), in the compute dtype, on the compute device. `cached=False` neither reads nor fills the
+        prompt cache (validation's held-out prompts must not evict training's)."""
         prompts = [clean_prompt(p) for p in prompts]
-        found = {
-            p: hit.to(self.device) for p in dict.fromkeys(prompts) if (hit := self._prompt_cache.get(p)) is not None
-        }
+        cache = self._prompt_cache if cached else PromptCache(0)
+        found = {p: hit.to(self.device) for p in dict.fromkeys(prompts) if (hit := cache.get(p)) is not None}
         missing = [p for p in dict.fromkeys(prompts) if p not in found]
         if missing:
             tokens = self.tokenizer(
@@ -223,7 +223,7 @@ class WanTI2V:
             hidden = hidden * mask.unsqueeze(-1)
             for prompt, embeds in zip(missing, hidden):
                 found[prompt] = embeds
-                self._prompt_cache.put(prompt, embeds)
+                cache.put(prompt, embeds)
         return torch.stack([found[p] for p in prompts]).to(self.compute_dtype)
 
     @torch.no_grad()
@@ -235,11 +235,18 @@ class WanTI2V:
         return normalise_condition(latents, self.latents_mean, self.latents_std, self.condition_dtype, divide=True)
 
     def encode_conditions(
-        self, prompts: list[str], first_frames: list[Path], height: int, width: int, num_frames: int | None = None
+        self,
+        prompts: list[str],
+        first_frames: list[Path],
+        height: int,
+        width: int,
+        num_frames: int | None = None,
+        cached: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt embeddings, first-frame latents) of a batch: what every rollout is conditioned on. (`num_frames`
-        is the I2V model's: TI2V's condition is latent frame 0 whatever the length.)"""
-        return self.encode_prompts(prompts), self.encode_first_frames(load_first_frames(first_frames, height, width))
+        is the I2V model's: TI2V's condition is latent frame 0 whatever the length; `cached`: encode_prompts'.)"""
+        embeds = self.encode_prompts(prompts, cached)
+        return embeds, self.encode_first_frames(load_first_frames(first_frames, height, width))
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:

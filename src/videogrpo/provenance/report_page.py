@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo.config import options_on
-from videogrpo.provenance import cost_page, trace
+from videogrpo.provenance import cost_page, metric_rows, trace
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
+
+VALIDATION_MEAN = metric_rows.VALIDATION_PREFIX + "reward_mean"
+VALIDATION_PROMPTS = metric_rows.VALIDATION_PREFIX + "prompts"
 
 
 def stages_git_state(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -107,14 +110,27 @@ def _updates_axis(ax) -> None:
 
 
 def reward_curve_figure(metrics: list[dict]):
-    """The mean reward per update with its spread (one standard deviation over all rollouts)."""
+    """The mean reward per update with its spread (one standard deviation over all rollouts); with validation
+    during training, the held-out prompts' mean reward at each validation point as a second series."""
     plt = _pyplot()
-    steps = [m["step"] for m in metrics]
-    mean = [m["reward_mean"] for m in metrics]
-    std = [m["reward_std"] for m in metrics]
+    training, validation = metric_rows.training_rows(metrics), metric_rows.validation_rows(metrics)
+    steps = [m["step"] for m in training]
+    mean = [m["reward_mean"] for m in training]
+    std = [m["reward_std"] for m in training]
     fig, ax = plt.subplots(figsize=(8, 3.5), dpi=100)
     ax.fill_between(steps, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.2)
     ax.plot(steps, mean, marker="o", markersize=3, linewidth=2, label="mean reward (band: ±1 std)")
+    if validation:
+        prompts = validation[-1][VALIDATION_PROMPTS]
+        ax.plot(
+            [m["step"] for m in validation],
+            [m[VALIDATION_MEAN] for m in validation],
+            marker="s",
+            markersize=5,
+            linewidth=1.5,
+            linestyle="--",
+            label=f"validation: mean reward of {prompts} held-out prompts, fixed noise",
+        )
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("reward")
     _updates_axis(ax)
@@ -474,7 +490,7 @@ def render_html(
     ]
     # The first screen: the verdict, what was trained, and whether the run is whole; the evidence follows.
     status, whole = run_status(provenance)
-    updates = max((int(m["step"]) for m in metrics if "step" in m), default=None)
+    updates = max((int(m["step"]) for m in metric_rows.training_rows(metrics) if "step" in m), default=None)
     parts.append("<div class='verdict'>")
     parts.append(f"<p class='{'ok' if whole else 'warn'}'>Run status: {html.escape(status)}.</p>")
     verdict = verdict_rows(matrix or [], check_sampler) if check_sampler else []
@@ -516,7 +532,7 @@ def render_html(
             "learning_rate",
             "time_step_s",
         ]
-        parts.append(_table(metrics, columns, {"learning_rate": learning_rate_text}))
+        parts.append(_table(metric_rows.training_rows(metrics), columns, {"learning_rate": learning_rate_text}))
     under = f" (<code>{html.escape(check_sampler)}</code>)" if check_sampler else ""
     parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
     if check:

@@ -21,7 +21,10 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.progress import Progress
 from videogrpo.provenance import digest, pins, trace
 from videogrpo.provenance.manifest import read_manifest
+from videogrpo.provenance.metric_rows import VALIDATION_PREFIX, training_rows, validation_rows
 from videogrpo.provenance.rebuild import rebuild_hint, run_status, stage_list
+
+VALIDATION_TIME = VALIDATION_PREFIX + "time_s"
 
 
 def run_manifests(
@@ -145,10 +148,21 @@ def _final_metrics(run_dir: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     metrics = run_dir / "train/metrics.jsonl"
     if metrics.is_file() and (lines := metrics.read_text().splitlines()):
-        last = json.loads(lines[-1])
-        found.update(
-            {f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float)) and not k.startswith("time_")}
-        )
+        rows = [json.loads(line) for line in lines if line]
+        if trained := training_rows(rows):  # the last update's
+            last = trained[-1]
+            found.update(
+                {f"train.{k}": v for k, v in last.items() if isinstance(v, (int, float)) and not k.startswith("time_")}
+            )
+        if validated := validation_rows(rows):  # with validation during training, the last point's val/* keys
+            last = validated[-1]
+            found.update(
+                {
+                    f"train.{k}": v
+                    for k, v in last.items()
+                    if isinstance(v, (int, float)) and k.startswith(VALIDATION_PREFIX) and k != VALIDATION_TIME
+                }
+            )
     table = run_dir / "matrix/per_task.csv"
     if table.is_file():  # each cell over all its samples, the held-out check's among them
         with open(table, newline="") as f:

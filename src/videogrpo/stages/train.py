@@ -35,6 +35,7 @@ from videogrpo.provenance import cost, interconnect
 from videogrpo.provenance.digest import sha256_bytes
 from videogrpo.provenance.manifest import StageRun, record_digest
 from videogrpo.provenance.manifest import describe as describe_path
+from videogrpo.provenance.metric_rows import training_rows, validation_rows
 from videogrpo.stages.common import add_config_argument, load_config
 
 INTERCONNECT_SOURCE = (
@@ -215,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
 
         stage.output("final", args.final)
         stage.output("metrics", args.metrics)
-        lines = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
+        rows = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
+        lines, validated = training_rows(rows), validation_rows(rows)  # updates; validation points (train.validate_*)
         stage.summary = {
             "updates": len(lines),
             "checkpoints": str(checkpoints),
@@ -226,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
+            **({"last_validation": validated[-1]} if validated else {}),
             "final_checkpoint": validate_export(args.final, args.model),
         }
     return 0
