@@ -104,18 +104,32 @@ def test_a_run_resumed_from_its_checkpoint_ends_bit_identical(ti2v, tiny_model, 
 
 
 def same_export(a, b) -> bool:
-    """Two exported folders hold the same tensors, bit for bit, and the same metadata (safetensors writes the
-    metadata's keys in no fixed order, so the files' bytes may differ)."""
-    from safetensors import safe_open
+    """Two exported folders hold the same files, byte for byte (the adapters' header is written in one order:
+    grpo.lora.canonical_header)."""
+    names = (exported.ADAPTERS_FILE, "diffusion_pytorch_model.safetensors")
+    return all((a / name).read_bytes() == (b / name).read_bytes() for name in names)
 
-    for name in (exported.ADAPTERS_FILE, "diffusion_pytorch_model.safetensors"):
-        x, y = load_file(a / name), load_file(b / name)
-        if x.keys() != y.keys() or not all(torch.equal(x[k], y[k]) for k in x):
-            return False
-        with safe_open(a / name, "pt") as fa, safe_open(b / name, "pt") as fb:
-            if fa.metadata() != fb.metadata():
-                return False
-    return True
+
+def test_the_adapters_header_is_written_in_one_order(tmp_path):
+    """safetensors writes its metadata map in hash order: the same adapters could be two files with two digests.
+    The header is rewritten sorted, so any order gives the same bytes, and readers see the same tensors."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from videogrpo.grpo.lora import canonical_header
+
+    tensors = {"transformer.b.lora_B.weight": torch.ones(2, 3), "transformer.a.lora_A.weight": torch.arange(6.0)}
+    files = []
+    for i, order in enumerate((("format", "lora", "z"), ("z", "lora", "format"))):
+        path = tmp_path / f"{i}.safetensors"
+        save_file(tensors, str(path), metadata={k: {"format": "pt", "lora": '{"r": 4}', "z": "1"}[k] for k in order})
+        canonical_header(path)
+        files.append(path)
+    assert files[0].read_bytes() == files[1].read_bytes()
+    assert int.from_bytes(files[0].read_bytes()[:8], "little") % 8 == 0
+    with safe_open(files[0], "pt") as f:
+        assert f.metadata() == {"format": "pt", "lora": '{"r": 4}', "z": "1"}
+        assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())
 
 
 def checkpoint_tensors(step_dir) -> dict[str, int]:
@@ -341,3 +355,14 @@ def test_the_flop_count_of_a_lora_update_is_what_torch_counts(tiny_model):
     full = flops.forward_flops(model.config, tokens, text, 2)
     assert counted.training(True) == counter.get_total_flops()
     assert counted.total > full.total and counted.backward < full.backward  # adapters added, weight gradients gone
+
+
+def test_starting_adapters_from_another_runs_weights_is_refused_naming_the_fields(repo):
+    from videogrpo import config
+    from videogrpo.errors import ConfigError
+
+    base = {"train": {"lora_rank": 4, "resume_from": "/ckpt/step-00000100"}}
+    with pytest.raises(ConfigError, match=r"train.resume_from .* train.reset_dataloader: true and train.lora_rank"):
+        config.load([repo / "config/config.yaml"], base)
+    full_state = config.deep_merge(base, {"train": {"reset_dataloader": False}})
+    assert config.load([repo / "config/config.yaml"], full_state).train.lora_rank == 4

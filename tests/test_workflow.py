@@ -322,6 +322,45 @@ def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
     assert len((workdir / "results/runs" / new / "train/metrics.jsonl").read_text().splitlines()) == 2
 
 
+def test_the_tiny_default_with_lora_and_validation_runs_to_its_report(demo, workdir):
+    """docs/options.md's command: LoRA adapters (rank 4) with validation before training and every 2 updates, end
+    to end through snakemake. The export is the adapters alone, which the matrix scores like any trained model."""
+    before = {p.name for p in (workdir / "results/runs").iterdir()}
+    overrides = "train={lora_rank: 4, validate_every: 2, validate_before_training: true}"
+    out = run(["snakemake", "--cores", "2", "--config", overrides], workdir)
+    assert jobs_run(out.stdout + out.stderr) == {
+        "preflight": 1,
+        "train": 1,
+        "generate_cell": 3,
+        "score_cell": 3,
+        "matrix": 1,
+        "report": 1,
+        "all": 1,
+    }
+    (new,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
+    run_dir = workdir / "results/runs" / new
+    final = run_dir / "train/final/transformer"
+    assert sorted(p.name for p in final.iterdir()) == ["pytorch_lora_weights.safetensors"]
+    state = json.loads((run_dir / "train/final/training_state.json").read_text())
+    adapters = (final / "pytorch_lora_weights.safetensors").stat().st_size
+    demo_run = workdir / "results/runs" / first_run_id(workdir)
+    full = (demo_run / "train/final/transformer/diffusion_pytorch_model.safetensors").stat().st_size
+    print(
+        f"LORA trainable {state['layout']['trainable_numel']:,} of "
+        f"{state['layout']['trainable_numel'] + state['layout']['frozen_numel']:,} parameters; "
+        f"adapters {adapters:,} B against the full export's {full:,} B"
+    )
+    assert state["layout"]["trainable_numel"] == 8448 and adapters < full / 5
+    rows = [json.loads(line) for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 2, 4]
+    assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2, 3, 4]
+    page = (run_dir / "report/report.html").read_text()
+    assert "options train.lora_rank = 4, train.validate_every = 2, train.validate_before_training = true" in page
+    assert "Validation during training" in page
+    cells = {row["model"] for row in csv.DictReader((run_dir / "matrix/matrix.csv").open())}
+    assert cells == {"base", "trained"}
+
+
 def test_cli_commands_of_the_readme(demo, workdir):
     out = run(["videogrpo", "--help"], workdir)
     shown = re.findall(r"^    (\S+)", out.stdout, re.M)  # what a person runs; the rules' commands under `stage`

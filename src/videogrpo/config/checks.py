@@ -451,6 +451,14 @@ def _lora_problems(cfg: Config) -> list[str]:
             f"train.lora_targets = {t.lora_targets!r}: must name at least one linear layer of the transformer "
             f"(suffixes of module names, e.g. to_q, ffn.net.2)"
         )
+    if t.resume_from and t.reset_dataloader:
+        # The weights-only loader maps a checkpoint's transformer keys onto the model's; peft renames the wrapped
+        # layers' (base_layer), so it would find none of them.
+        found.append(
+            f"train.resume_from = {t.resume_from!r} with train.reset_dataloader: true and train.lora_rank = "
+            f"{t.lora_rank}: starting adapters from another run's weights is not supported; start the LoRA run from "
+            f"the base model (remove train.resume_from), or resume its own checkpoint (train.reset_dataloader: false)"
+        )
     if cfg.parallel.tensor_parallel > 1:
         # The TP plan replaces the very projections peft wraps (attention and FFN) by sharded ones, whose weights
         # the adapters' merge and export would need whole.

@@ -17,6 +17,7 @@ where), and with train.lora_export_merged the transformer with them merged in as
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.rollout import counter_seed
+from videogrpo.models.lora import ADAPTERS_FILE
 
 SEED_TAG = 0x10A4
 """The key slot of the adapters' initialisation (training's other draws use others)."""
@@ -124,6 +126,7 @@ def write_export(folder: Path, config, adapters: dict, whole: dict | None, cfg: 
     WanPipeline.save_lora_weights(
         str(folder), transformer_lora_layers=adapters, transformer_lora_adapter_metadata=metadata
     )
+    canonical_header(folder / ADAPTERS_FILE)
     if whole is None:
         return
     plain = WanTransformer3DModel.from_config(config)
@@ -133,6 +136,18 @@ def write_export(folder: Path, config, adapters: dict, whole: dict | None, cfg: 
     plain.fuse_lora()
     plain.unload_lora()
     plain.save_pretrained(str(folder))
+
+
+def canonical_header(path: Path) -> None:
+    """Rewrite a safetensors file's JSON header with sorted keys. safetensors writes its metadata map in hash
+    order, so two identical runs wrote different bytes (and digests) for the same adapters; the tensor data and
+    what any reader sees are unchanged."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the header length stays a multiple of 8, as safetensors aligns it
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size :])
 
 
 def adapter_shapes(shapes: dict[str, tuple[int, ...]], rank: int, targets) -> dict[str, tuple[int, ...]]:

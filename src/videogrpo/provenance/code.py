@@ -43,6 +43,8 @@ SHARED_MODULES = frozenset(
         "videogrpo.provenance.code",
         # The interconnect variables: environment that manifests record, never what a stage computes.
         "videogrpo.provenance.interconnect",
+        # Which rows of metrics.jsonl are updates and which validation points: the file's format, as the manifest's.
+        "videogrpo.provenance.metric_rows",
         "videogrpo.stages",
         "videogrpo.stages.common",
     }

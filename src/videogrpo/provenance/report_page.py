@@ -533,6 +533,12 @@ def render_html(
             "time_step_s",
         ]
         parts.append(_table(metric_rows.training_rows(metrics), columns, {"learning_rate": learning_rate_text}))
+        if validated := metric_rows.validation_rows(metrics):
+            parts.append(
+                "<h3>Validation during training: held-out prompts with fixed noise (the dashed series above)</h3>"
+            )
+            columns = ["step", "val/reward_mean", "val/reward_std", "val/prompts", "val/reward_errors", "val/time_s"]
+            parts.append(_table(validated, columns))
     under = f" (<code>{html.escape(check_sampler)}</code>)" if check_sampler else ""
     parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
     if check:
