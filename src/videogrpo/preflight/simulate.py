@@ -109,7 +109,10 @@ def simulated_shape(cfg: Config, shapes: dict[str, dict]) -> memory_plan.ModelSh
     geo = LATENT_GEOMETRY[cfg.model.kind]
     config = next(iter(shapes.values()))
     experts = counts if len(counts) > 1 else ()
-    return memory_plan.ModelShape(config, counts[0], 0, geo["z_dim"], geo["spatial"], geo["temporal"], experts)
+    shape = memory_plan.ModelShape(config, counts[0], 0, geo["z_dim"], geo["spatial"], geo["temporal"], experts)
+    if cfg.train.lora_rank > 0:  # the adapters Experts.build adds: the only parameters with gradients and moments
+        shape = memory_plan.with_lora(shape, cfg.train.lora_rank, cfg.train.lora_targets)
+    return shape
 
 
 def simulation_config(cfg: Config) -> Config:
@@ -381,7 +384,7 @@ def _check_dcp_plan(experts, rank: int, result: RankResult) -> None:
     for expert in experts.experts:
         base = "model." if len(experts.experts) == 1 else f"{expert.name}.model."
         for name, param in expert.module.named_parameters():
-            if not hasattr(param, "to_local"):
+            if not hasattr(param, "to_local") or not param.requires_grad:  # a LoRA base is in no checkpoint
                 continue
             expected = (
                 shard_layout.local_shape(name, tuple(param.shape), result.layout),
