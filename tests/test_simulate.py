@@ -58,7 +58,6 @@ def test_a_rollout_and_a_replay_step_run_on_fake_tensors_at_the_recipe_shape():
         assert re.search(rf"{term} [\d.]+ GiB = plan", line), line
 
 
-
 def test_lora_shards_the_frozen_base_with_the_adapters_and_trains_the_adapters_only():
     """rl_5b_cps with rank-32 adapters: 600 adapter parameters beside the 825 of the base, every one sharded as the
     layout says; gradients and AdamW moments exactly the plan's adapter-only terms (tens of MB, not GiB), the
@@ -70,6 +69,7 @@ def test_lora_shards_the_frozen_base_with_the_adapters_and_trains_the_adapters_o
     for term in ("gradients", "AdamW moments"):
         assert re.search(rf"{term} [\d.]+ MB = plan", line), line
     assert "AdamW step" in line and line.endswith(": ok"), line
+
 
 @pytest.mark.parametrize(
     ("recipe", "nodes", "message"),
