@@ -2,7 +2,9 @@
 assignment, the delayed-replay plan, the LR schedule, rollout and replay, two-expert routing, offload, the trainer
 and its torchrun worker; checkpoints and their resume guard (`checkpoint`, `checkpoint_mirror` for object storage),
 SFT initialisation (`sft_init`), FLOP counts and the trackers (`tracking` for W&B and metrics.jsonl,
-`mlflow_run` for MLflow).
+`mlflow_run` for MLflow). The options beyond the reference (docs/options.md): LoRA adapters (`lora`), the optimizer
+stepping in host memory (`host_optimizer`), validation during training (`validation`, sampling through `denoise`,
+the one sampling loop evaluation uses too).
 
 May import: `parallel`, `rewards`, `models`, `data`, `artifacts`, `provenance`, `config` and the core modules.
 """
