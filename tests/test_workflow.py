@@ -305,19 +305,15 @@ def test_forcerun_matrix_reruns_only_matrix_and_report(demo, workdir):
     assert jobs_run(out.stdout + out.stderr) == {"matrix": 1, "report": 1, "all": 1}
 
 
+# A new run of the tiny default: the base model's matrix cells are shared with the demo run, only the trained
+# model's cells are new.
+NEW_RUN_JOBS = {"preflight": 1, "train": 1, "generate_cell": 3, "score_cell": 3, "matrix": 1, "report": 1, "all": 1}
+
+
 def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     out = run(["snakemake", "--cores", "2", "--config", "train={lr: 2.0e-4, max_steps: 2}"], workdir)
-    # The base model's matrix cells are shared with the demo run: only the trained model's cells are new.
-    assert jobs_run(out.stdout + out.stderr) == {
-        "preflight": 1,
-        "train": 1,
-        "generate_cell": 3,
-        "score_cell": 3,
-        "matrix": 1,
-        "report": 1,
-        "all": 1,
-    }
+    assert jobs_run(out.stdout + out.stderr) == NEW_RUN_JOBS
     (new,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     assert len((workdir / "results/runs" / new / "train/metrics.jsonl").read_text().splitlines()) == 2
 
@@ -328,15 +324,7 @@ def test_the_tiny_default_with_lora_and_validation_runs_to_its_report(demo, work
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     overrides = "train={lora_rank: 4, validate_every: 2, validate_before_training: true}"
     out = run(["snakemake", "--cores", "2", "--config", overrides], workdir)
-    assert jobs_run(out.stdout + out.stderr) == {
-        "preflight": 1,
-        "train": 1,
-        "generate_cell": 3,
-        "score_cell": 3,
-        "matrix": 1,
-        "report": 1,
-        "all": 1,
-    }
+    assert jobs_run(out.stdout + out.stderr) == NEW_RUN_JOBS
     (new,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     run_dir = workdir / "results/runs" / new
     final = run_dir / "train/final/transformer"
