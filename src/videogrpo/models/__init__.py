@@ -2,8 +2,9 @@
 evaluation talk to (conditions, velocity, which expert), never to diffusers classes directly.
 
 `wan.py` holds TI2V and the shared loaders, `i2v.py` the two experts and their routing, `prompt_cache.py` the text
-encoder's cache, `lora.py` a trained transformer exported as LoRA adapters, fused into its base for evaluation. May import only the core modules (`errors`); nothing here imports torch at package level, so the
-workflow can read the folder names below without it.
+encoder's cache, `lora.py` a trained transformer exported as LoRA adapters, fused into its base for evaluation.
+May import only the core modules (`errors`); nothing here imports torch at package level, so the workflow can read
+the folder names below without it.
 """
 
 EXPORTED_EXPERTS = {"both": ("transformer", "transformer_2"), "high": ("transformer",), "low": ("transformer_2",)}
