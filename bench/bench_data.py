@@ -100,7 +100,8 @@ def measure_load(dataset: Path, configfiles: list[str]) -> None:
 
     from videogrpo.config import load
     from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
-    from videogrpo.grpo.trainer import dataloader_topology, run_plan
+    from videogrpo.grpo.assignment import dataloader_topology
+    from videogrpo.grpo.trainer import run_plan
 
     cfg = load(configfiles)
 

@@ -328,3 +328,68 @@ def test_a_damaged_weights_file_is_refused_with_the_header_readers_message(tiny_
     assert not check.ok and plan == {} and check.detail == f"cannot plan memory: {message}"
     disk = preflight.check_disk_space(cfg, broken, tmp_path / "run")
     assert not disk.ok and disk.detail == f"cannot size the checkpoints: {message}"
+
+
+# ---- the memory plan's host terms and preflight's host memory check --------------------------------------------
+
+
+def a14b_shape():
+    from diffusers import AutoencoderKLWan
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from videogrpo.models.shapes import WAN_I2V_A14B_EXPERT
+    from videogrpo.preflight.memory_plan import ModelShape, ParamCounts, config_shapes
+
+    with torch.device("meta"):
+        frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**UMT5_XXL)).parameters())
+        frozen += sum(p.numel() for p in AutoencoderKLWan().parameters())  # Wan2.1's VAE (z_dim 16)
+    counts = ParamCounts.from_shapes(config_shapes(WAN_I2V_A14B_EXPERT))
+    return ModelShape(dict(WAN_I2V_A14B_EXPERT), counts, frozen, 16, 8, 4, (counts, counts))
+
+
+@pytest.mark.parametrize("name", ["rl_5b_cps", "rl_a14b_rule"])
+def test_offload_moves_the_moments_off_the_device_into_the_host_plan(name):
+    from videogrpo.preflight import memory_plan
+
+    shape = wan_5b_shape() if name == "rl_5b_cps" else a14b_shape()
+    plain = memory_plan.plan_for_config(recipe(name, parallel={"device_memory_gib": 80}), shape)
+    on = {"device_memory_gib": 80, "offload_optimizer": True, "offload_gradients": True}
+    offloaded = memory_plan.plan_for_config(recipe(name, parallel=on), shape)
+    device = {t.name: t.bytes for t in plain.terms}
+    host = {t.name: t.bytes for t in offloaded.host_terms}
+    assert plain.host_terms == [] and plain.host_bytes == 0
+    assert "AdamW moments" not in {t.name for t in offloaded.terms}
+    assert host["AdamW moments"] == device["AdamW moments"]  # the same bytes, on the other side
+    assert host["master weights copy"] == host["gradients"] == device["AdamW moments"] // 2
+    assert host["frozen models"] == shape.frozen_params * 2  # bf16, parked on CPU for replay
+    assert offloaded.phase_total("replay") == plain.phase_total("replay") - device["AdamW moments"]
+    # offload_gradients: the gradients still sit on the device through the backward passes
+    assert {t.name: t.bytes for t in offloaded.terms}["gradients"] == device["gradients"]
+    print(f"{name}: host {memory_plan.gib(offloaded.host_bytes)} per rank; device peak "
+          f"{memory_plan.gib(plain.peak)} -> {memory_plan.gib(offloaded.peak)}")  # fmt: skip
+    print("\n".join(offloaded.lines()))
+
+
+def test_preflight_refuses_offload_past_the_nodes_host_memory(tiny_model, tmp_path):
+    from videogrpo import config
+    from videogrpo.preflight import checks as preflight
+    from videogrpo.preflight.memory_plan import GIB
+
+    cfg = tiny_on_cuda(device_memory_gib=80, offload_optimizer=True, offload_gradients=True, procs_per_node=8)
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.write_text("MemTotal:       16777216 kB\nMemFree:        1024 kB\n")  # 16 GiB: the reserve alone
+    large.write_text(f"MemTotal:       {64 * GIB // 1024} kB\n")
+    check, report = preflight.check_memory_plan(cfg, tiny_model, meminfo=small)
+    assert not check.ok and report["host_bytes"] > 0
+    fix = "set parallel.offload_optimizer and parallel.offload_gradients to false"
+    for words in ("parallel.offload_optimizer = true", "8 ranks per node (parallel.procs_per_node)", "16 GiB reserve",
+                  "MemTotal", str(small), fix):  # fmt: skip
+        assert words in check.detail
+    assert preflight.check_memory_plan(cfg, tiny_model, meminfo=large)[0].ok
+    assert preflight.check_memory_plan(cfg, tiny_model, meminfo=tmp_path / "none")[0].ok  # unknown: not refused
+    plain = config.from_dict(
+        config.to_dict(cfg)
+        | {"parallel": config.to_dict(cfg)["parallel"] | {"offload_optimizer": False, "offload_gradients": False}},
+        partial=True,
+    )  # noqa: E501
+    assert preflight.check_memory_plan(plain, tiny_model, meminfo=small)[0].ok  # no offload: no host check

@@ -507,6 +507,7 @@ def test_manual_two_machine_launch_equals_the_local_run(demo, workdir):
         json.loads(p.read_text())["outputs"]["final"]["entries"]["transformer/diffusion_pytorch_model.safetensors"][0]
         for p in runs
         if json.loads(p.read_text())["summary"]["updates"] == 4
+        and not json.loads(p.read_text())["params"]["train"].get("lora_rank")  # the LoRA run exports adapters
     }
     assert len(weights) == 1, "1 machine x 2 processes and 2 machines x 1 process must train the same weights"
 
