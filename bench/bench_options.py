@@ -80,16 +80,7 @@ def train(cfg: dict, out: Path, model: Path, dataset: Path) -> dict:
 
     resolved = config_module.from_dict(cfg)
     torch.set_num_threads(resolved.parallel.cpu_threads)  # what process_groups.init does in a worker
-    paths = TrainPaths(
-        model,
-        dataset,
-        Path(cfg["evalkit"]["path"]),
-        out / "checkpoints",
-        out / "final",
-        out / "metrics.jsonl",
-        out,
-        {},
-    )
+    paths = TrainPaths.under(out, model, dataset, Path(cfg["evalkit"]["path"]))
     out.mkdir(parents=True)
     with open(out / "log.txt", "w") as log, contextlib.redirect_stderr(log):
         trainer = Trainer(resolved, paths, process_groups.Context(0, 1, 0, torch.device("cpu")), "bench")

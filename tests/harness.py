@@ -145,16 +145,8 @@ def trainer_in_process(
 
     resolved = config.from_dict(cfg)
     torch.set_num_threads(resolved.parallel.cpu_threads)  # what process_groups.init does in a worker
-    paths = TrainPaths(
-        tiny_model,
-        dataset,
-        Path(cfg["evalkit"]["path"]),
-        out / "checkpoints",
-        out / "final",
-        out / "metrics.jsonl",
-        out,
-        inputs or {},
-    )
+    paths = TrainPaths.under(out, tiny_model, dataset, Path(cfg["evalkit"]["path"]))
+    paths.input_digests = inputs or {}
     return Trainer(resolved, paths, process_groups.Context(0, world_size, 0, torch.device("cpu")), "test")
 
 

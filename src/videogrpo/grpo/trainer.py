@@ -66,6 +66,13 @@ class TrainPaths:
     input_digests: dict[str, str] = field(default_factory=dict)
     """Digests of the training inputs (model, dataset, training ids): checkpoints record them."""
 
+    @classmethod
+    def under(cls, run_dir: Path, model: Path, dataset: Path, evalkit: Path | None) -> TrainPaths:
+        """Every output in one run directory (checkpoints/, final/, metrics.jsonl), as in-process runs lay it out."""
+        return cls(
+            model, dataset, evalkit, run_dir / "checkpoints", run_dir / "final", run_dir / "metrics.jsonl", run_dir
+        )
+
 
 @dataclass
 class Chunk:
