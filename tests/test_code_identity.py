@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import videogrpo
+from videogrpo.errors import VideoGRPOError
 from videogrpo.grpo import checkpoint
 from videogrpo.provenance import code
 from videogrpo.stages import STAGES
@@ -67,13 +68,37 @@ def test_an_edit_of_shared_plumbing_changes_no_stage(package):
     assert stage_codes(package) == before
 
 
-def test_a_file_shipped_beside_the_code_counts_by_its_bytes(package):
+def test_a_file_a_module_declares_as_its_package_data_counts_by_its_bytes(package):
     template = package / "provenance/page.css"  # a page template the report would read
     template.write_text("body { margin: 0 }\n")
+    page = package / "provenance/report_page.py"
+    page.write_text(page.read_text() + '\n\nPACKAGE_DATA = ("page.css",)\n')
     before = stage_codes(package)
     template.write_text("body { margin: 1px }\n")
     after = stage_codes(package)
     assert after["report"] != before["report"] and after["train"] == before["train"]
+    template.unlink()
+    with pytest.raises(VideoGRPOError, match=r"report_page.py: PACKAGE_DATA names 'page.css', which is not there"):
+        stage_codes(package)
+
+
+@pytest.mark.parametrize("stray", ["trainer.py~", "#trainer.py#", "trainer.py.orig", "notes.txt", "trainer.py.rej"])
+def test_an_editor_or_patch_leftover_beside_a_module_changes_no_stage(package, stray):
+    before = stage_codes(package)
+    trainer = package / "grpo/trainer.py"
+    (trainer.parent / stray).write_text(trainer.read_text() + "\nEDITED = 1\n")
+    assert stage_codes(package) == before
+
+
+def test_package_data_declared_by_a_module_is_shipped_with_the_package():
+    """What a module declares must be in pyproject's package-data, or an installed package would lack it."""
+    import tomllib
+
+    shipped = tomllib.loads((PACKAGE.parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped_files = {path for pattern in shipped["package-data"]["videogrpo"] for path in PACKAGE.glob(pattern)}
+    for module, path in code.module_files().items():
+        for name in code.parsed(path)[3]:
+            assert path.parent / name in shipped_files, (module, name)
 
 
 def test_the_trainer_math_is_what_the_trainer_runs_but_its_logging():

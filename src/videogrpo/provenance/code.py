@@ -8,7 +8,11 @@ computes an update. Both mean the same thing:
   every module a string names in full (`python -m videogrpo.grpo.worker`, `importlib.import_module(...)`),
   plus the `__init__.py` of each package on the way (importing a module runs them);
 - a module's digest is that of its syntax tree without docstrings (`digest.code_digest`): comments, docstrings
-  and layout never count; a file beside the code that is not Python (a page template) counts by its bytes.
+  and layout never count;
+- a file that is not Python counts, by its bytes, only when the module that reads it declares it: a module-level
+  `PACKAGE_DATA = ("page.css", ...)` of names beside the module (and shipped: pyproject's package-data). An
+  editor's backup (`trainer.py~`, `#trainer.py#`), a patch's `.orig` or a note beside a module is no part of
+  anything, so it reruns nothing.
 
 Shared plumbing (`SHARED`: the CLI, the error type, atomic writes, progress, config, the manifest writer, the
 workflow helpers) is neither part nor traversed: its effects show in config values and manifests, so an edit
@@ -24,6 +28,7 @@ import re
 from pathlib import Path
 
 from videogrpo import atomic
+from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.digest import sha256_bytes, sha256_file, strip_docstrings, tree_digest_of_entries
 
 PACKAGE = "videogrpo"
@@ -77,8 +82,32 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def _parse(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
-    """(code digest, dotted names it imports, dotted names its strings name) of a Python file."""
+DATA_DECLARATION = "PACKAGE_DATA"
+
+
+def _declared_data(tree: ast.Module, path: Path) -> tuple[str, ...]:
+    """The names a module-level `PACKAGE_DATA = (...)` declares: string literals only, since the identity is found
+    without running the module."""
+    found: tuple[str, ...] = ()
+    for node in tree.body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if not any(isinstance(t, ast.Name) and t.id == DATA_DECLARATION for t in targets):
+            continue
+        value = node.value
+        if not (
+            isinstance(value, (ast.Tuple, ast.List))
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts)
+        ):
+            raise ValueError(f"{path}: {DATA_DECLARATION} must be a tuple of string literals (file names beside it)")
+        found = tuple(e.value for e in value.elts)
+    return found
+
+
+def _parse(path: Path) -> tuple[str, frozenset[str], frozenset[str], tuple[str, ...]]:
+    """(code digest, dotted names it imports, dotted names its strings name, package data it declares) of a Python
+    file."""
     tree = strip_docstrings(ast.parse(path.read_text(encoding="utf-8")))
     imported: set[str] = set()
     named: set[str] = set()
@@ -95,7 +124,7 @@ def _parse(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
     def ours(names: set[str]) -> frozenset[str]:
         return frozenset(n for n in names if n == PACKAGE or n.startswith(PACKAGE + "."))
 
-    return digest, ours(imported), ours(named)
+    return digest, ours(imported), ours(named), _declared_data(tree, path)
 
 
 class _ParseCache:
@@ -107,7 +136,7 @@ class _ParseCache:
     ignored and rebuilt; a read-only package simply goes without it.
     """
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(self, package_dir: Path | None):
         self.file = package_dir / "__pycache__" / "code-identity.json" if package_dir else None
@@ -123,18 +152,18 @@ class _ParseCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
 
-    def get(self, path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
+    def get(self, path: Path) -> tuple[str, frozenset[str], frozenset[str], tuple[str, ...]]:
         if self.entries is None:
             self.entries = self._load()
         st = path.stat()
         key = str(path)
         entry = self.entries.get(key)
-        if isinstance(entry, list) and len(entry) == 5 and entry[:2] == [st.st_size, st.st_mtime_ns]:
-            return entry[2], frozenset(entry[3]), frozenset(entry[4])
-        digest, imported, named = _parse(path)
-        self.entries[key] = [st.st_size, st.st_mtime_ns, digest, sorted(imported), sorted(named)]
+        if isinstance(entry, list) and len(entry) == 6 and entry[:2] == [st.st_size, st.st_mtime_ns]:
+            return entry[2], frozenset(entry[3]), frozenset(entry[4]), tuple(entry[5])
+        digest, imported, named, data = _parse(path)
+        self.entries[key] = [st.st_size, st.st_mtime_ns, digest, sorted(imported), sorted(named), list(data)]
         self.dirty = True
-        return digest, imported, named
+        return digest, imported, named, data
 
     def save(self) -> None:
         if not self.dirty or self.entries is None or self.file is None:
@@ -153,14 +182,15 @@ def _cache(package_dir: Path | None) -> _ParseCache:
     return _ParseCache(package_dir)
 
 
-def parsed(path: Path) -> tuple[str, frozenset[str], frozenset[str]]:
-    """(code digest, dotted names of this package it imports, those its strings name) of a Python file."""
+def parsed(path: Path) -> tuple[str, frozenset[str], frozenset[str], tuple[str, ...]]:
+    """(code digest, dotted names of this package it imports, those its strings name, the package data it declares)
+    of a Python file."""
     # Only this installed package keeps its cache on disk; another tree (a test's copy) parses in memory.
     return _cache(PACKAGE_DIR if path.is_relative_to(PACKAGE_DIR) else None).get(path)
 
 
 def _edges(name: str, modules: dict[str, Path], named: bool = True) -> frozenset[str]:
-    _, imports, names = parsed(modules[name])
+    _, imports, names, _ = parsed(modules[name])
     resolved = (_resolve(dotted, modules) for dotted in (imports | names if named else imports))
     return frozenset(m for m in resolved if m)
 
@@ -198,17 +228,22 @@ def _rel(path: Path, package_dir: Path) -> str:
 
 
 def part_digests(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """Package-relative path -> digest, for each module's file and the non-Python files beside it (package data)."""
+    """Package-relative path -> digest, for each module's file and the package data it declares (nothing else
+    beside it counts)."""
     files = module_files(package_dir)
     digests = {}
     for module in modules:
         path = files[module]
-        digests[_rel(path, package_dir)] = parsed(path)[0]
-        if path.name == "__init__.py":  # every module's parent package: its folder's files belong to its modules
-            continue
-        for data in path.parent.iterdir():
-            if data.is_file() and data.suffix not in (".py", ".pyc") and not data.name.startswith("."):
-                digests[_rel(data, package_dir)] = sha256_file(data)
+        digest, _, _, data = parsed(path)
+        digests[_rel(path, package_dir)] = digest
+        for name in data:
+            declared = path.parent / name
+            if not declared.is_file():
+                raise VideoGRPOError(
+                    f"{path}: {DATA_DECLARATION} names {name!r}, which is not there ({declared}); restore it, or drop "
+                    f"it from {DATA_DECLARATION}"
+                )
+            digests[_rel(declared, package_dir)] = sha256_file(declared)
     return dict(sorted(digests.items()))
 
 
