@@ -19,11 +19,13 @@ include: "workflow/rules/matrix.smk"
 include: "workflow/rules/report.smk"
 
 
-# Every stage's manifest, not only the report: Snakemake takes a missing intermediate file of a complete
-# report as fine, so a stage whose outputs a failure removed would never run again by a plain rerun.
+# Every declared output of every stage, not only the report: Snakemake checks only the outputs some job
+# requests, so an output nothing downstream reads (train/final, the dataset's index) that a failure or a
+# person removed would never be made again by a plain rerun.
 rule all:
     default_target: True
     input:
         REPORT_HTML,
         **STAGE_MANIFESTS,
+        outputs=every_stage_output,
     localrule: True

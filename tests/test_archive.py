@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import subprocess
 import tarfile
@@ -266,10 +267,19 @@ def test_resume_trusts_a_kept_file_only_through_its_archive_record(tmp_path):
     assert repaired.repaired == [f"{TASK}/{sample_id}/video/prompt.txt"] and prompt.read_bytes() == original
     assert any(f"repairing raw/{TASK}/{sample_id}/video/prompt.txt" in line for line in logs)
     assert repaired.record["counts"]["files_written"] == 1 and repaired.record["counts"]["files_kept"] == 4
-    # Corruption that restores the mtime passes the cheap check; verify_existing hashes every kept file.
+    # Corruption that puts the mtime back still moves the change time (the kernel's): hashed and repaired.
     st = prompt.stat()
     prompt.write_bytes(b"Y" * len(original))
     os.utime(prompt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert unpack(out, [archive]).repaired == [f"{TASK}/{sample_id}/video/prompt.txt"]
+    assert prompt.read_bytes() == original
+    # A record whose stamps match a changed file (a file system without reliable change times) passes the cheap
+    # check; verify_existing hashes every kept file.
+    prompt.write_bytes(b"Y" * len(original))
+    (record_file,) = (out / ".unpacked").glob("*.json")
+    record = json.loads(record_file.read_text())
+    record["files"][f"{TASK}/{sample_id}/video/prompt.txt"][2:] = [prompt.stat().st_mtime_ns, prompt.stat().st_ctime_ns]
+    record_file.write_text(json.dumps(record))
     assert unpack(out, [archive]).repaired == []
     assert unpack(out, [archive], verify_existing=True).repaired == [f"{TASK}/{sample_id}/video/prompt.txt"]
     assert prompt.read_bytes() == original

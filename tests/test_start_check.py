@@ -128,12 +128,14 @@ def test_stage_jobs_take_named_inputs_manifests_undeclared_reads_and_pins_of_sta
             fetch_model_manifest="r/models/m/fetch_model.manifest.json",
         ),
         fake_job("fingerprint_evalkit", ["r/evalkit/e/fingerprint.json"], sources=["kit/run_evaluation.py"]),
+        fake_job("materialize_dataset", ["r/data/d/m.manifest.json"]),
     ]
     reads = {"train": {"raw": "r/data/d/raw", "materialize_dataset_manifest": "r/data/d/m.manifest.json"}}
-    found = start.stage_jobs(
-        jobs, ["train", "fingerprint_evalkit"], reads, {"fingerprint_evalkit"}, ("kit", "a"), {"sources"}, None
-    )
-    train, kit = found
+    writes = {"materialize_dataset": ["r/data/d/raw"]}
+    stages = ["train", "fingerprint_evalkit", "materialize_dataset"]
+    found = start.stage_jobs(jobs, stages, reads, writes, {"fingerprint_evalkit"}, ("kit", "a"), {"sources"}, None)
+    train, kit, materialize = found
+    assert materialize.outputs == ["r/data/d/m.manifest.json", "r/data/d/raw"]
     assert train.inputs == {"model": "r/models/m/pipeline", "raw": "r/data/d/raw"}
     assert train.upstream == ["r/models/m/fetch_model.manifest.json", "r/data/d/m.manifest.json"]
     assert train.evalkit is None and kit.evalkit == ("kit", "a") and kit.inputs == {} and kit.tree is None

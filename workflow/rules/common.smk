@@ -138,6 +138,7 @@ onstart:
         workflow.dag.needrun_jobs(),
         STAGES,
         UNDECLARED_READS,
+        UNDECLARED_WRITES,
         EVALKIT_READERS,
         (CFG.evalkit.path, CFG.evalkit.digest),
         PINNED_INPUTS,
@@ -431,6 +432,18 @@ def matrix_cell_args(wildcards, input):
 
 STAGE_MANIFESTS.update(matrix_manifests())
 
+
+def every_stage_output(wildcards):
+    """Every declared output of every stage job of the run (the target's input function: by then every rule is
+    defined): each stage's outputs, with the wildcards of its manifest in STAGE_MANIFESTS (a matrix cell's model and
+    sampler), so that a removed one is made again by a plain rerun."""
+    found = []
+    for key, manifest in STAGE_MANIFESTS.items():
+        stage = workflow.get_rule(key.split(":")[0])
+        found += [str(out) for out in stage.expand_output(stage.get_wildcards(manifest))[0]]
+    return found
+
+
 # What the check at the start of a run covers beyond the rules' declared inputs (pipeline/start_check.py).
 # The stages that read the EvalKit checkout: it must be at evalkit.digest before they start.
 EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "score_cell"} | ({"train"} if RULE_REWARD else set())
@@ -452,3 +465,6 @@ UNDECLARED_READS = {
     "generate_cell": _BUILT_TREE,
     "score_cell": _BUILT_TREE,
 }
+# What a stage writes beyond its declared outputs on a shared file system: a run that reruns it remakes these, so
+# they are not checked against its old manifest (in object storage raw/ is a declared output).
+UNDECLARED_WRITES = {} if OBJECT_STORAGE else {"materialize_dataset": [DATASET_PARTS["raw"]]}

@@ -4,10 +4,12 @@ Never calls a tar library's extract: members are streamed (`data/archive.py`), t
 absolute paths, no `.` or `..` components, no links or devices, UTF-8 only) and their sizes limited.
 A member's bytes go to a temporary name beside its target and are hashed on the way; only once the
 whole archive has been read to the end of its gzip stream, and its SHA-256 matches the one the fetch
-recorded, are its files renamed into place and the archive's record (every file's SHA-256, size and
-mtime) written to `.unpacked/`. A corrupt archive therefore leaves nothing behind, and a resume
-trusts a kept file only through that record: unchanged size and mtime, or else a SHA-256 that still
-matches. Archives are unpacked in parallel processes; every byte is read and hashed once.
+recorded, are its files renamed into place and the archive's record (every file's SHA-256, size,
+mtime and change time) written to `.unpacked/`. A corrupt archive therefore leaves nothing behind, and
+a resume trusts a kept file only through that record: unchanged size, mtime and change time, or else a
+SHA-256 that still matches. The kernel sets the change time on every write, so a file overwritten in
+place with its size and mtime put back is hashed, and repaired. Archives are unpacked in parallel
+processes; every byte is read and hashed once.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None
     """Stream one archive into temporary files, verify it end to end, then rename them into place.
 
     Returns the archive's record: {"archive", "sha256", "size", "ignored", "files": {rel: [sha, size,
-    mtime_ns]}} for the files written, and "trusted" for those skipped.
+    mtime_ns, ctime_ns]}} for the files written, and "trusted" for those skipped.
     """
     archive, raw = Path(job.archive), job.raw_dir
     files: dict[str, list] = {}
@@ -128,7 +130,7 @@ def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.add(parent)
                 tmp = f"{parent}/.{base}.{os.getpid()}.tmp"
-                temporaries.append((tmp, target))
+                temporaries.append((tmp, target, rel))
                 sha = hashlib.sha256()
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
                 try:
@@ -146,13 +148,14 @@ def unpack_archive(job: ArchiveJob, on_read: Callable[[int], None] | None = None
                 f"{archive}: SHA-256 {sha256} differs from {job.expected_sha256} recorded by {job.expected_from}; "
                 f"the file changed after it was fetched: rerun fetch_dataset (snakemake --forcerun fetch_dataset)"
             )
-        for tmp, final in temporaries:
+        for tmp, final, rel in temporaries:
             os.replace(tmp, final)
+            files[rel].append(os.stat(final).st_ctime_ns)  # the rename sets it: the stamp a resume compares
         temporaries.clear()
     except OSError as err:
         raise _unpack_error(err, job, member, target) from None
     finally:
-        for tmp, _ in temporaries:
+        for tmp, _, _ in temporaries:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
@@ -181,11 +184,12 @@ class Materialized:
 def _check_kept(raw: Path, files: dict[str, list], verify_existing: bool, threads: int) -> tuple[set[str], list[str]]:
     """Files of a completed archive that are still what its record says: (trusted, to repair).
 
-    A file whose size and mtime are as recorded is trusted (unless verify_existing); any other is
-    hashed, and trusted only when its SHA-256 still matches.
+    A file whose size, mtime and change time are as recorded is trusted (unless verify_existing); any
+    other is hashed, and trusted only when its SHA-256 still matches (a record without a change time is
+    hashed once, then stamped).
     """
     trusted, suspect, repair = set(), [], []
-    for rel, (_, size, mtime_ns) in files.items():
+    for rel, (_, size, *stamp) in files.items():
         try:
             st = os.stat(raw / rel)
         except FileNotFoundError:
@@ -193,14 +197,15 @@ def _check_kept(raw: Path, files: dict[str, list], verify_existing: bool, thread
             continue
         if st.st_size != size:
             repair.append(rel)
-        elif not verify_existing and st.st_mtime_ns == mtime_ns:
+        elif not verify_existing and stamp == [st.st_mtime_ns, st.st_ctime_ns]:
             trusted.add(rel)
         else:
             suspect.append(rel)
     for rel, (found, _) in digest.tree_entries(raw, suspect, threads=max(1, threads)).items():
         if found == files[rel][0]:
             trusted.add(rel)
-            files[rel][2] = os.stat(raw / rel).st_mtime_ns
+            st = os.stat(raw / rel)
+            files[rel][2:] = [st.st_mtime_ns, st.st_ctime_ns]
         else:
             repair.append(rel)
     return trusted, sorted(repair)
@@ -356,7 +361,7 @@ def materialize(
                 log(f"repairing raw/{rel}: not what {archive.name} holds (recorded SHA-256 {record['files'][rel][0]})")
             repaired += repair
             if not repair:
-                if json.dumps(record, sort_keys=True) != before:  # mtimes refreshed after a hash check
+                if json.dumps(record, sort_keys=True) != before:  # stamps refreshed after a hash check
                     atomic.write_json(records_dir / f"{archive.name}.json", record, compact=True)
                 records[archive.name] = record
                 kept += len(record["files"])
@@ -382,7 +387,7 @@ def materialize(
         files = {rel: old[rel] for rel in result.pop("trusted")}
         tally["kept"] += len(files)
         tally["written"] += len(result["files"])
-        tally["bytes"] += sum(size for _, size, _ in result["files"].values())
+        tally["bytes"] += sum(entry[1] for entry in result["files"].values())
         result["files"] = dict(sorted({**files, **result["files"]}.items()))
         atomic.write_json(records_dir / f"{result['archive']}.json", result, compact=True)
         records[result["archive"]] = result
@@ -475,7 +480,7 @@ def _read_record(path: Path, archive: Path | None, expected_sha256: str | None) 
 
 def _raw_entries(raw: Path, records: dict[str, dict], threads: int, log: Callable[[str], None]) -> dict:
     """(sha256, size) of every file under raw/, from the records where they vouch for it, hashed otherwise."""
-    known = {rel: (sha, size) for r in records.values() for rel, (sha, size, _) in r["files"].items()}
+    known = {rel: (sha, size) for r in records.values() for rel, (sha, size, *_) in r["files"].items()}
     entries = digest.tree_entries(raw, threads=threads, known=known)
     strays = [rel for rel in entries if rel not in known]
     if strays:

@@ -47,6 +47,7 @@ def stage_jobs(
     jobs: Iterable[Any],
     stages: Iterable[str],
     undeclared_reads: dict[str, dict[str, str]],
+    undeclared_writes: dict[str, list[str]],
     evalkit_readers: set[str],
     evalkit: tuple[str, str],
     pinned_inputs: set[str],
@@ -55,7 +56,8 @@ def stage_jobs(
     """StageJobs of Snakemake's jobs (anything with `rule.name`, named `input` and `output`): the stage jobs only,
     their named inputs but the pinned ones (checked by their pin), their upstream manifests, what they read beyond
     their declared inputs (`undeclared_reads`, by stage: paths by name, the manifests that vouch for them
-    included), and their pins."""
+    included), what they write beyond their declared outputs (`undeclared_writes`, by stage: a job that writes it
+    remakes it, so no other job of the run checks it against its old record), and their pins."""
     stages = set(stages)
     found = []
     for job in jobs:
@@ -76,7 +78,7 @@ def stage_jobs(
                 stage,
                 inputs,
                 upstream,
-                [str(out) for out in job.output],
+                [str(out) for out in job.output] + list(undeclared_writes.get(stage, [])),
                 evalkit if stage in evalkit_readers else None,
                 tree if stage == "eval_set" else None,
             )

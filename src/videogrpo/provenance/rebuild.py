@@ -94,17 +94,20 @@ def run_invocation(results: Path, run_id: str) -> dict[str, Any] | None:
     return plain if _makes(plain, run_id) else None
 
 
-def rebuild_hint(run_dir: Path) -> str:
-    """How to rebuild the missing stages of the run in `run_dir` (results/runs/<run>), for a message."""
+def rebuild_hint(run_dir: Path, forcerun: list[str] | tuple[str, ...] = ()) -> str:
+    """How to rebuild the run in `run_dir` (results/runs/<run>), for a message: every stage whose manifest is
+    missing (a plain rerun makes those) and, with `forcerun`, those stages or files again (an output changed in
+    place, which no rerun would make again by itself)."""
     results, run_id = run_dir.parent.parent, run_dir.name
     invocation = run_invocation(results, run_id)
+    again = f" --forcerun {' '.join(forcerun)}" if forcerun else ""
     if invocation is None:
         return (
-            f"`snakemake --cores <N>` and the --configfile and --config options that made run {run_id}, which "
+            f"`snakemake --cores <N>{again}` and the --configfile and --config options that made run {run_id}, which "
             f"records no invocation: `videogrpo config --configfile ... --set ... --run-id` prints {run_id} for them"
         )
     command = invocation_command(invocation)
-    if command == "snakemake --cores <N>":
+    if command == "snakemake --cores <N>" and not forcerun:
         return REBUILD
     changed = [
         entry["path"]
@@ -117,10 +120,8 @@ def rebuild_hint(run_dir: Path) -> str:
         if changed
         else ""
     )
-    return (
-        f"`{command}` (the invocation that started run {run_id}; it rebuilds every stage whose manifest is "
-        f"missing{note})"
-    )
+    what = "every stage whose manifest is missing" + (f", and {' '.join(forcerun)} again" if forcerun else "")
+    return f"`{command}{again}` (the invocation that started run {run_id}; it rebuilds {what}{note})"
 
 
 def _sha256(path: str) -> str:

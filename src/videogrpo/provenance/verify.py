@@ -96,32 +96,15 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     expected = [Path(p) for p in json.loads(listed.read_text()).values()] if listed.is_file() else []
     manifests = run_manifests(run_dir, result.problems, expected)
     progress = Progress("verify", total=len(manifests), unit="manifests")
-    for _, manifest in sorted(manifests.items()):
-        for name, record in sorted(manifest["outputs"].items()):
-            where = f"{manifest['stage']} output {name}"
-            target = Path(record["path"])
-            if record["kind"] == "file":
-                result.checked += 1
-                if not target.is_file():
-                    result.problems.append(f"MISSING {target} ({where})")
-                elif (found := digest.sha256_file(target)) != record["sha256"]:
-                    result.problems.append(f"CHANGED {target} ({where}): recorded {record['sha256']}, found {found}")
-                continue
-            if not target.is_dir():
-                result.problems.append(f"MISSING {target}/ ({where})")
-                continue
-            recorded = record.get("entries", {})
-            current = digest.tree_entries(target)
-            result.checked += len(current)
-            for rel in sorted(set(recorded) | set(current)):
-                if rel not in current:
-                    result.problems.append(f"MISSING {target / rel} ({where})")
-                elif rel not in recorded:
-                    result.problems.append(f"ADDED   {target / rel} ({where})")
-                elif list(current[rel]) != list(recorded[rel]):
-                    result.problems.append(
-                        f"CHANGED {target / rel} ({where}): recorded {recorded[rel][0]}, found {current[rel][0]}"
-                    )
+    made_again: list[str] = []  # what to force: a stage whose output changed or vanished is not rerun by itself
+    per_stage = Counter(manifest["stage"] for manifest in manifests.values())
+    for path, manifest in sorted(manifests.items()):
+        before = len(result.problems)
+        result.checked += _check_outputs(manifest, result.problems)
+        if len(result.problems) > before:
+            # A stage of several jobs (the matrix cells) is forced by the one job's manifest, a file it makes.
+            target = manifest["stage"] if per_stage[manifest["stage"]] == 1 else str(path)
+            made_again += [] if target in made_again else [target]
         progress.update()
     progress.finish()
     checked, problems = pins.pin_problems(manifests)
@@ -130,9 +113,43 @@ def verify_run(run_dir: Path, log=print) -> Verification:
     for line in result.problems:
         log(line)
     log(f"{len(manifests)} manifests, {result.checked} files checked, {len(result.problems)} problems")
+    if made_again:
+        log(f"rebuild what changed or is missing with {rebuild_hint(run_dir, made_again)}")
     if (status := run_status(run_dir)) is not None:  # last: what a person reads first after a long list
         log(status)
     return result
+
+
+def _check_outputs(manifest: dict[str, Any], problems: list[str]) -> int:
+    """Re-hash a manifest's outputs, adding a line per changed, missing or added file to `problems`; returns how
+    many files were checked."""
+    checked = 0
+    for name, record in sorted(manifest["outputs"].items()):
+        where = f"{manifest['stage']} output {name}"
+        target = Path(record["path"])
+        if record["kind"] == "file":
+            checked += 1
+            if not target.is_file():
+                problems.append(f"MISSING {target} ({where})")
+            elif (found := digest.sha256_file(target)) != record["sha256"]:
+                problems.append(f"CHANGED {target} ({where}): recorded {record['sha256']}, found {found}")
+            continue
+        if not target.is_dir():
+            problems.append(f"MISSING {target}/ ({where})")
+            continue
+        recorded = record.get("entries", {})
+        current = digest.tree_entries(target)
+        checked += len(current)
+        for rel in sorted(set(recorded) | set(current)):
+            if rel not in current:
+                problems.append(f"MISSING {target / rel} ({where})")
+            elif rel not in recorded:
+                problems.append(f"ADDED   {target / rel} ({where})")
+            elif list(current[rel]) != list(recorded[rel]):
+                problems.append(
+                    f"CHANGED {target / rel} ({where}): recorded {recorded[rel][0]}, found {current[rel][0]}"
+                )
+    return checked
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
