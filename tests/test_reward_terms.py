@@ -173,6 +173,10 @@ NOT_AMONG = r"reward.kind = 'vbvr_rule' is not among reward.terms \(vbvr_vlm\): 
         ({"terms": {"vbvr_rule": float("nan")}}, "reward.terms.vbvr_rule = nan: a term's weight must be finite"),
         ({"terms": {"vbvr_rule": float("inf")}}, "reward.terms.vbvr_rule = inf: a term's weight must be finite"),
         ({"terms": {"vbvr_vlm": 1.0}}, NOT_AMONG),
+        (
+            {"terms": {"vbvr_rule": 1.0, "vbvr_vlm": -1.0}},
+            r"reward.terms = .*: the weights sum to 0, so a rollout that every reward scores alike .* non-zero sum",
+        ),
         (BOTH_TERMS_NO_RUBRICS, "reward.judge_prompts = '', .* the vbvr_vlm reward needs its rubric source"),
     ],
 )

@@ -197,6 +197,17 @@ def _terms_problems(cfg: Config) -> list[str]:
                 f"reward.terms.{kind} = {weight!r}: a term's weight must be finite and non-zero (remove the term to "
                 f"drop it)"
             )
+    total = sum(r.terms.values())
+    if (
+        len(r.terms) > 1
+        and all(map(math.isfinite, r.terms.values()))
+        and abs(total) <= 1e-9 * max(map(abs, r.terms.values()))
+    ):
+        found.append(
+            f"reward.terms = {dict(r.terms)}: the weights sum to 0, so a rollout that every reward scores alike gets "
+            f"the same combined reward whether it scores 0 or 1 on them all, and the advantage sees only where the "
+            f"rewards disagree; give the weights a non-zero sum (a negative weight is a penalty: e.g. 1.0 and -0.5)"
+        )
     if r.terms and r.kind not in r.terms:
         found.append(
             f"reward.kind = {r.kind!r} is not among reward.terms ({', '.join(sorted(r.terms))}): with terms, "

@@ -193,10 +193,11 @@ class RewardConfig:
     judge_ready_timeout_s: float = 1800.0
     """Seconds to wait for the judge service to answer before the run fails."""
     terms: dict[str, float] = field(default_factory=dict)
-    """Several rewards: reward kind (`vbvr_rule`, `vbvr_vlm`) -> weight (finite, non-zero; negative: a penalty);
-    the advantage is taken from the weighted sum and each term's raw mean is logged (`reward/<kind>`); each term
-    fails as its own fail_on_error says (evalkit.fail_on_error, judge_fail_on_error), and every term's runtime is
-    started and checked. reward.kind must be one of the terms. Empty: reward.kind alone, as the reference."""
+    """Several rewards: reward kind (`vbvr_rule`, `vbvr_vlm`) -> weight (finite, non-zero, with a non-zero sum;
+    negative: a penalty); the advantage is taken from the weighted sum and each term's raw mean is logged
+    (`reward/<kind>`); each term fails as its own fail_on_error says (evalkit.fail_on_error, judge_fail_on_error),
+    and every term's runtime is started and checked. reward.kind must be one of the terms. Empty: reward.kind alone,
+    as the reference."""
 
 
 @dataclass
