@@ -2,7 +2,7 @@
 
 import pytest
 
-from videogrpo.grpo.replay import plan, should_checkpoint, total_updates
+from videogrpo.grpo.replay import describe, plan, should_checkpoint, total_updates
 
 
 def updates_of(actions):
@@ -89,3 +89,17 @@ def test_the_5b_recipes_make_7728_updates_in_five_epochs_of_1562_batches():
     actions = plan(batches_per_epoch=1562, epochs=5, save_steps=100, max_steps=None, delayed=True)
     assert total_updates(actions) == 7728
     assert len(actions) == 1562 * 5
+
+
+def test_the_run_length_names_the_limit_that_set_it():
+    """The trainer's first line says which limit ended the run and why, so that `max_steps: 8` running 6 updates
+    is explained, not silent."""
+    longer = describe(plan(6, 1, 0, 8, False), 6, 1, 8, False)
+    assert longer.startswith("6 updates in 6 batches (synchronous): train.epochs = 1 x 6 batches per epoch = 6")
+    assert "end the run before train.max_steps = 8" in longer and "raise train.epochs" in longer
+    shorter = describe(plan(6, 1, 0, 4, False), 6, 1, 4, False)
+    assert shorter.startswith("4 updates in 4 batches (synchronous): train.max_steps = 4 ends the run there")
+    assert describe(plan(6, 2, 0, None, False), 6, 2, None, False).endswith("train.max_steps not set")
+    delayed = describe(plan(4, 2, 0, None, True), 4, 2, None, True)
+    assert delayed.startswith("6 updates in 8 batches (delayed replay)"), delayed
+    assert "2 batch(es) only fill the slot and 2 are skipped by a flush" in delayed

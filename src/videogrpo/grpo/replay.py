@@ -87,3 +87,29 @@ def should_checkpoint(action: Action, save_steps: int, total: int) -> bool:
     if action.update is None or not action.flush:
         return False
     return (save_steps > 0 and action.update % save_steps == 0) or action.update == total
+
+
+def describe(actions: list[Action], batches_per_epoch: int, epochs: int, max_steps: int | None, delayed: bool) -> str:
+    """The run's length as the log states it at the start, with the limit that set it and why: `train.max_steps`
+    when it cuts the run short, the epochs when they end it before `max_steps`, and under delayed replay the
+    batches that make no update of their own."""
+    total, batches = total_updates(actions), batches_per_epoch * epochs
+    mode = "delayed replay" if delayed else "synchronous"
+    epochs_give = f"train.epochs = {epochs} x {batches_per_epoch} batches per epoch = {batches} batches"
+    if max_steps is not None and total >= max_steps:
+        why = f"train.max_steps = {max_steps} ends the run there ({epochs_give})"
+    elif max_steps is not None:
+        why = (
+            f"{epochs_give} end the run before train.max_steps = {max_steps} (raise train.epochs for more updates; "
+            f"max_steps only ever shortens a run)"
+        )
+    else:
+        why = f"{epochs_give}; train.max_steps not set"
+    if delayed and total < len(actions):
+        prefills = sum(1 for a in actions if a.update is None)
+        skipped = sum(1 for a in actions if not a.prepare)
+        why += (
+            f"; under delayed replay {prefills} batch(es) only fill the slot and {skipped} are skipped by a flush "
+            f"before a checkpoint or an epoch end, so {len(actions)} batches make {total} updates"
+        )
+    return f"{total} updates in {len(actions)} batches ({mode}): {why}"
