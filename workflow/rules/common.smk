@@ -149,7 +149,7 @@ onstart:
             CFG,
             RESULTS,
             RUN_ID,
-            {**STAGE_MANIFESTS, "report": f"{RUN}/report.manifest.json"},
+            RUN_MANIFESTS,
             workflow.configfiles,
             workflow.config_settings.config,
             jobs,
@@ -431,14 +431,17 @@ def matrix_cell_args(wildcards, input):
 
 
 STAGE_MANIFESTS.update(matrix_manifests())
+REPORT_MANIFEST = f"{RUN}/report.manifest.json"
+# Every manifest of the run, the report's included (which reads all the others): what `videogrpo verify` expects.
+RUN_MANIFESTS = {**STAGE_MANIFESTS, "report": REPORT_MANIFEST}
 
 
 def every_stage_output(wildcards):
     """Every declared output of every stage job of the run (the target's input function: by then every rule is
-    defined): each stage's outputs, with the wildcards of its manifest in STAGE_MANIFESTS (a matrix cell's model and
+    defined): each stage's outputs, with the wildcards of its manifest in RUN_MANIFESTS (a matrix cell's model and
     sampler), so that a removed one is made again by a plain rerun."""
     found = []
-    for key, manifest in STAGE_MANIFESTS.items():
+    for key, manifest in RUN_MANIFESTS.items():
         stage = workflow.get_rule(key.split(":")[0])
         found += [str(out) for out in stage.expand_output(stage.get_wildcards(manifest))[0]]
     return found

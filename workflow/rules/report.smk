@@ -16,7 +16,7 @@ rule report:
             category="Report",
         ),
         crate=f"{RUN}/ro-crate-metadata.json",
-        manifest=f"{RUN}/report.manifest.json",
+        manifest=REPORT_MANIFEST,
     log:
         f"{RUN}/logs/report.log",
     localrule: True
