@@ -167,3 +167,23 @@ def test_a_refused_input_at_the_start_of_a_run_raises_before_any_job(table, tmp_
     table[0].write_text("edited")
     with pytest.raises(DigestMismatch, match="report: .*per_task.csv: input table is not what matrix made"):
         start.begin_run(cfg, tmp_path, "x", {}, [], {}, [report_job(table)], False)
+
+
+def test_a_problem_is_said_once_with_every_job_it_stops_and_a_refused_run_writes_nothing(table, tmp_path, evalkit):
+    """A wrong EvalKit stops every job that reads it, outputs or not: one line naming them all (not one per job).
+    Refused, the run writes no invocation, stage list or config file."""
+    made, manifest, report = table
+    pin = (str(evalkit), "0" * 64)
+    fresh = [StageJob("score_cell", {}, [], [str(tmp_path / f"cell{i}/scores.csv")], pin) for i in range(6)]
+    checked, problems = check_jobs([report_job(table, pin), *fresh, StageJob("train", {}, [], [], pin)], None)
+    assert checked == 1 and len(problems) == 1, problems
+    assert problems[0].startswith("report, score_cell (6 jobs), train: ") and "EvalKit source digest" in problems[0]
+    made.write_text("edited")
+    second = StageJob("report", {"table": str(made)}, [str(manifest)], [str(report)])
+    (problem,) = check_jobs([report_job(table), second], None)[1]
+    assert problem.startswith("report (2 jobs): ")
+    cfg = config.load([Path("config/config.yaml")], {})
+    results = tmp_path / "results"
+    with pytest.raises(DigestMismatch):
+        start.begin_run(cfg, results, "x", {}, ["config/config.yaml"], {}, [report_job(table, pin)], False)
+    assert not results.exists() or not list(results.rglob("*")), list(results.rglob("*"))

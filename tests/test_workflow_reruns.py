@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -88,16 +89,30 @@ def test_a_cosmetic_label_and_other_data_fields_never_download_again(demo, workd
     assert "fetch_model" not in jobs and "fetch_dataset" not in jobs and jobs["materialize_dataset"] == 1
 
 
-def test_a_failed_attempt_with_a_bad_evalkit_path_keeps_the_good_outputs(demo, workdir):
+def test_the_evalkit_is_pinned_by_its_digest_and_where_it_lives_reruns_nothing(demo, workdir):
+    """evalkit.path is an execution field: a copy elsewhere with the pinned digest reruns nothing. A path with no
+    checkout is said in a dry run (which plans nothing: nothing has to read it), and a run that must read it stops
+    before any job, saying it once for every job it stops, and writing nothing: the good records and the record of
+    the last run that started stay as they were."""
+    run(["snakemake", "--cores", "2"], workdir)
     good = sorted(workdir.glob("results/evalkit/*/fingerprint.json"))
-    assert good
-    out = run(["snakemake", "--cores", "2", "--config", "evalkit={path: no/such/checkout}"], workdir, check=False)
-    assert out.returncode != 0
-    assert "evalkit.path = 'no/such/checkout': no such directory; point it at an EvalKit checkout" in (
-        out.stdout + out.stderr
-    )
+    assert len(good) == 1
+    shutil.copytree(workdir / "src/videogrpo/demo/stand_in_evalkit", workdir / "kit-elsewhere")
+    moved = run(["snakemake", "-n", "--config", "evalkit={path: kit-elsewhere}"], workdir)
+    assert "Nothing to be done" in moved.stdout and "warning: evalkit.path" not in moved.stderr, moved.stderr[-2000:]
+    bad = ["--config", "evalkit={path: no/such/checkout}"]
+    line = "evalkit.path = 'no/such/checkout': no such directory; point it at an EvalKit checkout"
+    dry = run(["snakemake", "-n", *bad], workdir)
+    assert "Nothing to be done" in dry.stdout and (dry.stdout + dry.stderr).count(line) == 1, dry.stderr[-2000:]
+    recorded = {path: path.read_bytes() for path in (workdir / "results/.stage-config").iterdir()}
+    out = run(["snakemake", "--cores", "2", "--forcerun", "score_cell", *bad], workdir, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and STOPPED in text and "Error in rule" not in text, text[-3000:]
+    assert f"  - score_cell ({len(CELLS)} jobs): {line}" in text, text[-3000:]
+    assert text.count(line) == 2  # the warning when the workflow is read, and the refusal once
     assert sorted(workdir.glob("results/evalkit/*/fingerprint.json")) == good
-    assert "Nothing to be done" in run(["snakemake", "-n", "fingerprint_evalkit"], workdir).stdout
+    assert {path: path.read_bytes() for path in (workdir / "results/.stage-config").iterdir()} == recorded
+    assert "Nothing to be done" in run(["snakemake", "-n"], workdir).stdout
 
 
 def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
@@ -257,26 +272,65 @@ def test_training_resumes_across_a_comment_and_refuses_a_changed_loss_until_allo
             (package / rel).write_text(text)
 
 
-def test_a_raw_video_overwritten_in_place_stops_a_forced_training_before_it_costs_anything(demo, workdir):
+def test_a_raw_video_overwritten_in_place_is_named_and_the_suggested_command_repairs_it(demo, workdir):
     """The dataset's raw/ is no declared input of train (Snakemake would otherwise plan its deletion), so
-    `snakemake -n` cannot see an edit there; but the check when the run starts covers what each stage reads: a
-    forced training stops before Snakemake removes train's outputs, naming the file and the fix."""
+    `snakemake -n` cannot see an edit there; verify names it with the command that rebuilds it, and the check when
+    the run starts covers what each stage reads: a forced training stops before Snakemake removes train's
+    outputs, naming the file and the same fix. Followed as written, that command repairs the file (its change time
+    moved), and with train/final removed as well, the one run makes that again too (the default target requests
+    every declared output)."""
     run(["snakemake", "--cores", "2"], workdir)
     run_dir = workdir / "results/runs" / first_run_id(workdir)
     (raw,) = workdir.glob("results/data/*/materialized/raw")
     victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
     good = victim.read_bytes()
     kept = snapshot(run_dir / "train")
+    st = victim.stat()
     victim.write_bytes(good[: len(good) // 2] + bytes([good[len(good) // 2] ^ 0xFF]) + good[len(good) // 2 + 1 :])
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only a hash can tell
     try:
+        assert "Nothing to be done" in run(["snakemake", "-n"], workdir).stdout
+        checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
+        assert checked.returncode == 4 and f"CHANGED {victim.relative_to(workdir)}" in checked.stdout
+        assert "rebuild what changed or is missing with `snakemake --cores <N> --forcerun materialize_dataset`" in (
+            checked.stdout
+        ), checked.stdout[-2000:]
         out = run(["snakemake", "--cores", "2", "--forcerun", "train"], workdir, check=False)
         text = out.stdout + out.stderr
         assert out.returncode != 0 and STOPPED in text and "Error in rule" not in text
         assert f"files that differ: {victim.relative_to(raw)}" in text
         assert "rerun materialize_dataset (snakemake --forcerun materialize_dataset)" in text
         assert snapshot(run_dir / "train") == kept and (run_dir / "train.manifest.json").is_file()
-    finally:
+    except BaseException:
         victim.write_bytes(good)
+        raise
+    shutil.rmtree(run_dir / "train/final")
+    dry = run(["snakemake", "-n"], workdir)
+    assert "Missing output files: " in dry.stdout and f"{run_dir.relative_to(workdir)}/train/final" in dry.stdout
+    # Both messages' command, as written (with the cores a run here has):
+    run(["snakemake", "--cores", "2", "--forcerun", "materialize_dataset"], workdir)
+    assert victim.read_bytes() == good
+    assert (
+        f"repairing raw/{victim.relative_to(raw)}"
+        in next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
+    )
+    assert (run_dir / "train/final").is_dir() and "resumed from" in (run_dir / "logs/train.log").read_text()
+    assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
+
+
+def test_a_removed_dataset_is_made_again_by_a_plain_rerun(demo, workdir):
+    """The dataset's index files are read by stages that are up to date, so only the default target's request
+    makes them again: a dry run plans the unpack and what follows it."""
+    (materialized,) = workdir.glob("results/data/*/materialized")
+    aside = workdir / "moved-aside"
+    materialized.rename(aside)
+    try:
+        out = run(["snakemake", "-n"], workdir)
+        assert jobs_run(out.stdout)["materialize_dataset"] == 1, out.stdout[-3000:]
+        assert f"Missing output files: {materialized.relative_to(workdir)}/" in out.stdout
+    finally:
+        aside.rename(materialized)
+    assert "Nothing to be done" in run(["snakemake", "-n"], workdir).stdout
 
 
 def test_an_edit_of_the_evaluation_code_generates_and_scores_again(demo, workdir):
@@ -374,16 +428,19 @@ def test_a_failed_experiment_costs_no_shared_output(demo, workdir):
     assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
 
 
-def test_an_edited_evalkit_file_fails_fingerprint_with_both_digests(demo, workdir):
-    """Last: it leaves the checkout's EvalKit edited. Refused when the run starts: the fingerprint of the pinned
-    checkout is kept."""
+def test_an_edited_evalkit_file_is_refused_with_both_digests_before_any_job_that_reads_it(demo, workdir):
+    """Last: it leaves the checkout's EvalKit edited. Nothing complete reruns for it (nothing was made with the
+    edited copy): a run says it when it reads the workflow; a job that must read it is refused when the run starts,
+    once, with both digests, and the fingerprint of the pinned checkout is kept."""
     kit = workdir / "src/videogrpo/demo/stand_in_evalkit/vbvr_bench/evaluators/synthetic.py"
     kit.write_text(kit.read_text() + "\n# an innocent-looking edit\n")
-    out = run(["snakemake", "--cores", "2"], workdir, check=False)
+    pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
+    plain = run(["snakemake", "--cores", "2"], workdir)
+    assert "Nothing to be done" in plain.stdout and "warning: " in plain.stderr and pinned in plain.stderr
+    out = run(["snakemake", "--cores", "2", "--forcerun", "fingerprint_evalkit"], workdir, check=False)
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert STOPPED in text and "  - fingerprint_evalkit: " in text
-    pinned = re.search(r"digest: ([0-9a-f]{64})", (workdir / "config/config.yaml").read_text()).group(1)
+    assert STOPPED in text and "  - fingerprint_evalkit, " in text and "EvalKit source digest mismatch" in text
     assert f"expected {pinned} (evalkit.digest)" in text
     assert re.search(r"found    [0-9a-f]{64}", text)
     assert len(list(workdir.glob("results/evalkit/*/fingerprint.json"))) == 1

@@ -17,11 +17,11 @@ from videogrpo.artifacts import attention_kernel
 from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import driver_lock, layout, start
+from videogrpo.pipeline import driver_lock, layout, start, start_check
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance import interconnect
-from videogrpo.provenance.digest import evalkit_files, list_files
+from videogrpo.provenance.digest import list_files
 from videogrpo.stages import STAGES
 
 # A lock a killed driver left: taken over when provably stale, else explained (pipeline/driver_lock.py).
@@ -67,9 +67,11 @@ if (_problem := layout.results_problem(RESULTS)) is not None:
 RUN = f"{RESULTS}/runs/{RUN_ID}"
 MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
 DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
-# Keyed by the pinned digest and the checkout's path: an attempt with another path (a typo, a moved
-# checkout) writes, and on failure deletes, its own outputs, never those of a good checkout.
+# Keyed by the pinned digest, not by where the checkout lives: a moved copy reruns nothing. A missing or edited one
+# (a typo in evalkit.path) is said here, so that a dry run shows it too, and refused before any job that reads it.
 EVALKIT = f"{RESULTS}/evalkit/{layout.evalkit_key(CFG)}"
+if workflow.is_main_process and (_kit := start_check.evalkit_problem(CFG.evalkit.path, CFG.evalkit.digest)):
+    print(f"warning: {_kit}\n(a run stops before any job that reads the EvalKit)", file=sys.stderr)
 # The reward kinds the run scores with (reward.terms' kinds, or reward.kind alone): each one's runtime is started
 # and checked.
 RULE_REWARD = "vbvr_rule" in vg.reward_kinds(CFG)
@@ -195,15 +197,6 @@ def job_workers(wildcards, resources):
     """A CPU job's `--workers`: the cores the profile gives it (cpus_per_task), else 0, which the stage reads as
     every core it may use (a local run)."""
     return resources.get("cpus_per_task") or 0
-
-
-def evalkit_sources():
-    """The EvalKit files its source digest covers: inputs, so that an edit reruns the fingerprint (whatever
-    reward.kind: evaluation scores with the EvalKit)."""
-    root = Path(CFG.evalkit.path)
-    if not (root / "run_evaluation.py").is_file():
-        return []
-    return [local(str(root / rel)) for rel in evalkit_files(root)]
 
 
 def object_storage_only(**named):
@@ -451,7 +444,7 @@ def every_stage_output(wildcards):
 # The stages that read the EvalKit checkout: it must be at evalkit.digest before they start.
 EVALKIT_READERS = {"fingerprint_evalkit", "check_scorer_runtime", "score_cell"} | ({"train"} if RULE_REWARD else set())
 # Pinned as a whole (the EvalKit by evalkit.digest, an external tree by matrix.eval_set_digest): no stage made them.
-PINNED_INPUTS = {"sources", "tree_files"}
+PINNED_INPUTS = {"tree_files"}
 # What a stage reads beyond its declared inputs on a shared file system (in object storage these are declared, see
 # dataset_inputs and built_tree_inputs), with the manifests that vouch for them: the check still covers them.
 _BUILT_TREE = {} if CFG.matrix.eval_set else {"tree": EVAL_TREE, **upstream("eval_set")}

@@ -1,6 +1,6 @@
+# The checkout is no input: it is pinned by evalkit.digest (a param), and where it lives is an execution detail, so a
+# moved copy reruns nothing; a missing or edited one is refused before any job that reads it (start_check.py).
 rule fingerprint_evalkit:
-    input:
-        sources=evalkit_sources(),
     output:
         fingerprint=f"{EVALKIT}/fingerprint.json",
         manifest=f"{EVALKIT}/fingerprint_evalkit.manifest.json",

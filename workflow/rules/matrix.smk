@@ -101,12 +101,11 @@ rule score_cell:
         **stage_params("score_cell"),
         config=stage_config("score_cell"),
         code=code("score_cell"),
-        evalkit=CFG.evalkit.path,
         work=f"{CELL}/.score-work",
         upstream=upstream_args,
     shell:
         "videogrpo stage score-cell --config-json {params.config:q} --videos {input.videos:q} --samples {input.samples:q}"
-        " --final-frames {input.final_frames:q} --evalkit {params.evalkit:q} --scores {output.scores:q}"
+        " --final-frames {input.final_frames:q} --scores {output.scores:q}"
         " --aggregate {output.aggregate:q} --prepared {output.prepared:q} --work {params.work:q}"
         " {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 

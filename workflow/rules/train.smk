@@ -31,7 +31,6 @@ rule train:
         run_id=RUN_ID,
         run_dir=directory_of_output("manifest"),
         dataset=directory_of_input("index"),
-        evalkit_args=f"--evalkit {CFG.evalkit.path}" if RULE_REWARD else "",
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
@@ -41,5 +40,5 @@ rule train:
     shell:
         "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
-        " {params.evalkit_args} {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
+        " {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.checkpoint_store} {params.interconnect} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.stages.log_tee {log:q}"

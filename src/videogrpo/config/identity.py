@@ -7,9 +7,10 @@ Every field belongs to exactly one class (`field_class`; a test checks that none
   checkpoint retention, resume settings, retries, the Kubernetes Job's volume). No stage's param, as in Nextflow, whose
   resume hash leaves resource directives out: a change reruns no complete stage, and each stage reads
   it from its config file at its next run (an interrupted one included). Paths that locate an input
-  key the directories of what is made from it instead (`results`; `evalkit.path` and
-  `evalkit.easyocr_models`, the EvalKit's records), or are read as inputs (`matrix.eval_set`: its files,
-  so a moved tree is checked and listed again).
+  key the directories of what is made from it instead (`results`; `evalkit.easyocr_models`, the EvalKit's
+  records), or are read as inputs (`matrix.eval_set`: its files, so a moved tree is checked and listed
+  again). `evalkit.path` does neither: the checkout is pinned by `evalkit.digest`, so a copy elsewhere is
+  the same EvalKit.
 - evaluation: what the evaluation measures (the evaluation set, the matrix's cells and their settings). A change
   reruns the evaluation stages that read it and the report only.
 - cosmetic: labels that change no computed value (the W&B project, the split name recorded in the

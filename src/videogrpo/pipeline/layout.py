@@ -50,10 +50,11 @@ def data_key(cfg: Config, task_list_text: str) -> str:
 
 
 def evalkit_key(cfg: Config) -> str:
-    """Directory name of an EvalKit checkout's records: its pinned digest and a digest of its path (and of the
-    EasyOCR weights folder, where one is set: the fingerprint records its tree digest)."""
-    where = [cfg.evalkit.path, cfg.evalkit.easyocr_models] if cfg.evalkit.easyocr_models else cfg.evalkit.path
-    return f"{cfg.evalkit.digest[:12] or 'none'}-{_short_digest(where, 8)}"
+    """Directory name of an EvalKit checkout's records: its pinned digest and a digest of the EasyOCR weights
+    folder it names (the fingerprint records that folder's tree digest). Not where the checkout lives: it is pinned
+    by its digest, so a moved copy is the same EvalKit and reruns nothing, and a missing or edited one is refused
+    before any job (pipeline/start_check.py)."""
+    return f"{cfg.evalkit.digest[:12] or 'none'}-{_short_digest(cfg.evalkit.easyocr_models, 8)}"
 
 
 def evalset_key(cfg: Config, task_list_text: str) -> str:

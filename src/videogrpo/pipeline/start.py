@@ -2,13 +2,14 @@
 
 Snakemake runs `onstart` in the main process of a real invocation, after the DAG is built and before any job
 starts or any output is removed; never on a dry run, never in a job's own process (a SLURM job step re-reads the
-workflow). So everything the workflow writes for a run is written here:
+workflow). So everything the workflow writes for a run is written here, in this order:
+- first the one check of the inputs of the stages about to run (pipeline/start_check.py), which stops the run
+  before a refused input costs any output, and before anything below is written: a run that never starts leaves
+  no record that a later command could mistake for its own;
 - the invocation record the report shows (the config files with their digests, the `--config` overrides), also
   kept per run, for `verify` and `diff` to name the command that rebuilds that run;
 - the list of manifests the run expects, which `videogrpo verify` reads to name a missing one;
-- each stage's config file (pipeline/stage_config.py), with a note on execution fields changed since;
-- and the one check of the inputs of the stages about to run (pipeline/start_check.py), which stops the run before
-  a refused input costs any output.
+- each stage's config file (pipeline/stage_config.py), with a note on execution fields changed since.
 """
 
 from __future__ import annotations
@@ -97,8 +98,15 @@ def begin_run(
     object_storage: bool,
 ) -> None:
     """Everything a real run writes before its first job (see the module docstring); raises VideoGRPOError, which
-    the workflow turns into its refusal, when an input at risk is not what its stage made."""
+    the workflow turns into its refusal, when an input at risk is not what its stage made. A refused run writes
+    nothing: its invocation, stage list and config values are never mistaken for those of a run that ran."""
     results = Path(results)
+    checked, elapsed = 0, 0.0
+    if not object_storage:  # the jobs' inputs are objects in the bucket, copied to each job: the stages check them
+        t0 = time.monotonic()
+        checked, problems = check_jobs(jobs, results / DIGEST_CACHE)
+        raise_on(problems)
+        elapsed = time.monotonic() - t0
     record = invocation(configfiles, overrides)
     try:
         atomic.write_json(invocation_path(results), record)
@@ -112,14 +120,9 @@ def begin_run(
     stages = sorted({job.stage for job in jobs} | {key.split(":")[0] for key in manifests})
     for note in stage_config.write_config_files(results, cfg, stages):
         print(note, file=sys.stderr)
-    if object_storage:  # the jobs' inputs are objects in the bucket, copied to each job: the stages check them there
-        return
-    t0 = time.monotonic()
-    checked, problems = check_jobs(jobs, results / DIGEST_CACHE)
-    raise_on(problems)
     if checked:
         print(
-            f"checked the inputs of {checked} stage job(s) that hold outputs from before, in "
-            f"{time.monotonic() - t0:.1f} s: each is what its stage made",
+            f"checked the inputs of {checked} stage job(s) that hold outputs from before, in {elapsed:.1f} s: each is "
+            f"what its stage made",
             file=sys.stderr,
         )

@@ -5,10 +5,12 @@ have cost its earlier, good outputs (a hand-edited table the whole report, a cor
 So when a run starts (the workflow's `onstart`: after the DAG is built, before any output is removed, never on a
 dry run), every stage job that is about to run and still has outputs from before is checked: each of its inputs
 that no job of this run remakes must be byte for byte what its upstream manifest recorded (a manifest cut short
-is refused too), and an EvalKit checkout or an external evaluation tree must be at its pinned digest. Anything
-wrong stops the run there, naming the file, both digests and the fix, and every output stays as it was. A job
-with no outputs yet has nothing to lose: it checks its inputs itself when it reads them (provenance/manifest.py's
-StageRun), as every stage does.
+is refused too), and an external evaluation tree must be at its pinned digest. The EvalKit checkout is checked
+once for every job about to run that reads it, with outputs or not (`evalkit_problem`, which the workflow also
+runs when it is read, to warn in a dry run). Anything wrong stops the run there, each problem said once with the
+jobs it stops, naming the file, both digests and the fix, and every output stays as it was. A job with no outputs
+yet has nothing to lose: it checks its inputs itself when it reads them (provenance/manifest.py's StageRun), as
+every stage does.
 
 "Everything the stage reads" includes what it reads beyond its declared inputs (the dataset's raw/ and
 splits.json on a shared file system): the workflow names those per stage.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,10 +105,20 @@ def jobs_at_risk(jobs: Iterable[StageJob]) -> list[StageJob]:
     return found
 
 
-def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> list[str]:
-    """What is wrong with one job's inputs (empty: nothing)."""
+def evalkit_problem(path: str, pinned: str) -> str | None:
+    """Why the EvalKit checkout at evalkit.path cannot be read as the pinned one (missing, or off evalkit.digest);
+    None when it can."""
     from videogrpo.rewards.evalkit import check_checkout, check_digest
 
+    try:
+        check_digest(check_checkout(path), pinned)
+    except VideoGRPOError as err:
+        return str(err)
+    return None
+
+
+def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> list[str]:
+    """What is wrong with one job's inputs (empty: nothing); its EvalKit is checked_jobs' to check, once."""
     problems = []
     try:
         records = {
@@ -117,12 +130,6 @@ def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> l
         verify_inputs(records, [Path(p) for p in job.upstream])
     except VideoGRPOError as err:
         problems.append(str(err))
-    if job.evalkit:
-        path, pinned = job.evalkit
-        try:
-            check_digest(check_checkout(path), pinned)
-        except VideoGRPOError as err:
-            problems.append(str(err))
     if job.tree:
         path, pinned = job.tree
         if not Path(path).is_dir():  # not there at all: no digest to compare, and nothing "changed" in it
@@ -138,14 +145,31 @@ def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> l
     return problems
 
 
+def _jobs_named(stages: list[str]) -> str:
+    """`score_cell (6 jobs), train`: the jobs one problem stops, each stage once."""
+    counts = Counter(stages)
+    return ", ".join(f"{stage} ({n} jobs)" if n > 1 else stage for stage, n in counts.items())
+
+
 def check_jobs(jobs: Iterable[StageJob], cache_path: Path | None) -> tuple[int, list[str]]:
-    """Check every job at risk (see the module docstring); returns (jobs checked, problems by job). The digests that
-    passed go into the cache."""
+    """Check every job at risk and, once, the EvalKit of every job that reads it (see the module docstring);
+    returns (jobs at risk checked, problems, each once, prefixed with the jobs it stops). The digests that passed
+    go into the cache."""
+    jobs = list(jobs)
     cache, seen = load_cache(cache_path), {}
+    stopped: dict[str, list[str]] = {}  # problem -> the stages of the jobs it stops, in order
+    readers: dict[tuple[str, str], list[str]] = {}
+    for job in jobs:
+        if job.evalkit:
+            readers.setdefault(job.evalkit, []).append(job.stage)
+    for (path, pinned), stages in readers.items():
+        if problem := evalkit_problem(path, pinned):
+            stopped.setdefault(problem, []).extend(stages)
     at_risk = jobs_at_risk(jobs)
-    problems = []
     for job in at_risk:
-        problems += [f"{job.stage}: {problem}" for problem in check_job(job, cache, seen)]
+        for problem in check_job(job, cache, seen):
+            stopped.setdefault(problem, []).append(job.stage)
+    problems = [f"{_jobs_named(stages)}: {problem}" for problem, stages in stopped.items()]
     if cache_path and seen and not problems:  # only digests that passed; never a wrong one
         atomic.write_json(cache_path, {**load_cache(cache_path), **seen})
     return len(at_risk), problems

@@ -32,9 +32,18 @@ def _kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
     return kinds_in(reward.get("kind", ""), reward.get("terms"))
 
 
-def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[str]]:
+def _checkout(path: str, moved_to: str | None) -> Path:
+    """The checkout a pin names: where the run recorded it or, when it is no longer there, where the run's config
+    now puts it (evalkit.path is an execution field: a moved copy is the same EvalKit while its digest holds)."""
+    root = Path(path)
+    if not (root / "run_evaluation.py").is_file() and moved_to and (Path(moved_to) / "run_evaluation.py").is_file():
+        return Path(moved_to)
+    return root
+
+
+def evalkit_problems(manifests: dict[Path, dict[str, Any]], moved_to: str | None = None) -> tuple[int, list[str]]:
     """Each EvalKit checkout the run pinned against its evalkit.digest; the files that differ from the listing
-    fingerprint_evalkit recorded are named."""
+    fingerprint_evalkit recorded are named. `moved_to`: evalkit.path as the run's config says now."""
     pins: dict[tuple[str, str], dict[str, str]] = {}
     ocr_weights: dict[str, str] = {}  # the EasyOCR weights folder -> the tree digest fingerprint_evalkit recorded
     for manifest in manifests.values():
@@ -44,14 +53,16 @@ def evalkit_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[s
             continue
         if not evalkit.get("path"):
             continue
-        listing = pins.setdefault((evalkit["path"], evalkit.get("digest", "")), {})
+        root = _checkout(evalkit["path"], moved_to)  # a checkout recorded at two places since it moved: once
+        listing = pins.setdefault((str(root), evalkit.get("digest", "")), {})
         record = manifest["outputs"].get("fingerprint") if fingerprinted else None
         if record and Path(record["path"]).is_file():
             fingerprint = json.loads(Path(record["path"]).read_text())
             listing.update(fingerprint.get("listing", {}))
             if "easyocr_models_tree_sha256" in fingerprint:
-                models = fingerprint.get("easyocr_models") or str(Path(evalkit["path"]) / "easyocr_models")
-                ocr_weights[models] = fingerprint["easyocr_models_tree_sha256"]
+                # Relative to the checkout (an absolute folder stays where it is).
+                models = root / fingerprint.get("easyocr_models", "easyocr_models")
+                ocr_weights[str(models)] = fingerprint["easyocr_models_tree_sha256"]
     checked, problems = 0, []
     for models, recorded_tree in sorted(ocr_weights.items()):
         checked += 1
@@ -149,11 +160,15 @@ def eval_tree_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list
     return checked, problems
 
 
-def pin_problems(manifests: dict[Path, dict[str, Any]]) -> tuple[int, list[str]]:
-    """Files checked and problems found over every external pin the run's manifests record."""
+def pin_problems(manifests: dict[Path, dict[str, Any]], evalkit_now: str | None = None) -> tuple[int, list[str]]:
+    """Files checked and problems found over every external pin the run's manifests record; `evalkit_now`:
+    evalkit.path as the run's config says now, where a checkout moved since a stage ran is looked for."""
     checked, problems = 0, []
-    for check in (evalkit_problems, judge_problems, eval_tree_problems):
-        n, found = check(manifests)
+    for n, found in (
+        evalkit_problems(manifests, evalkit_now),
+        judge_problems(manifests),
+        eval_tree_problems(manifests),
+    ):
         checked += n
         problems += found
     return checked, problems

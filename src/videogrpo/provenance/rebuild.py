@@ -69,15 +69,23 @@ def invocation_command(invocation: dict[str, Any]) -> str:
     return " ".join(words)
 
 
-def _makes(invocation: dict[str, Any], run_id: str) -> bool:
-    """Whether an invocation resolves to run `run_id` with the config files as they are now."""
+def _load(invocation: dict[str, Any]) -> Any:
+    """The config an invocation resolves to with the config files as they are now; None when it no longer loads."""
     from videogrpo import config
 
     files = [entry["path"] for entry in invocation.get("configfiles", [])]
     try:
-        return config.run_identity(config.load(files, invocation.get("config_overrides") or {})) == run_id
-    except Exception:  # noqa: BLE001 - a file gone or a config no longer valid: not this run's command
-        return False
+        return config.load(files, invocation.get("config_overrides") or {})
+    except Exception:  # noqa: BLE001 - a file gone or a config no longer valid: it makes no run now
+        return None
+
+
+def _makes(invocation: dict[str, Any], run_id: str) -> bool:
+    """Whether an invocation resolves to run `run_id` with the config files as they are now."""
+    from videogrpo import config
+
+    cfg = _load(invocation)
+    return cfg is not None and config.run_identity(cfg) == run_id
 
 
 def run_invocation(results: Path, run_id: str) -> dict[str, Any] | None:
@@ -92,6 +100,13 @@ def run_invocation(results: Path, run_id: str) -> dict[str, Any] | None:
             return recorded
     plain = {"configfiles": [{"path": DEFAULT_CONFIGFILE}], "config_overrides": {}}
     return plain if _makes(plain, run_id) else None
+
+
+def run_config(run_dir: Path) -> Any:
+    """The run's config as its invocation resolves now (None: no invocation recorded, or it no longer loads): what
+    its execution fields (where the EvalKit lives) say today."""
+    invocation = run_invocation(run_dir.parent.parent, run_dir.name)
+    return _load(invocation) if invocation is not None else None
 
 
 def rebuild_hint(run_dir: Path, forcerun: list[str] | tuple[str, ...] = ()) -> str:

@@ -22,7 +22,7 @@ from videogrpo.progress import Progress
 from videogrpo.provenance import digest, pins, trace
 from videogrpo.provenance.manifest import read_manifest
 from videogrpo.provenance.metric_rows import VALIDATION_PREFIX, training_rows, validation_rows
-from videogrpo.provenance.rebuild import rebuild_hint, run_status, stage_list
+from videogrpo.provenance.rebuild import rebuild_hint, run_config, run_status, stage_list
 
 VALIDATION_TIME = VALIDATION_PREFIX + "time_s"
 
@@ -107,7 +107,8 @@ def verify_run(run_dir: Path, log=print) -> Verification:
             made_again += [] if target in made_again else [target]
         progress.update()
     progress.finish()
-    checked, problems = pins.pin_problems(manifests)
+    now = run_config(run_dir)
+    checked, problems = pins.pin_problems(manifests, now.evalkit.path if now is not None else None)
     result.checked += checked
     result.problems += problems
     for line in result.problems:

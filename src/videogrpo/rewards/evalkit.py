@@ -36,8 +36,8 @@ def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_
     root = check_checkout(path)
     files = digest.evalkit_files(root)
     found = digest.digest_length_prefixed(root, files)
+    # Where the checkout lives is no part of it (evalkit.path is an execution field): the manifest records it.
     record = {
-        "path": str(root),
         "source_sha256": found,
         "expected_sha256": expected,
         "files": len(files),
@@ -50,7 +50,7 @@ def fingerprint(path: str | Path, expected: str, easyocr_models: str = "easyocr_
                 f"{root}: the evaluators use easyocr.Reader but {models} is missing; link the folder of EasyOCR "
                 f"weights there (evalkit.easyocr_models names it, relative to the checkout)"
             )
-        record["easyocr_models"] = str(models)
+        record["easyocr_models"] = easyocr_models  # as configured: relative to the checkout, wherever it is
         record["easyocr_models_tree_sha256"] = digest.tree_digest(models)
     check_digest(root, expected, found)
     return record

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from videogrpo import atomic
@@ -28,9 +27,8 @@ def run(args: argparse.Namespace) -> int:
         params=sections,
         upstream=args.upstream,
     ) as stage:
-        # In the fingerprinted checkout, as the scorer workers start: the probe sees what they will see.
-        checkout = json.loads(args.fingerprint.read_text())["path"]
-        record = check_runtime(runtime_contract(cfg), cfg.evalkit.python or None, checkout)
+        # In the checkout, as the scorer workers start: the probe sees what they will see.
+        record = check_runtime(runtime_contract(cfg), cfg.evalkit.python or None, cfg.evalkit.path)
         atomic.write_json(args.out, record)
         stage.output("runtime", args.out)
         stage.summary = {"fingerprint": record["fingerprint"]}

@@ -26,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--videos", required=True, type=Path, help="the cell's videos (generate_cell)")
     parser.add_argument("--samples", required=True, type=Path, help="the evaluation list (eval_set's samples.json)")
     parser.add_argument("--final-frames", required=True, type=Path, help="ground-truth final frames (eval_set)")
-    parser.add_argument("--evalkit", required=True, type=Path, help="EvalKit checkout")
+    parser.add_argument(
+        "--evalkit",
+        type=Path,
+        help="EvalKit checkout (default: evalkit.path; the workflow gives none, so a moved copy is no param)",
+    )
     parser.add_argument("--scores", required=True, type=Path, help="per-sample scores (CSV) to create")
     parser.add_argument("--aggregate", required=True, type=Path, help="per task, domain and overall (CSV) to create")
     parser.add_argument("--prepared", required=True, type=Path, help="directory of the scorer's videos to create")
@@ -37,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from videogrpo.evaluation.score import ScoringFailed, sample_work, score_cell
 
     cfg, sections = load_config(args)
+    evalkit = args.evalkit or Path(cfg.evalkit.path)
     inputs = {
         "videos": args.videos,
         "samples": args.samples,
         "final_frames": args.final_frames,
-        "evalkit": args.evalkit,
+        "evalkit": evalkit,  # where it lives now (execution); evalkit.digest pins what it is
     }
     external = ("evalkit",)  # pinned by evalkit.digest, which fingerprint_evalkit checks
     with StageRun(
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         # Every file of a sample reaches the EvalKit (gt_info names the first frame too).
         tree, samples = load_samples(args.samples, check=SAMPLE_FILES)
         work = args.work / resume_key("score_cell", sections, stage)
-        scores, errors = score_cell(cfg, args.evalkit, tree, args.final_frames, samples, args.videos, work)
+        scores, errors = score_cell(cfg, evalkit, tree, args.final_frames, samples, args.videos, work)
         recheck_samples(args.samples, SAMPLE_FILES, lambda name: list(sample_work(work, name)))
         if errors:
             shown = "\n  - ".join(f"{r['name']}: {r['error']}" for r in errors[:20])

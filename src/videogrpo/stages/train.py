@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-from videogrpo.config import Config, canonical_json
+from videogrpo.config import Config, canonical_json, reward_kinds
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import torchrun
 from videogrpo.launch.node import NodeTraining, preflight_this_node, train_this_node
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="model directory")
     parser.add_argument("--dataset", type=Path, help="materialized dataset directory")
     parser.add_argument("--preflight", type=Path, help="preflight report")
-    parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward)")
+    parser.add_argument("--evalkit", type=Path, help="EvalKit checkout (rule reward; default: evalkit.path)")
     parser.add_argument("--judge-model", type=Path, help="judge model directory the per-node service serves (VLM)")
     parser.add_argument(
         "--kernel-cache", type=Path, help="fetch_kernel's cache, loaded offline (a *_hub attention backend)"
@@ -157,6 +157,8 @@ def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path
 
 def run(args: argparse.Namespace) -> int:
     cfg, sections = load_config(args)
+    if args.evalkit is None and "vbvr_rule" in reward_kinds(cfg):
+        args.evalkit = Path(cfg.evalkit.path)  # the workflow gives none: where the checkout lives is no param
     # Into this process's environment, before anything starts: srun hands it to every node, worker_env to the ranks.
     settings = interconnect.parse(args.interconnect_env, INTERCONNECT_SOURCE)
     for note in torchrun.apply_interconnect(settings):
