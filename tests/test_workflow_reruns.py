@@ -115,22 +115,6 @@ def test_the_evalkit_is_pinned_by_its_digest_and_where_it_lives_reruns_nothing(d
     assert "Nothing to be done" in run(["snakemake", "-n"], workdir).stdout
 
 
-def test_a_corrupted_dataset_file_is_repaired_through_the_workflow(demo, workdir):
-    """A same-size corruption is found (its archive's record) and repaired, named, by the re-unpack that the
-    README's command runs (data.verify_existing, an execution setting, applies at the stage's next run)."""
-    (raw,) = workdir.glob("results/data/*/materialized/raw")
-    victim = sorted(raw.glob("*/*/video/ground_truth.mp4"))[0]
-    good = victim.read_bytes()
-    bad = bytearray(good)
-    bad[len(bad) // 2] ^= 0xFF
-    victim.write_bytes(bytes(bad))
-    repair = ["--forcerun", "materialize_dataset", "--config", "data={verify_existing: true}"]
-    run(["snakemake", "--cores", "2", "validate_dataset", *repair], workdir)
-    log = next(workdir.glob("results/data/*/materialize_dataset.log")).read_text()
-    assert "; 1 files written," in log and f"repairing raw/{victim.relative_to(raw)}" in log, log
-    assert victim.read_bytes() == good
-
-
 def snapshot(*folders: Path) -> dict[Path, bytes]:
     """Every file under the folders, with its bytes: what a failure must not cost."""
     return {path: path.read_bytes() for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
