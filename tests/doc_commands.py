@@ -6,7 +6,8 @@ they ran, with its exit status and the test that ran it, to the ledger file `$VI
 command of a ```bash or ```sh block in README.md, docs/*.md and config/README.md and fails on each one that
 no test ran. A command counts as run when a test ran
 
-- exactly it (`shlex.split` equal, or by `bash -c` with the same text);
+- exactly it (`shlex.split` equal, or by `bash -c` with the same text, alone or as one line of a script: the
+  lines of a block that set shell variables for the next ones run so, in one shell);
 - its dry run: the same with `-n` added (`snakemake -n`, `make -n`), for what cannot run here in full, and
   `-p` (which prints each job's command) if the test needs to see them;
 - it with a test's values where the docs write a placeholder `<...>` (`MASTER_ADDR=<machine 0's address>`).
@@ -100,8 +101,10 @@ def _forms(entry: dict) -> list[str]:
     prefixes = [""] + (
         [" ".join(f"{k}={v}" for k, v in sorted(entry["env"].items())) + " "] if entry.get("env") else []
     )
-    if isinstance(command, str):  # by bash -c: as typed, and without the -n a dry run added
-        texts = {command.strip(), " ".join(word for word in command.strip().split(" ") if word != "-n")}
+    if isinstance(command, str):  # by bash -c: as typed, each line of a script, and without a test's -n and -p
+        lines = {command.strip(), *(line.strip() for line in command.splitlines() if line.strip())}
+        drops = ({"-n"}, {"-p"}, {"-n", "-p"})
+        texts = lines | {" ".join(w for w in line.split(" ") if w not in drop) for line in lines for drop in drops}
         return [prefix + text for text in texts for prefix in prefixes]
     argv = list(command)
     if argv and Path(argv[0]).name in ("snakemake", "videogrpo", "make", "python", "bash") and "/" in argv[0]:

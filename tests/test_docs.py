@@ -134,6 +134,18 @@ def test_a_command_counts_as_run_exactly_as_a_dry_run_or_with_a_placeholder_fill
     assert doc_commands.unrun(ran, docs) == []
 
 
+def test_each_line_of_a_script_a_test_ran_counts_as_run(docs):
+    """A block whose first lines set shell variables for the last runs as one script, placeholders filled and `-p`
+    added; a line the script left out is still reported."""
+    (docs / "docs/k8s.md").write_text(
+        "```sh\nBUCKET=\"s3://<your bucket>/runs\"\nprintf 'x: 1\\n' > k.yaml\n"
+        'snakemake -n --default-storage-prefix "$BUCKET" k.yaml\n```\n'
+    )
+    script = 'BUCKET="s3://videogrpo/runs"\nsnakemake -n -p --default-storage-prefix "$BUCKET" k.yaml'
+    unrun = [where for where in doc_commands.unrun([entry(script)], docs) if where[0] == "docs/k8s.md"]
+    assert unrun == [("docs/k8s.md", 3, "printf 'x: 1\\n' > k.yaml")]
+
+
 def test_a_command_no_test_ran_is_reported_with_its_file_and_line(docs):
     ran = [
         entry(["snakemake", "--cores", "1"]),  # other arguments: not the documented command

@@ -275,33 +275,38 @@ def rule_block(text: str, rule: str) -> str:
     return text.split(f"rule {rule}:")[1].split("\n\n")[0]
 
 
-def test_the_documented_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
-    """docs/kubernetes.md's k8s.yaml and commands as dry runs: the volume here is tmp_path, the bucket moto's (the
-    placeholder filled in), its endpoint and keys in the environment as the page says; `-p` prints the commands."""
-    section = (REPO / "docs/kubernetes.md").read_text().split("\n## ")[0]
-    k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    cd, dry, real = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-    assert cd.startswith("cd ") and real.split() == [arg for arg in dry.split() if arg != "-n"]
-    volume = k8s_yaml["kubernetes"]["volume_path"]
-    assert cd.split()[1].startswith(f"{volume}/")
+def sh_block(text: str) -> list[str]:
+    """The command lines of the first ```sh block of `text`, without their comments (as tests/doc_commands.py
+    reads them)."""
+    lines = re.search(r"```sh\n(.*?)```", text, re.S).group(1).splitlines()
+    return [re.split(r"\s{2,}#", line)[0].strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def readme_steps() -> list[str]:
+    return sh_block((REPO / "README.md").read_text().split("### On Kubernetes")[1].split("\n### ")[0])
+
+
+def test_the_readmes_kubernetes_steps_run_as_written(s3_endpoint, tmp_path):
+    """The README's steps as one script (its variables carry from line to line), from a copy of the checkout at the
+    top of the "volume" (tmp_path), the placeholders filled with moto's bucket and endpoint, the keys in the
+    environment as the README says; `-p` added to the dry run prints the jobs' commands."""
+    steps = readme_steps()
+    assert steps[-1].startswith("snakemake -n ") and steps[-1].endswith(" k8s.yaml")
+    filled = "\n".join(steps).replace("<your bucket>", "videogrpo").replace("<your S3 endpoint URL>", s3_endpoint)
+    assert "<" not in filled.replace("> k8s.yaml", ""), filled  # every placeholder filled
     checkout = copy_checkout(tmp_path / "videogrpo")
-    k8s_yaml["kubernetes"]["volume_path"] = str(tmp_path)
-    (checkout / "k8s.yaml").write_text(yaml.safe_dump(k8s_yaml))
-    env = {
-        "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }
-    argv = dry.replace("<your bucket>", "videogrpo").split()
-    argv[1:1] = ["-p"]
-    # The 5B recipe's 16 nodes: refused without the Job's volume, before any job is planned.
-    refused = run(argv[: argv.index("k8s.yaml")], checkout, check=False, PYTHONPATH=str(REPO / "src"), **env)
+    env = {"PYTHONPATH": str(REPO / "src"), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    # The 5B recipe's 16 nodes without k8s.yaml: refused without the Job's volume, before any job is planned.
+    alone = [line for line in filled.splitlines() if "> k8s.yaml" not in line]
+    alone[-1] = alone[-1].removesuffix(" k8s.yaml")
+    refused = run(["bash", "-e", "-c", "\n".join(alone)], checkout, check=False, **env)
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "Job stats" not in said
     assert "parallel.nodes = 16 trains as one indexed Job, which cannot run here" in said
     # With it: every stage planned in the bucket; training is the k8s-job command around the training command.
-    out = run(argv, checkout, PYTHONPATH=str(REPO / "src"), **env)
+    out = run(["bash", "-e", "-c", filled.replace("snakemake -n ", "snakemake -n -p ", 1)], checkout, **env)
+    written = yaml.safe_load((checkout / "k8s.yaml").read_text())
+    assert written == {"kubernetes": {"volume_claim": "videogrpo-shared", "volume_path": str(tmp_path)}}
     text = out.stdout + out.stderr
     assert set(jobs_run(text)) >= {"fetch_model", "preflight", "train", "generate_cell", "report"}
     assert "s3://videogrpo/videogrpo/results/runs/rl_5b_cps-" in text
@@ -317,6 +322,23 @@ def test_the_documented_kubernetes_commands_as_dry_runs(s3_endpoint, tmp_path):
     for stage in ("preflight", "generate_cell"):  # one-GPU pods through the executor plugin, sized by the profile
         block = rule_block(text, stage)
         assert "gpu=1" in block and "gpu_manufacturer=nvidia" in block
+
+
+def test_the_kubernetes_pages_steps_are_the_readmes(tmp_path):
+    """docs/kubernetes.md shows the README's steps with its `k8s.yaml` as YAML and the checkout's place on the
+    volume: the same variables and dry run (which the README's test runs), the run is that line without `-n`, and
+    the README's printf writes the page's `k8s.yaml` for a checkout at the top of the volume."""
+    section = (REPO / "docs/kubernetes.md").read_text().split("\n## ")[0]
+    k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
+    cd, bucket, endpoint, dry, real = sh_block(section)
+    bucket_set, endpoint_set, write, dry_run = readme_steps()
+    assert (bucket, endpoint, dry) == (bucket_set, endpoint_set, dry_run)
+    assert real.split() == [arg for arg in dry.split() if arg != "-n"]
+    assert cd == f"cd {k8s_yaml['kubernetes']['volume_path']}/videogrpo"
+    (tmp_path / "videogrpo").mkdir()
+    subprocess.run(["bash", "-e", "-c", write], cwd=tmp_path / "videogrpo", check=True)
+    written = yaml.safe_load((tmp_path / "videogrpo/k8s.yaml").read_text())
+    assert written == {"kubernetes": {**k8s_yaml["kubernetes"], "volume_path": str(tmp_path)}}
 
 
 def test_the_a14b_recipe_trains_in_one_pod_of_the_plugin(s3_endpoint, tmp_path):

@@ -362,6 +362,11 @@ def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(d
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # SIGINT as a terminal's Ctrl-C finds it, whatever pytest inherited: a shell without job control (`make
+            # test &` in a script, nohup) starts its background commands with SIGINT ignored, and an ignored signal
+            # stays ignored across fork and exec. Snakemake's own children need nothing more: Python handles SIGINT
+            # once it is not ignored, and a handled signal is reset to its default in the processes it starts.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         deadline = time.monotonic() + 300
@@ -394,6 +399,47 @@ def test_ctrl_c_during_a_forced_training_then_one_plain_rerun_finishes_the_job(d
     assert all(path.is_file() for path in removed)
     assert "resumed from" in log.read_text()
     assert run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir).returncode == 0
+
+
+def test_a_scripts_background_driver_ignores_sigint_and_on_sigterm_stops_after_its_running_job(demo, workdir):
+    """docs/reruns.md: `snakemake ... &` in a script (a shell without job control) runs with SIGINT ignored, so
+    `kill -INT` changes nothing; `kill -TERM` of the Snakemake process lets the running job (one matrix cell's
+    generation, forced) finish, starts no other, and a plain rerun runs the rest."""
+    run(["snakemake", "--cores", "2"], workdir)
+    (cell,) = workdir.glob(f"results/matrix/*/{first_run_id(workdir)}/unipc")
+    log, made = cell / "generate_cell.log", cell / "generate_cell.manifest.json"
+    started, output, pid_file = time.time(), workdir / "background-driver.out", workdir / "background-driver.pid"
+    forced = made.relative_to(workdir)
+    script = f"snakemake --cores 2 --forcerun {forced} > {output.name} 2>&1 & echo $! > {pid_file.name}; wait"
+    env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.Popen(["bash", "-c", script], cwd=workdir, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.is_file() and log.stat().st_mtime > started and not made.exists()):  # the forced job runs
+            assert proc.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(0.2)
+        driver = int(pid_file.read_text())
+        status = Path(f"/proc/{driver}/status").read_text()
+        assert int(re.search(r"^SigIgn:\s+(\w+)$", status, re.M).group(1), 16) & 1 << (signal.SIGINT - 1)
+        os.kill(driver, signal.SIGINT)
+        time.sleep(2)
+        os.kill(driver, signal.SIGTERM)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = output.read_text()
+    assert proc.returncode != 0  # the driver's own status: the run did not finish
+    assert "Will exit after finishing currently running jobs" in said, said[-3000:]
+    assert "Terminating processes on user request" not in said  # what Snakemake says on SIGINT
+    assert set(jobs_run(said)) == {"generate_cell", "score_cell", "matrix", "report", "all"}  # the jobs planned
+    assert made.is_file() and said.count("Finished jobid") == 1, said[-3000:]  # the running one ended, no other ran
+    dry = run(["snakemake", "-n"], workdir)
+    assert jobs_run(dry.stdout + dry.stderr) == {"score_cell": 1, "matrix": 1, "report": 1, "all": 1}
+    run(["snakemake", "--cores", "2"], workdir)
+    out = run(["snakemake", "-n"], workdir)
+    assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
 
 
 def test_a_failed_experiment_costs_no_shared_output(demo, workdir):

@@ -17,6 +17,8 @@ from videogrpo.provenance.metric_rows import VALIDATION_PREFIX
 
 VALIDATED = VALIDATION_PREFIX + "reward_mean"
 PER_TASK = VALIDATION_PREFIX + "reward_per_task"
+VALIDATION_STEP = VALIDATION_PREFIX + "step"
+"""W&B's x-axis of the validation points: the update each follows (0 before training)."""
 
 
 class Tracker:
@@ -26,8 +28,14 @@ class Tracker:
     run (found by its identity tag). metrics.jsonl is trimmed to the checkpoint and holds the redone updates
     as redone. MLflow's history would hold a redone update twice, so updates the MLflow run already holds are
     not logged again: it keeps the values first logged (the same numbers, as a resume is bit-identical, but
-    for the time_* ones). W&B gets every update; online it ignores steps below a resumed run's current one
-    (its own rule), offline each attempt is one folder of the same run id.
+    for the time_* ones). W&B likewise is sent only the updates and validation points its run does not hold
+    (online, a resumed run's summary says which); offline each attempt is one folder of the same run id.
+
+    W&B rows carry no explicit step: W&B drops a row logged at a step below its run's current one, and a resumed
+    run's current step is one past the last row its server holds, which can be update k's row from an attempt
+    that stopped during the validation after update k (finishing sent the row): the redone point at k, logged at
+    step k, would be dropped. Each row is W&B's next step instead, and the charts' x-axes are logged values:
+    `step` (the update) for the training metrics, `val/step` (the update a point follows) for the `val/*` ones.
     """
 
     def __init__(
@@ -42,6 +50,10 @@ class Tracker:
     ):
         self.metrics_file, self.total, self.enabled = metrics_file, total_updates, enabled
         self.wandb = None
+        self._wandb_upto, self._wandb_validated_upto = 0, -1
+        """The last update and validation point the W&B run holds (a resumed run's summary says)."""
+        self._wandb_axis = {"step"}
+        """The training metrics given `step` as their W&B x-axis so far."""
         self.mlflow: mlflow_run.Run | None = None
         self._mlflow_upto = 0
         self._mlflow_validated_upto = -1
@@ -62,6 +74,12 @@ class Tracker:
                 resume="allow",
                 config=config,
             )
+            self.wandb.define_metric("step")
+            self.wandb.define_metric(VALIDATION_STEP)
+            self.wandb.define_metric(VALIDATION_PREFIX + "*", step_metric=VALIDATION_STEP)
+            # A resumed run's summary is the last value of each key its server holds (empty offline and when new).
+            self._wandb_upto = int(self.wandb.summary.get("step", 0))
+            self._wandb_validated_upto = int(self.wandb.summary.get(VALIDATION_STEP, -1))
         if enabled and uses_tracker(logging, "mlflow"):
             self.mlflow = mlflow_run.Run(logging.mlflow_experiment, run_id)
             self.mlflow.set_status("RUNNING")
@@ -87,8 +105,11 @@ class Tracker:
             return
         flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         flat.update({f"reward/{t}": v for t, v in metrics.get("reward_per_task", {}).items()})
-        if self.wandb is not None:
-            self.wandb.log(flat, step=metrics["step"])
+        if self.wandb is not None and metrics["step"] > self._wandb_upto:
+            for key in sorted(flat.keys() - self._wandb_axis):  # a metric's first row: plot it against the update
+                self.wandb.define_metric(key, step_metric="step")
+                self._wandb_axis.add(key)
+            self.wandb.log(flat)
         if self.mlflow is not None and metrics["step"] > self._mlflow_upto:
             self.mlflow.log_metrics(flat, metrics["step"])
         # Written after the trackers: a line in the file means MLflow holds the update too (its log is synchronous).
@@ -119,8 +140,8 @@ class Tracker:
         step = metrics["step"]
         flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
         flat.update({f"{VALIDATION_PREFIX}reward/{t}": v for t, v in metrics[PER_TASK].items()})
-        if self.wandb is not None:
-            self.wandb.log(flat, step=step)
+        if self.wandb is not None and step > self._wandb_validated_upto:
+            self.wandb.log({**flat, VALIDATION_STEP: step})
         if self.mlflow is not None and step > self._mlflow_validated_upto:
             self.mlflow.log_metrics(flat, step)
         with open(self.metrics_file, "a") as f:
