@@ -410,6 +410,33 @@ def test_a_dead_judge_endpoint_names_the_field_to_fix(tmp_path):
             pass
 
 
+def test_preflight_asks_an_external_judge_endpoint_as_training_does(dataset, tmp_path):
+    """A dead reward.judge_endpoint fails the preflight stage's check with the error training would raise; the
+    stand-in judge passes it; a job that starts its own judge on each node has no service to ask at preflight."""
+    from videogrpo.preflight.checks import check_judge_endpoint, reward_checks
+    from videogrpo.rewards.judge_service import judge_service
+
+    dead = service_config(tmp_path, STAND_IN, judge_ready_timeout_s=1)  # nothing listens on its judge_port
+    dead.reward.judge_endpoint = f"http://127.0.0.1:{dead.reward.judge_port}"
+    check = check_judge_endpoint(dead)
+    with pytest.raises(VideoGRPOError) as training:
+        with judge_service(dead, None, tmp_path / "c.log"):
+            pass
+    assert check.name == "judge_endpoint" and not check.ok and check.detail == str(training.value)
+    assert check.detail.startswith(f"reward.judge_endpoint = {dead.reward.judge_endpoint!r}: the judge service at ")
+    sources = dict(judge_prompts=str(RUBRIC_FILE), judge_prompts_digest=sha(RUBRIC_FILE))
+    sources.update(judge_protocol=str(PROTOCOL_FILE), judge_protocol_digest=sha(PROTOCOL_FILE))
+    co_hosted = service_config(tmp_path, STAND_IN, **sources)
+    assert [c.name for c in reward_checks(co_hosted, None, dataset)] == ["judge_rubrics"]
+    with JudgeServer() as server:
+        external = service_config(tmp_path, STAND_IN, judge_endpoint=server.endpoint, **sources)
+        checks = reward_checks(external, None, dataset)
+        assert [c.name for c in checks] == ["judge_rubrics", "judge_endpoint"] and all(c.ok for c in checks), checks
+        assert checks[1].detail == f"{server.endpoint} serves 'qwen3.6-27b'"
+        external.reward.judge_served_name = "another-model"
+        assert "not reward.judge_served_name = 'another-model'" in check_judge_endpoint(external).detail
+
+
 def test_preflight_checks_the_rubric_and_protocol_sources_against_the_dataset(dataset, tmp_path):
     from videogrpo import config
     from videogrpo.preflight.checks import check_judge_rubrics

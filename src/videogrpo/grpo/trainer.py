@@ -130,14 +130,8 @@ class PeakMemory:
 
 
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
-    t = cfg.train
-    return replay.plan(
-        steps_per_epoch(num_samples, cfg.grpo.prompts_per_step),
-        t.epochs,
-        t.save_steps,
-        t.max_steps,
-        cfg.grpo.delayed_replay,
-    )
+    t, batches = cfg.train, steps_per_epoch(num_samples, cfg.grpo.prompts_per_step)
+    return replay.plan(batches, t.epochs, t.save_steps, t.max_steps, cfg.grpo.delayed_replay)
 
 
 class Trainer:

@@ -1,30 +1,29 @@
-"""Starting training on every machine: SLURM, the manual launch contract, or this machine alone.
+"""Where this machine sits in a training job, and the commands and environments that start it: SLURM, the manual
+launch contract, or this machine alone.
 
-One launcher runs per machine. It finds its place in the job from, in order:
+One launcher runs per machine. It finds its place in the job (`from_environment`) from, in order:
 - an srun task of a SLURM allocation (SLURM_NNODES, SLURM_NODEID, SLURM_LAUNCH_NODE_IPADDR: the first
   node hosts the rendezvous);
 - the manual contract of docs/reference-system.md#launch: MASTER_ADDR, MASTER_PORT (default parallel.master_port),
   WORLD_SIZE = number of machines, RANK = this machine's rank; all three of MASTER_ADDR, WORLD_SIZE and
   RANK, or none of them;
 - nothing: a local run on this machine.
-Processes per machine come from parallel.procs_per_node. The launcher then runs the per-node
-preflight (node_preflight.py: devices, driver, compute capability, NCCL, a Triton compile; attention
-backend present, rendezvous port free on the first machine) and starts `torchrun` with a c10d
-rendezvous on the first machine, its workers' environment from `worker_env`.
+Processes per machine come from parallel.procs_per_node. From that place: the `torchrun` command with a c10d
+rendezvous on the first machine (`torchrun_argv`), its workers' environment (`worker_env`), and the `srun` command
+that starts one launcher per node of an allocation (`srun_argv`). Running them, and the per-node preflight before,
+is launch/node.py's.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import socket
-import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from videogrpo.config import Config
-from videogrpo.errors import ConfigError, VideoGRPOError
+from videogrpo.errors import ConfigError
 from videogrpo.preflight import node as node_preflight
 from videogrpo.provenance import interconnect
 
@@ -47,6 +46,12 @@ class Launch:
     @property
     def is_local(self) -> bool:
         return self.source == "local"
+
+    @property
+    def hosted_port(self) -> int | None:
+        """The rendezvous port this machine binds, which the per-node checks find free: the first machine's of a
+        launch over machines; None elsewhere and for a local run (torchrun picks a free port itself)."""
+        return self.master_port if self.node_rank == 0 and not self.is_local else None
 
 
 def slurm_port(cfg: Config, env: dict[str, str]) -> int:
@@ -135,9 +140,10 @@ def worker_env(cfg: Config, env: dict[str, str] | None = None) -> dict[str, str]
     return dict(env, **node_preflight.node_env(env), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
 
 
-def workers_interconnect(cfg: Config, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The interconnect variables (provenance/interconnect.py) this machine's ranks see: worker_env's and torchrun's."""
-    return interconnect.recorded({**TORCHRUN_WORKER_DEFAULTS, **worker_env(cfg, env)})
+def workers_interconnect(workers: Mapping[str, str]) -> dict[str, str]:
+    """The interconnect variables (provenance/interconnect.py) this machine's ranks see: those of their environment
+    (`workers`, worker_env's) and torchrun's."""
+    return interconnect.recorded({**TORCHRUN_WORKER_DEFAULTS, **workers})
 
 
 def apply_interconnect(settings: Mapping[str, str], env: MutableMapping[str, str] | None = None) -> list[str]:
@@ -191,22 +197,3 @@ def srun_argv(cfg: Config, command: list[str], nodes: int | None = None, kill_on
     if cfg.gpus_per_node:
         argv.append(f"--gres=gpu:{cfg.gpus_per_node}")
     return argv + command
-
-
-def run_srun(cfg: Config, command: list[str], **options) -> int:
-    argv = srun_argv(cfg, command, **options)
-    print(f"[launch] {' '.join(argv[:8])} ... in job {os.environ.get('SLURM_JOB_ID')}", file=sys.stderr, flush=True)
-    try:
-        return subprocess.run(argv, check=False).returncode
-    except FileNotFoundError:
-        raise VideoGRPOError(
-            "srun not found inside a SLURM allocation; is the SLURM client on the compute nodes' PATH?"
-        ) from None
-
-
-def describe(launch: Launch) -> str:
-    node = os.environ.get("SLURMD_NODENAME", "")
-    return (
-        f"node {launch.node_rank}/{launch.nnodes} on {socket.gethostname()}{' (' + node + ')' if node else ''}, "
-        f"{launch.nproc} processes, rendezvous {launch.master_addr}:{launch.master_port} ({launch.source})"
-    )

@@ -187,15 +187,32 @@ def check_judge_rubrics(cfg: Config, dataset_dir: Path) -> Check:
     )
 
 
+def check_judge_endpoint(cfg: Config) -> Check:
+    """The existing judge service reward.judge_endpoint names answers and serves reward.judge_served_name, asked as
+    training asks it (judge_service.reach_endpoint): a dead endpoint fails here once, not in every try of the
+    training job after its GPUs are allocated."""
+    from videogrpo.errors import VideoGRPOError
+    from videogrpo.rewards.judge_service import reach_endpoint
+
+    try:
+        endpoint = reach_endpoint(cfg)
+    except VideoGRPOError as err:
+        return Check("judge_endpoint", False, str(err))
+    return Check("judge_endpoint", True, f"{endpoint} serves {cfg.reward.judge_served_name!r}")
+
+
 def reward_checks(cfg: Config, evalkit_fingerprint: Path | None, dataset_dir: Path) -> list[Check]:
     """The checks of every reward the run scores with (config.reward_kinds): the EvalKit's for the rule reward, the
-    judge's pinned sources for the VLM judge; a run of several rewards (reward.terms) checks each of them."""
+    judge's pinned sources for the VLM judge, and its service where reward.judge_endpoint names one (a service the
+    training job starts on each node does not run yet); a run of several rewards (reward.terms) checks each of them."""
     kinds = reward_kinds(cfg)
     found = []
     if "vbvr_rule" in kinds:
         found += [check_evalkit(cfg, evalkit_fingerprint), check_evalkit_tasks(cfg, dataset_dir)]
     if "vbvr_vlm" in kinds:
         found.append(check_judge_rubrics(cfg, dataset_dir))
+        if cfg.reward.judge_endpoint:
+            found.append(check_judge_endpoint(cfg))
     return found
 
 

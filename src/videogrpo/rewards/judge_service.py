@@ -5,7 +5,7 @@ environment (reward.judge_python), serving the pinned judge model (fetch_judge) 
 reward.judge_served_name with the data- and tensor-parallel layout and GPU memory share of the config.
 The job waits until the service lists the model, and fails naming the command and its last log
 lines if it exits or never answers. With reward.judge_endpoint set, an existing service is used and
-only probed.
+only probed (`reach_endpoint`, which the preflight stage asks too).
 
 Sharing the GPUs (reward.judge_gpu_memory of each GPU is the judge's, the rest training's) is made
 safe by the order of start-up, which `train_this_node` (launch/node.py) follows on every node:
@@ -102,19 +102,10 @@ def judge_service(cfg, model: Path | None, log: Path) -> Iterator[str]:
     if not uses_judge(cfg):
         yield ""
         return
-    endpoint = endpoint_of(cfg)
     if cfg.reward.judge_endpoint:
-        try:
-            names = wait_ready(endpoint, min(60.0, cfg.reward.judge_ready_timeout_s))  # it is up, or not
-        except VideoGRPOError as err:
-            raise VideoGRPOError(
-                f"reward.judge_endpoint = {cfg.reward.judge_endpoint!r}: {err}. Start the judge service there, fix "
-                f"the URL, or leave reward.judge_endpoint empty so that the training job starts one per node "
-                f"(reward.judge_port)"
-            ) from None
-        check_served(cfg, names, endpoint)
-        yield endpoint
+        yield reach_endpoint(cfg)
         return
+    endpoint = endpoint_of(cfg)
     if model is None:
         raise VideoGRPOError("the vbvr_vlm reward needs the judge model (fetch_judge) or reward.judge_endpoint")
     argv = serve_argv(cfg, model)
@@ -133,6 +124,24 @@ def judge_service(cfg, model: Path | None, log: Path) -> Iterator[str]:
         yield endpoint
     finally:
         stop(process)
+
+
+def reach_endpoint(cfg) -> str:
+    """The existing service reward.judge_endpoint names answers and serves reward.judge_served_name: its endpoint.
+
+    Training asks before its ranks start, and the preflight stage before a training job is submitted, so that a dead
+    endpoint fails once, early, with the same words (VideoGRPOError naming the field and the fixes).
+    """
+    endpoint = cfg.reward.judge_endpoint
+    try:
+        names = wait_ready(endpoint, min(60.0, cfg.reward.judge_ready_timeout_s))  # it is up, or not
+    except VideoGRPOError as err:
+        raise VideoGRPOError(
+            f"reward.judge_endpoint = {endpoint!r}: {err}. Start the judge service there, fix the URL, or leave "
+            f"reward.judge_endpoint empty so that the training job starts one per node (reward.judge_port)"
+        ) from None
+    check_served(cfg, names, endpoint)
+    return endpoint
 
 
 def check_served(cfg, names: list[str], endpoint: str) -> None:

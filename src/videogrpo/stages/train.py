@@ -1,12 +1,15 @@
 """train: launch GRPO training on every machine of the job with torchrun, and record what it made.
 
-Run by the rule once, on the first (or only) machine. What every machine does before and while its torchrun
-runs (the per-node preflight, the ranks' environment, a co-hosted judge) is launch/node.py's. `--preflight-only`
-(or WAN_TRAINER_TRITON_PREFLIGHT_ONLY=1) runs just the per-node preflight, on every node of the SLURM allocation
-(srun) or on this machine, prints one report line per node and exits 0 or 1, training nothing and writing no
-output. Inside a multi-node SLURM allocation it starts itself once per node with srun (`--node-only`); by hand on
-a cluster without SLURM, run the same command on every machine with the launch contract set (see
-launch/torchrun.py): machine 0 writes the outputs and the manifest, the others only train.
+Run by the rule once, on the first (or only) machine. The command plays one of four roles (`run` picks it):
+- `--preflight-only` (or WAN_TRAINER_TRITON_PREFLIGHT_ONLY=1): just the per-node preflight, on every node of the
+  SLURM allocation (srun) or on this machine, one report line per node, exit 0 or 1, training nothing and writing
+  no output (launch/node.py's `preflight_only_run`);
+- `--node-only`: one node of a multi-node SLURM allocation, started by the first machine's srun; it trains there
+  (launch/node.py's `train_this_node`);
+- a manual launch's other machine: by hand on a cluster without SLURM, the same command runs on every machine with
+  the launch contract set (see launch/torchrun.py); machines 1 and up only train (`train_this_node` too);
+- the driver, machine 0 or the only one (`drive`): starts training on every node (srun) or on this machine, then
+  writes the outputs and the manifest.
 
 Checkpoints go to <run_dir>/checkpoints/, outside the declared outputs, so that a retried or resubmitted job
 resumes from them; for a run in object storage, `--checkpoint-store` mirrors them to the bucket while training
@@ -28,8 +31,8 @@ from pathlib import Path
 
 from videogrpo.config import Config, canonical_json, reward_kinds
 from videogrpo.errors import VideoGRPOError
-from videogrpo.launch import torchrun
-from videogrpo.launch.node import NodeTraining, preflight_this_node, train_this_node
+from videogrpo.launch import node, torchrun
+from videogrpo.launch.node import NodeTraining
 from videogrpo.preflight import node as node_preflight
 from videogrpo.provenance import cost, interconnect
 from videogrpo.provenance.digest import sha256_bytes
@@ -128,22 +131,9 @@ def node_training(args: argparse.Namespace, digests: dict[str, str]) -> NodeTrai
     )
 
 
-def preflight_only_run(cfg: Config, args: argparse.Namespace) -> int:
-    """Only the per-node checks, on every node of the allocation (srun) or on this machine; 0 when all pass."""
-    nodes = torchrun.allocation_nodes(cfg) if not args.node_only else 0
-    if nodes > 1:
-        command = [sys.executable, "-m", "videogrpo.cli", "stage", "train", "--node-only", "--preflight-only"]
-        command += ["--config-json", args.config_json]
-        if args.kernel_cache:
-            command += ["--kernel-cache", str(args.kernel_cache)]
-        code = torchrun.run_srun(cfg, command, nodes=nodes, kill_on_bad_exit=False)
-        print(
-            f"[preflight] {'all' if code == 0 else 'NOT all'} of the allocation's {nodes} nodes passed"
-            + ("" if code == 0 else f" (srun exited {code}): the FAIL lines above name the nodes and the fixes"),
-            flush=True,
-        )
-        return 0 if code == 0 else 1
-    return 0 if preflight_this_node(cfg, args.kernel_cache) else 1
+def on_every_node(*arguments: str) -> list[str]:
+    """This stage's command as srun starts it on each node of the allocation."""
+    return [sys.executable, "-m", "videogrpo.cli", "stage", "train", "--node-only", *arguments]
 
 
 def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path):
@@ -156,6 +146,7 @@ def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path
 
 
 def run(args: argparse.Namespace) -> int:
+    """The role this process plays (the module's opening lists the four), and that role."""
     cfg, sections = load_config(args)
     if args.evalkit is None and "vbvr_rule" in reward_kinds(cfg):
         args.evalkit = Path(cfg.evalkit.path)  # the workflow gives none: where the checkout lives is no param
@@ -163,20 +154,29 @@ def run(args: argparse.Namespace) -> int:
     settings = interconnect.parse(args.interconnect_env, INTERCONNECT_SOURCE)
     for note in torchrun.apply_interconnect(settings):
         print(f"[train] {note}", file=sys.stderr, flush=True)
-    if node_preflight.preflight_only(args.preflight_only):
-        return preflight_only_run(cfg, args)
+    if node_preflight.preflight_only(args.preflight_only):  # the per-node checks only
+        kernel = ["--kernel-cache", str(args.kernel_cache)] if args.kernel_cache else []
+        srun = None if args.node_only else on_every_node("--preflight-only", "--config-json", args.config_json, *kernel)
+        return node.preflight_only_run(cfg, args.kernel_cache, srun)
     missing = [f"--{name.replace('_', '-')}" for name in TRAINING_ARGUMENTS if getattr(args, name) is None]
     if missing:
         raise VideoGRPOError(
             f"videogrpo stage train: {', '.join(missing)} required (only --preflight-only runs without)"
         )
-    if args.node_only:
+    if args.node_only:  # one node of the driver's srun, which hands it the first node's input digests
         digests = json.loads(args.input_digests) if args.input_digests else input_digests(args)
-        train_this_node(cfg, node_training(args, digests))
+        node.train_this_node(cfg, node_training(args, digests))
         return 0
-    if not torchrun.needs_srun(cfg) and torchrun.from_environment(cfg).node_rank != 0:
-        train_this_node(cfg, node_training(args, input_digests(args)))  # a manual launch, machine 1 and up
+    if not torchrun.needs_srun(cfg) and torchrun.from_environment(cfg).node_rank != 0:  # a manual launch's machine 1+
+        node.train_this_node(cfg, node_training(args, input_digests(args)))
         return 0
+    return drive(cfg, sections, args)  # the first or only machine
+
+
+def drive(cfg: Config, sections: dict, args: argparse.Namespace) -> int:
+    """The first (or only) machine: training started on every node of the allocation (srun) or on this machine
+    inside the stage's record, then the outputs, their checks and the summary written to the manifest."""
+    slurm = torchrun.needs_srun(cfg)
     # resume_from (a checkpoint to start from) is recorded with its digest, like every input.
     inputs = dict(inputs_of(args), preflight=args.preflight, resume_from=cfg.train.resume_from)
     external = ("evalkit", "resume_from")  # the pinned checkout; another run's checkpoint, checked on load
@@ -188,32 +188,20 @@ def run(args: argparse.Namespace) -> int:
         parallel = cfg.parallel
         stage.gpus = cost.training_gpus(parallel.nodes, parallel.procs_per_node, parallel.device, os.environ)
         # What this node's ranks see; the other nodes get the same through srun or the Job's spec.
-        stage.interconnect = torchrun.workers_interconnect(cfg)
+        stage.interconnect = torchrun.workers_interconnect(torchrun.worker_env(cfg))
         checkpoints = args.run_dir / "checkpoints"
         print(f"[train] checkpoints in {checkpoints}", file=sys.stderr, flush=True)
         with checkpoint_mirror(args.checkpoint_store, args.checkpoint_store_endpoint, checkpoints):
-            if torchrun.needs_srun(cfg):
-                code = torchrun.run_srun(
-                    cfg,
-                    [
-                        sys.executable,
-                        "-m",
-                        "videogrpo.cli",
-                        "stage",
-                        "train",
-                        "--node-only",
-                        *sys.argv[sys.argv.index("train") + 1 :],  # this command's own arguments
-                        "--input-digests",
-                        json.dumps(digests),
-                    ],
-                )
+            if slurm:
+                own = sys.argv[sys.argv.index("train") + 1 :]  # this command's own arguments
+                code = node.run_srun(cfg, on_every_node(*own, "--input-digests", json.dumps(digests)))
                 if code != 0:
                     raise VideoGRPOError(
                         f"srun exited with code {code}: a node failed (its log lines above say which). "
                         f"Complete checkpoints in {checkpoints} are kept: rerun to resume."
                     )
             else:
-                train_this_node(cfg, node_training(args, digests))
+                node.train_this_node(cfg, node_training(args, digests))
         from videogrpo.grpo.checkpoint import validate_export  # torch: only here, in the stage's own process
 
         stage.output("final", args.final)
@@ -223,11 +211,7 @@ def run(args: argparse.Namespace) -> int:
         stage.summary = {
             "updates": len(lines),
             "checkpoints": str(checkpoints),
-            "launch": {
-                "nnodes": cfg.parallel.nodes,
-                "nproc": cfg.parallel.procs_per_node,
-                "slurm": torchrun.needs_srun(cfg),
-            },
+            "launch": {"nnodes": cfg.parallel.nodes, "nproc": cfg.parallel.procs_per_node, "slurm": slurm},
             "world_size": cfg.world_size,
             "last": {k: v for k, v in (lines[-1] if lines else {}).items() if not isinstance(v, dict)},
             **({"last_validation": validated[-1]} if validated else {}),
