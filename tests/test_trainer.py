@@ -5,6 +5,7 @@ transformer receives and peak memory (tests/probe_worker.py), and learning again
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -135,7 +136,10 @@ def test_sigkill_then_rerun_resumes_and_ends_bit_identical(uninterrupted, tiny_m
     assert not train(cfg, tmp_path, tiny_model, dataset, kill_when=kill_when)
     assert not (tmp_path / "final").exists()
     assert train(cfg, tmp_path, tiny_model, dataset)
-    assert "resumed from" in (tmp_path / "log.txt").read_text()
+    log = (tmp_path / "log.txt").read_text()
+    assert "resumed from" in log
+    # The run's length says which limit set it (replay.describe, tests/test_replay.py).
+    assert re.search(r"\d+ updates in \d+ batches \(delayed replay\): .*train\.(epochs|max_steps) = \d+", log), log
     assert weights(tmp_path) == weights(uninterrupted)
     assert without_times(metrics(tmp_path)) == without_times(metrics(uninterrupted))
 

@@ -530,11 +530,10 @@ class Trainer:
             enabled=self.ctx.is_main,
         )
         self.tracker.trim(done if start else -1)  # a fresh start redoes validation point 0 too
-        mode = "delayed replay" if self.cfg.grpo.delayed_replay else "synchronous"
-        self._log(
-            f"{self.total} updates in {len(self.actions)} batches ({mode}), world size {self.ctx.world_size}, "
-            f"{self.cfg.parallel.data_parallel}, starting at batch {start}"
-        )
+        t, batches = self.cfg.train, steps_per_epoch(len(self.order), self.cfg.grpo.prompts_per_step)
+        length = replay.describe(self.actions, batches, t.epochs, t.max_steps, self.cfg.grpo.delayed_replay)
+        where = f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}, starting at batch {start}"
+        self._log(f"{length}; {where}")
         self._log(f"parameters: {json.dumps(self.layout)}")
         self._log(f"flow shift {self.shift} ({self.shift_source})")
         slot: Prepared | None = None

@@ -146,9 +146,9 @@ def check_job(job: StageJob, cache: dict[str, list], seen: dict[str, list]) -> l
 
 
 def _jobs_named(stages: list[str]) -> str:
-    """`score_cell (6 jobs), train`: the jobs one problem stops, each stage once."""
+    """`score_cell (6 jobs), train`: the jobs one problem stops, each stage once, by name."""
     counts = Counter(stages)
-    return ", ".join(f"{stage} ({n} jobs)" if n > 1 else stage for stage, n in counts.items())
+    return ", ".join(f"{stage} ({n} jobs)" if n > 1 else stage for stage, n in sorted(counts.items()))
 
 
 def check_jobs(jobs: Iterable[StageJob], cache_path: Path | None) -> tuple[int, list[str]]:
