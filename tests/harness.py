@@ -240,3 +240,17 @@ def assert_check_shows_csv(shown: list[list[str]], rows: list[dict]) -> None:
             assert same(delta, row["delta_vs_base"]), (line, row)
             assert same(low, row["delta_ci_low"]) and same(high, row["delta_ci_high"]), (line, row)
     assert (CHECK_CHANGE in header) == any(row.get("delta_vs_base") for row in rows)
+
+
+def validation_point(step: int, mean: float) -> dict:
+    """A validation record as the trainer hands it to the Tracker (`val/*` keys at the step of the update they
+    follow, 0 before training), for the trackers' tests."""
+    return {
+        "step": step,
+        "val/reward_mean": mean,
+        "val/reward_std": 0.1,
+        "val/reward_per_task": {"task_a": mean},
+        "val/reward_errors": 0,
+        "val/prompts": 2,
+        "val/time_s": 1.0,
+    }

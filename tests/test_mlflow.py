@@ -24,7 +24,7 @@ from videogrpo.grpo import mlflow_run
 from videogrpo.preflight import checks as preflight
 from videogrpo.provenance.manifest import assert_no_secrets
 
-from harness import metrics, solo_config, train
+from harness import metrics, solo_config, train, validation_point
 
 BIN = Path(sys.executable).parent
 PASSWORD = "MlflowMarkerPassword0123456789"
@@ -297,25 +297,14 @@ def test_validation_points_reach_mlflow_once_across_a_resume(server, tmp_path):
 
     logging = config.from_dict({"logging": {"tracker": ["mlflow"], "mlflow_experiment": "validation"}}, partial=True)
 
-    def point(step: int, mean: float) -> dict:
-        return {
-            "step": step,
-            "val/reward_mean": mean,
-            "val/reward_std": 0.1,
-            "val/reward_per_task": {"task_a": mean},
-            "val/reward_errors": 0,
-            "val/prompts": 2,
-            "val/time_s": 1.0,
-        }
-
     first = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
-    first.record_validation(point(0, 0.5))
-    first.record_validation(point(1, 0.6))
+    first.record_validation(validation_point(0, 0.5))
+    first.record_validation(validation_point(1, 0.6))
     first.close()
     resumed = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
     resumed.trim(1)  # a resume from update 1's checkpoint keeps both points
-    resumed.record_validation(point(1, 0.7))  # were it redone, MLflow keeps the first value
-    resumed.record_validation(point(2, 0.8))
+    resumed.record_validation(validation_point(1, 0.7))  # were it redone, MLflow keeps the first value
+    resumed.record_validation(validation_point(2, 0.8))
     resumed.close()
     c = client(server)
     run_id = mlflow_run.Run("validation", IDENTITY).run_id

@@ -18,6 +18,8 @@ import pytest
 from videogrpo import config
 from videogrpo.grpo.tracking import Tracker
 
+from harness import validation_point
+
 RUN_ID = "test"
 BLOCK, HEADER = 32768, 7
 """The run file's framing (LevelDB's log format, as W&B writes it): 32 KiB blocks of records, each with a
@@ -104,16 +106,7 @@ def update(step: int) -> dict:
 
 
 def point(step: int) -> dict:
-    mean = 0.5 + step / 100
-    return {
-        "step": step,
-        "val/reward_mean": mean,
-        "val/reward_std": 0.1,
-        "val/reward_per_task": {"task_a": mean},
-        "val/reward_errors": 0,
-        "val/prompts": 2,
-        "val/time_s": 1.0,
-    }
+    return validation_point(step, 0.5 + step / 100)
 
 
 def test_a_validation_point_redone_after_a_resume_reaches_wandb_once(resuming_init, tmp_path):
