@@ -3,11 +3,11 @@ one table behind every verdict of the tool (`compare`, `summary`, and the stored
 
 Each entry is (absolute, relative): a difference passes when |project - reference| <= absolute + relative x the
 quantity's magnitude, the magnitude being the reference's value (grad norm, KL, learning rate) or its largest
-|element| (parameters: over all parameters; AdamW moments: over all moments); quantities with relative 0 are
-bounded absolutely. Every bound is a few times the largest difference the full comparison measured (README.md,
-"Measured", and the per-update tables of its run): what float round-off leaves, while a change of the trainer's
-arithmetic moves the same quantity by far more (a std epsilon of 2e-4 instead of 1e-4 in the group advantages
-moves the grad norm by 2.8e-4 relative, over 100 times its fp32 bound).
+|element| (latents: of the batch; parameters: over all parameters; AdamW moments: over all moments); quantities
+with relative 0 are bounded absolutely. Every bound is a few times the largest difference the full comparison
+measured (README.md, "Measured", and the per-update tables of its run): what float round-off leaves, while a
+change of the trainer's arithmetic moves the same quantity by far more (a std epsilon of 2e-4 instead of 1e-4 in
+the group advantages moves the grad norm by 2.8e-4 relative, over 100 times its fp32 bound).
 
 In bf16 mode both trainers round the same float32 trajectories to bf16, and now and then a value on a rounding
 midpoint lands one bf16 ulp apart on the two sides (a "flip"). Until a flip occurs, bf16 mode agrees as closely as
@@ -96,8 +96,6 @@ ADAMW = 1e-2
 difference in it moves the step by a visible fraction of the lr: an update differs by up to 2.8e-3 of its lr
 (one_dancegrpo, fp32 mode; README.md, "AdamW amplification") while the gradients agree. The parameters' bound
 adds this fraction (3.5x that) of every learning rate so far."""
-
-MODES = tuple(TOLERANCE)
 
 
 def limit(mode: str, quantity: str, magnitude: float = 0.0, extra: float = 0.0) -> float:
