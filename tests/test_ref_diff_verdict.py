@@ -24,7 +24,7 @@ import compare  # noqa: E402
 import ref_diff  # noqa: E402
 import stored  # noqa: E402
 from common import DEFAULTS  # noqa: E402
-from tolerances import TOLERANCE  # noqa: E402
+from tolerances import ADAMW, TOLERANCE  # noqa: E402
 
 SIDES = {"fp32": ("videogrpo", "vbvr-fp32"), "bf16": ("videogrpo-traj-bf16", "vbvr")}
 BATCH = 4096  # latent elements of a rolled-out batch
@@ -132,6 +132,11 @@ def test_the_tolerances_are_the_tables():
     v = compare.verdict(project(B), B)
     assert tolerance_of(v, "grad_norm", "update 2") == pytest.approx(TOLERANCE["fp32"]["grad_norm"][1] * 0.11)
     assert tolerance_of(v, "log_probs", "batch 0") == TOLERANCE["fp32"]["log_probs"][0]
+    largest = torch.cat([m.abs() for m in B["updates"][1]["exp_avg"].values()]).max().item()
+    assert tolerance_of(v, "exp_avg", "update 2") == pytest.approx(TOLERANCE["fp32"]["exp_avg"][1] * largest)
+    largest = torch.cat([q.abs() for q in B["updates"][2]["params"].values()]).max().item()
+    expected = TOLERANCE["fp32"]["params"][1] * largest + ADAMW * 3e-4  # three updates at lr 1e-4
+    assert tolerance_of(v, "params", "update 3") == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("mode", ["fp32", "bf16"])
