@@ -288,9 +288,10 @@ def test_the_stored_check_fails_a_changed_advantage_epsilon():
 
 STAND_IN = r"""#!/usr/bin/env bash
 # Stands in for both sides' python: records its arguments, answers what run_all.sh greps for, and fails the
-# comparisons whose file names contain $STAND_IN_FAIL.
+# comparisons whose file names contain $STAND_IN_FAIL, and crashes in the step $STAND_IN_CRASH names.
 { printf '<%s>' "$@"; echo; } >> "$STAND_IN_LOG"
 case "$2" in
+  "${STAND_IN_CRASH:-none}") echo "Traceback: stand-in crash"; exit 1 ;;
   probe) echo "(a) stand-in" ;;
   plan-reference) echo "plan-reference: stand-in" ;;
   inputs) echo "inputs: stand-in" ;;
@@ -309,7 +310,10 @@ def run_all(tmp_path, reference, **env):
     stand_in.write_text(STAND_IN)
     stand_in.chmod(0o755)
     (work / ".venv/complete").touch()
-    settings, env = env, {k: v for k, v in os.environ.items() if k not in ("REF_COMMIT", "STAND_IN_FAIL")}
+    settings, env = (
+        env,
+        {k: v for k, v in os.environ.items() if k not in ("REF_COMMIT", "STAND_IN_FAIL", "STAND_IN_CRASH")},
+    )
     env.update(PROJECT_PY=str(stand_in), STAND_IN_LOG=str(tmp_path / "argv.log"), WORLD2="0", MODES="fp32")
     env.update(settings)
     out = subprocess.run(
@@ -349,6 +353,14 @@ def test_run_all_prints_the_summary_then_exits_non_zero_on_a_failed_comparison(t
     assert "| the summary |" in out.stdout and any("<summary>" in line for line in log)
     assert "a14b_dancegrpo" in out.stdout  # the runs after the failing one ran too
     assert "FAIL: 1 comparison(s) broke a tolerance: multi_flowcps fp32;" in out.stderr
+
+
+@pytest.mark.parametrize("step", ["plan-videogrpo", "inputs", "videogrpo"])
+def test_run_all_exits_2_when_a_step_crashes(tmp_path, plain_tree, step):
+    """1 means a comparison failed; a step that could not run is 2, whether or not the script names it."""
+    out, log = run_all(tmp_path, plain_tree, STAND_IN_CRASH=step)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert not any("<summary>" in line for line in log)
 
 
 def test_run_all_refuses_a_work_folder_holding_another_commit(tmp_path):

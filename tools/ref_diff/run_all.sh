@@ -13,9 +13,14 @@
 #
 # Exit status: 0 when every comparison passes its tolerances; 1 when any fails (each failing comparison says
 # what broke its tolerance, and the summary table is printed first all the same); 2 when the comparison could not
-# be run (a refused REFERENCE or REF_COMMIT, a side that crashed: its log's tail is printed).
-set -euo pipefail
-REF=${1:?usage: run_all.sh REFERENCE [WORK]}
+# be run (a refused REFERENCE or REF_COMMIT, a side that crashed: its log's tail is printed; any other step
+# that failed).
+set -eEuo pipefail
+# Any step that fails outside the comparisons' verdicts (a side, the probes, the inputs) means the run could not be
+# made: exit 2, so that 1 always means a comparison failed.
+trap 'echo "run_all.sh: stopped: line $LINENO failed (exit status 2: the comparison could not be run)" >&2; exit 2' ERR
+[ $# -ge 1 ] || { echo "usage: run_all.sh REFERENCE [WORK]" >&2; exit 2; }
+REF=$1
 REF=$(cd "$REF" && pwd)
 D=${2:-${DIFF_WORK:-$(mktemp -d)}}
 mkdir -p "$D" && D=$(cd "$D" && pwd)
