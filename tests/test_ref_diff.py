@@ -4,7 +4,7 @@ Each file of tests/data/ref_diff holds small inputs (prompt embeddings, first-fr
 timesteps, per-prompt etas) and what the reference implementation's own trainer (pufanyi/vbvr-rl, run by
 tools/ref_diff/run_all.sh) computed from them: rolled-out and replayed log-probabilities, update metrics, and
 samples of the latents, parameters and AdamW moments. The project's real trainer runs here on the same inputs
-through the tool's adapter and must agree within float round-off (tools/ref_diff/stored.py, TOLERANCE). A change
+through the tool's adapter and must agree within float round-off (tools/ref_diff/tolerances.py). A change
 of the trainer's interface breaks this test (fix tools/ref_diff/project_adapter.py); a change of its arithmetic
 fails the comparison.
 """

@@ -9,8 +9,11 @@ import math
 from pathlib import Path
 
 import torch
+from tolerances import ADAMW, LATENT_FLIPS, TOLERANCE, limit, mode_tier, reached, within
 
 NAN = float("nan")
+FP32_LATENTS = TOLERANCE["fp32"]["latents"][0]
+"""A latent element that differs by more than this differs by more than fp32 round-off: in bf16 mode, a flip."""
 
 
 def maxdiff(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -60,10 +63,13 @@ def diffs(A: dict, B: dict) -> dict:
                 lat=maxdiff(ra["latents"], rb["latents"]),
                 lat_rel=rel(ra["latents"], rb["latents"]),
                 lat_n=n,
+                lat_beyond=int(((ra["latents"].float() - rb["latents"].float()).abs() > FP32_LATENTS).sum()),
+                lat_max=rb["latents"].float().abs().max().item() if rb["latents"].numel() else 0.0,
                 lat_ulps=ulps,
                 numel=ra["latents"].numel(),
                 lp=maxdiff(ra["log_probs"], rb["log_probs"]),
                 lp_rel=rel(ra["log_probs"], rb["log_probs"]),
+                members=(ra.get("members"), rb.get("members")),
             )
         )
     prev_a, prev_b = A["before"], B["before"]
@@ -85,11 +91,16 @@ def diffs(A: dict, B: dict) -> dict:
             new_lp=maxdiff(ua["new_log_probs"], ub["new_log_probs"]) if same_lp else NAN,
             params=maxdiff(pa, pb),
             params_rel=rel(pa, pb),
+            params_max=pb.abs().max().item() if pb.numel() else 0.0,
             upd=maxdiff(da, db),
             upd_rel=maxdiff(da, db) / db.abs().max().item() if db.abs().max() > 0 else NAN,
             cos=torch.nn.functional.cosine_similarity(da, db, dim=0).item() if da.norm() > 0 else NAN,
             m1=rel(cat(ua["exp_avg"], mk), cat(ub["exp_avg"], mk)) if same_m and mk else NAN,
             m2=rel(cat(ua["exp_avg_sq"], mk), cat(ub["exp_avg_sq"], mk)) if same_m and mk else NAN,
+            m1_abs=maxdiff(cat(ua["exp_avg"], mk), cat(ub["exp_avg"], mk)) if same_m and mk else NAN,
+            m2_abs=maxdiff(cat(ua["exp_avg_sq"], mk), cat(ub["exp_avg_sq"], mk)) if same_m and mk else NAN,
+            m1_max=cat(ub["exp_avg"], mk).abs().max().item() if same_m and mk else NAN,
+            m2_max=cat(ub["exp_avg_sq"], mk).abs().max().item() if same_m and mk else NAN,
             moments=(len(mk), len(ub["exp_avg"])),
             stepped=(stepped(ua["exp_avg"], moments_a), stepped(ub["exp_avg"], moments_b)),
         )
@@ -109,22 +120,140 @@ def diffs(A: dict, B: dict) -> dict:
     return out
 
 
+def schedule_problems(A: dict, B: dict, D: dict) -> list[str]:
+    """Every way the two runs' schedules differ (any difference fails): updates made, the update count of the lr
+    schedule, the batches rolled out and their members, and per update the replayed batch, the rolled-out
+    batches, staleness, clip range, the parameters with AdamW moments and the experts trained."""
+    out = []
+    if len(A["updates"]) != len(B["updates"]):
+        out.append(f"updates {len(A['updates'])} / {len(B['updates'])}")
+    if A["total"] != B["total"]:
+        out.append(f"total (lr schedule) {A['total']} / {B['total']}")
+    if D["rolled_a"] != D["rolled_b"]:
+        out.append(f"rolled-out batches {D['rolled_a']} / {D['rolled_b']}")
+    for r in D["batches"]:
+        if r["members"][0] != r["members"][1]:
+            out.append(f"batch {r['batch']}: members {r['members'][0]} / {r['members'][1]}")
+    names = dict(replayed="replayed", rolled="rolled out", stale="staleness", clip="clip range")
+    names.update(moments="parameters with moments", stepped="experts stepped")
+    for r in D["updates"]:
+        out += [f"update {r['update']}: {n} {r[k][0]} / {r[k][1]}" for k, n in names.items() if r[k][0] != r[k][1]]
+    return out
+
+
 def same_schedule(A: dict, B: dict, D: dict) -> bool:
-    U = D["updates"]
-    return (
-        len(A["updates"]) == len(B["updates"])
-        and D["rolled_a"] == D["rolled_b"]
-        and A["total"] == B["total"]
-        and all(
-            r["replayed"][0] == r["replayed"][1]
-            and r["rolled"][0] == r["rolled"][1]
-            and r["stale"][0] == r["stale"][1]
-            and r["clip"][0] == r["clip"][1]
-            and r["moments"][0] == r["moments"][1]
-            and r["stepped"][0] == r["stepped"][1]
-            for r in U
+    return not schedule_problems(A, B, D)
+
+
+def mode_of(record: dict) -> str:
+    """The precision mode a side file ran in: `videogrpo-traj-bf16` and `vbvr` are bf16 mode."""
+    return "bf16" if record["side"] in ("videogrpo-traj-bf16", "vbvr") else "fp32"
+
+
+def flipped(D: dict) -> set[int]:
+    """The batches whose latents differ by more than fp32 round-off anywhere (in bf16 mode: flipped)."""
+    return {r["batch"] for r in D["batches"] if r["lat_beyond"]}
+
+
+def verdict(A: dict, B: dict, flipped_elsewhere: set[int] = frozenset()) -> dict:
+    """Every compared quantity of a run against its tolerance (tolerances.py): mode, problems (schedule, settings,
+    mode; each fails the run), rows of (quantity, where, |project - reference|, tolerance) and ok. In bf16 mode a
+    quantity that no flip reaches is held to the fp32 bound; flipped_elsewhere adds the batches that flipped on
+    the run's other ranks, which reach this rank's updates through the shared gradient."""
+    D = diffs(A, B)
+    mode = mode_of(A)
+    problems = schedule_problems(A, B, D)
+    if mode_of(B) != mode:
+        problems.append(
+            f"the project side ran in {mode} mode ({A['side']}), the reference in {mode_of(B)} ({B['side']})"
         )
-    )
+    if A["set"] != B["set"]:
+        problems.append("the two sides ran different settings")
+    if not D["same_init"]:
+        problems.append("the initial weights differ")
+    U = D["updates"]
+    hit, hit_batch = reached([(r["replayed"][1], r["rolled"][1]) for r in U], flipped(D) | set(flipped_elsewhere))
+    rows = []
+
+    def row(quantity, where, diff, tier, magnitude=0.0, extra=0.0, key=None):
+        rows.append((quantity, where, diff, limit(tier, key or quantity, magnitude, extra)))
+
+    x_t = [r["x_t_vs_inputs"] for r in A["rollouts"].values() if "x_t_vs_inputs" in r]
+    if x_t:
+        row("x_T", "the project's draws vs the inputs", max(x_t), "fp32", key="latents")
+    for r in D["batches"]:
+        where = f"batch {r['batch']}"
+        row("latents", where, r["lat"], mode, r["lat_max"])
+        fraction = r["lat_beyond"] / max(r["numel"], 1)
+        rows.append(("latent elements beyond fp32 round-off", where, fraction, LATENT_FLIPS[mode]))
+        row("log_probs", where, r["lp"], mode_tier(mode, hit_batch.get(r["batch"], r["batch"] in flipped(D))))
+    lr_sum = 0.0
+    for r, here in zip(U, hit):
+        where, tier = f"update {r['update']}", mode_tier(mode, here)
+        lr_sum += r["lr"][1]
+        row("learning_rate", where, d(r["lr"]), "fp32", r["lr"][1])
+        for k in ("grad_norm", "policy_loss", "kl_loss", "advantage_mean", "ppo_ratio_mean", "ppo_ratio_abs_max"):
+            if r[k][1] is not None:  # the reference's standard path logs no PPO ratios or advantage mean
+                key = "ppo" if k.startswith("ppo_ratio") else k
+                row(k, where, d(r[k]), tier, r[k][1], key=key)
+        if r["ppo_clip_fraction"][1] is not None:
+            row("ppo_clip_fraction", where, d(r["ppo_clip_fraction"]), tier)
+        row("new_log_probs", where, r["new_lp"], tier)
+        row("params", where, r["params"], tier, r["params_max"], ADAMW * lr_sum)
+        if r["moments"][0] == r["moments"][1] and r["moments"][0]:
+            row("exp_avg", where, r["m1_abs"], tier, r["m1_max"])
+            row("exp_avg_sq", where, r["m2_abs"], tier, r["m2_max"])
+    ok = not problems and all(within(diff, tol) for _, _, diff, tol in rows)
+    return dict(mode=mode, problems=problems, rows=rows, ok=ok, reached=sum(hit), updates=len(U))
+
+
+def ratio(diff: float, tol: float) -> float:
+    """A difference in units of its tolerance (inf for a NaN, or for any difference where none is allowed)."""
+    if math.isnan(diff):
+        return math.inf
+    return diff / tol if tol > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def failures(v: dict) -> list[str]:
+    """What broke its tolerance in a verdict, worst first, and the problems."""
+    bad = sorted((r for r in v["rows"] if not within(r[2], r[3])), key=lambda r: -ratio(r[2], r[3]))
+    return v["problems"] + [f"{q} ({w}): {diff:.2e} > {tol:.2e} ({ratio(diff, tol):.3g}x)" for q, w, diff, tol in bad]
+
+
+def verdict_line(v: dict) -> str:
+    """PASS or FAIL, the mode, and what broke its tolerance by how much (or how close the closest came)."""
+    if not v["ok"]:
+        bad = failures(v)
+        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
+        return f"FAIL ({v['mode']}): " + "; ".join(bad[:4]) + more
+    q, w, diff, tol = closest(v)
+    flips = f"; {v['reached']} of {v['updates']} updates reached by a bf16 flip" if v["mode"] == "bf16" else ""
+    return f"PASS ({v['mode']}): closest {q} ({w}) {diff:.2e}, {ratio(diff, tol):.2f} of its tolerance {tol:.2e}{flips}"
+
+
+def closest(v: dict) -> tuple:
+    """The row of a verdict nearest its tolerance: how much room a passing run left."""
+    return max(v["rows"], key=lambda r: ratio(r[2], r[3]), default=("nothing", "", 0.0, 1.0))
+
+
+def rank_files(path: str) -> list[str]:
+    """A side file's siblings of all ranks (rank 0 OUT, rank r OUT.rankR), rank 0 first."""
+    base = path.rsplit(".rank", 1)[0] if ".rank" in Path(path).name else path
+    others = Path(base).parent.glob(Path(base).name + ".rank*")
+    others = sorted(others, key=lambda p: int(p.name.rsplit(".rank", 1)[1]))
+    return [base] + [str(p) for p in others]
+
+
+def run_verdict(a: str, b: str, A: dict | None = None, B: dict | None = None) -> dict:
+    """The verdict of one rank's comparison, with the flips of the run's other ranks (their side files beside
+    these) taken into account."""
+    A = torch.load(a) if A is None else A
+    B = torch.load(b) if B is None else B
+    elsewhere = set()
+    for ra, rb in zip(rank_files(a), rank_files(b)):
+        if Path(ra) != Path(a) and Path(ra).exists() and Path(rb).exists():
+            elsewhere |= flipped(diffs(torch.load(ra), torch.load(rb)))
+    return verdict(A, B, elsewhere)
 
 
 def largest(A: dict, B: dict) -> dict:
@@ -226,15 +355,19 @@ def fmt(x: float) -> str:
 COLUMNS = ("latents", "old log-p", "new log-p", "grad norm", "policy loss", "KL", "params (rel)", "exp_avg rel")
 
 
-def summary_rows(pairs: list[tuple[str, str, str]]) -> list[str]:
-    """Markdown rows (label, mode) of `largest` for each (label, project file, reference file)."""
+def summary_rows(pairs: list[tuple[str, str, str]]) -> tuple[list[str], list[tuple[str, dict]]]:
+    """Markdown rows (label, mode, the largest differences, the verdict) for each (label, project file, reference
+    file), and each label's verdict. A passing row shows the fraction of its tolerance the closest quantity used."""
     rows = [
-        "| run (updates) | mode | schedule | " + " | ".join(COLUMNS) + " |",
-        "|---|---|---|" + "---|" * len(COLUMNS),
+        "| run (updates) | mode | schedule | " + " | ".join(COLUMNS) + " | verdict |",
+        "|---|---|---|" + "---|" * (len(COLUMNS) + 1),
     ]
+    verdicts = []
     for label, a, b in pairs:
         A, B = torch.load(a), torch.load(b)
         x = largest(A, B)
+        v = run_verdict(a, b, A, B)
+        verdicts.append((label, v))
         name, _, mode = label.rpartition(" ")
         lat = fmt(x["latents"])
         if x["latents_n"] and x["latents"] > 1e-5:
@@ -249,9 +382,23 @@ def summary_rows(pairs: list[tuple[str, str, str]]) -> list[str]:
             fmt(x["kl_loss"]),
             f"{fmt(x['params'])} ({fmt(x['params_rel'])})",
             fmt(x["exp_avg"]),
+            f"PASS ({ratio(*closest(v)[2:]):.2f} of {closest(v)[0]})" if v["ok"] else "FAIL: " + failures(v)[0],
         ]
         rows.append(f"| {name} ({x['updates']}) | {mode} | {sched} | " + " | ".join(cells) + " |")
-    return rows
+    return rows, verdicts
+
+
+def final_line(verdicts: list[tuple[str, dict]]) -> str:
+    """The summary's last line: per mode, how many comparisons passed, and the ones that failed."""
+    parts = []
+    for mode in sorted({v["mode"] for _, v in verdicts}):
+        runs = [(label, v) for label, v in verdicts if v["mode"] == mode]
+        bad = [label for label, v in runs if not v["ok"]]
+        parts.append(
+            f"{mode} {len(runs) - len(bad)} of {len(runs)} pass" + (f" (FAIL: {', '.join(bad)})" if bad else "")
+        )
+    ok = all(v["ok"] for _, v in verdicts)
+    return ("PASS: " if ok else "FAIL: ") + "; ".join(parts)
 
 
 GRID = [
@@ -270,6 +417,9 @@ def plan_compare(a: str, b: str, lr: float) -> int:
     """Print the grid points whose schedules differ; returns their number."""
     A, B = json.loads(Path(a).read_text()), json.loads(Path(b).read_text())
     bad = 0
+    if len(A) != len(B):
+        bad += 1
+        print(f"the two sides ran {len(A)} / {len(B)} schedules")
     for ra, rb in zip(A, B):
         assert ra["point"] == rb["point"]
         problems = []

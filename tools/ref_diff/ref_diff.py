@@ -8,12 +8,16 @@
                   [--max_steps=N] --world=2 [--fsdp=1]
   $P $R videogrpo W/in.pt W/a.pt [--traj-bf16]   # the project's trainer (grpo.trajectory_dtype bfloat16)
   $V $R reference W/in.pt W/b.pt [--fp32]        # the reference's trainer (--fp32: its bf16 casts to float32)
-  $V $R compare   W/a.pt W/b.pt                  # per rolled-out batch and per update
-  $V $R summary   "LABEL MODE=W/a.pt:W/b.pt" ... # one markdown row per comparison: the largest differences
+  $V $R compare   W/a.pt W/b.pt                  # per rolled-out batch and per update, then PASS or FAIL
+  $V $R summary   "LABEL MODE=W/a.pt:W/b.pt" ... # a markdown row per comparison: largest differences, verdict
   $P $R plan-videogrpo W/pa.json; $V $R plan-reference W/pb.json; $V $R plan-compare W/pa.json W/pb.json
   $V $R probe                                    # the reference's own model, sampler and loss functions
+  $V $R store OUT.pt W/in.pt W/a.pt W/b.pt MODE   # a stored comparison (tests/data/ref_diff), checked as it is made
+  $P $R check tests/data/ref_diff/*.pt           # the project side against the stored comparisons
 With --world=2 run both sides under `python -m torch.distributed.run --standalone --nproc-per-node=2` (gloo);
 rank r > 0 writes OUT.rankR. run_all.sh runs every comparison; README.md says what each one covers.
+`compare`, `summary`, `plan-compare`, `store` and `check` exit 1 when a comparison breaks a tolerance of
+tolerances.py (or its schedule differs), 0 when all pass.
 """
 
 from __future__ import annotations
@@ -100,7 +104,12 @@ def main(argv: list[str]) -> None:
         import compare
         import torch
 
-        compare.print_compare(torch.load(args[0]), torch.load(args[1]))
+        A, B = torch.load(args[0]), torch.load(args[1])
+        compare.print_compare(A, B)
+        v = compare.run_verdict(args[0], args[1], A, B)
+        print(compare.verdict_line(v))
+        if not v["ok"]:
+            raise SystemExit(1)
     elif cmd == "summary":
         import compare
 
@@ -109,7 +118,11 @@ def main(argv: list[str]) -> None:
             label, _, files = item.partition("=")
             a, _, b = files.partition(":")
             pairs.append((label, a, b))
-        print("\n".join(compare.summary_rows(pairs)))
+        rows, verdicts = compare.summary_rows(pairs)
+        print("\n".join(rows))
+        print(compare.final_line(verdicts))
+        if not all(v["ok"] for _, v in verdicts):
+            raise SystemExit(1)
     elif cmd == "plan-videogrpo":
         import compare
         import project_adapter
@@ -163,12 +176,16 @@ def main(argv: list[str]) -> None:
         import stored
         from common import model_dir
 
+        failed = 0
         for path in args:
             s = __import__("torch").load(path)["inputs"]["set"]
             _, problems, rows = stored.run_stored(path, Path(option(flags, "model") or model_dir(s)), WORK / "check")
             for name, diff, tol, ok in rows:
                 print(f"{name:32s} {diff:.3e}  (tolerance {tol:.3e}){'' if ok else '  EXCEEDED'}")
-            print(f"{path}: " + ("; ".join(problems) if problems else "within the stored reference's tolerances"))
+            print(f"{path}: " + ("FAIL: " + "; ".join(problems) if problems else "PASS: within the tolerances"))
+            failed += bool(problems)
+        if failed:
+            raise SystemExit(1)
     elif cmd == "probe":
         import probe
 
