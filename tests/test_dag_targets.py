@@ -1,11 +1,14 @@
-"""The default target requests every declared output of every stage job, output by output: Snakemake checks only
-the outputs some job requests, so an output nothing downstream reads (train/final, the dataset's index files, the
-report's RO-Crate) that a person or a failure removed would otherwise never be made again by a plain rerun. The DAG
-is Snakemake's own, built in a fresh copy of the checkout for the default and every recipe."""
+"""What Snakemake's own DAG says, built in a fresh copy of the checkout for the default and three recipes:
+- the default target requests every declared output of every stage job, output by output: Snakemake checks only the
+  outputs some job requests, so an output nothing downstream reads (train/final, the dataset's index files, the
+  report's RO-Crate) that a person or a failure removed would otherwise never be made again by a plain rerun;
+- the EvalKit checkout somewhere else (evalkit.path, pinned by evalkit.digest) changes no job's inputs, params or
+  outputs: what Snakemake compares to decide a rerun, so a moved copy reruns nothing."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -22,11 +25,13 @@ from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings
 
 found = {}
 for name in sys.argv[1:]:
-    files = [Path(name)] if name != "default" else []
+    given = json.loads(name)
     with SnakemakeApi(OutputSettings()) as api:
         workflow_api = api.workflow(
             resource_settings=ResourceSettings(cores=1),
-            config_settings=ConfigSettings(configfiles=files),
+            config_settings=ConfigSettings(
+                configfiles=[Path(f) for f in given["files"]], config=given.get("config", {})
+            ),
             snakefile=Path("Snakefile"),
             workdir=Path("."),
         )
@@ -38,23 +43,36 @@ for name in sys.argv[1:]:
         found[name] = {
             "outputs": sorted([job.rule.name, str(out)] for job in jobs for out in job.output),
             "requested": sorted(str(path) for path in target.input),
+            "jobs": sorted(
+                json.dumps([job.rule.name, sorted(map(str, job.input)), {k: str(v) for k, v in job.params.items()}])
+                for job in jobs
+                if job.rule.name != "all"
+            ),
         }
 print("PROBE " + json.dumps(found))
 """
 
+
+def given(*files: str, **config) -> str:
+    return json.dumps({"files": list(files), "config": config})
+
+
 CONFIGS = [
-    "default",
-    "config/recipes/rl_5b_cps.yaml",
-    "config/recipes/rl_5b_vlm.yaml",
-    "config/recipes/rl_a14b_rule.yaml",
+    given(),
+    given("config/recipes/rl_5b_cps.yaml"),
+    given("config/recipes/rl_5b_vlm.yaml"),
+    given("config/recipes/rl_a14b_rule.yaml"),
 ]
+KIT = "src/videogrpo/demo/stand_in_evalkit"
+MOVED_KIT = given(evalkit={"path": "elsewhere/kit"})
 
 
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory) -> dict[str, dict[str, list]]:
     checkout = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    shutil.copytree(checkout / KIT, checkout / "elsewhere/kit")
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, *CONFIGS], cwd=checkout, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", PROBE, *CONFIGS, MOVED_KIT], cwd=checkout, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert not (checkout / "results").exists(), "building the DAG wrote under results/"
@@ -73,3 +91,12 @@ def test_the_default_target_requests_every_output_of_every_stage_job(dags, confi
     assert {"train", "materialize_dataset", "report", "generate_cell", "score_cell"} <= rules, rules
     assert any(path.endswith("/train/final") for _, path in found["outputs"])
     assert any(path.endswith("/materialized/materialization.json") for _, path in found["outputs"])
+
+
+def test_the_evalkit_elsewhere_with_its_digest_changes_no_job(dags):
+    """evalkit.path is an execution field: the default DAG and the one with the checkout copied elsewhere hold the
+    same jobs with the same inputs, params and outputs (the params name the stage config file by its params'
+    digest), so Snakemake plans nothing for the move."""
+    default, moved = dags[CONFIGS[0]], dags[MOVED_KIT]
+    assert default["outputs"] == moved["outputs"] and default["jobs"] == moved["jobs"]
+    assert not any("elsewhere" in job or KIT in job for job in moved["jobs"])
