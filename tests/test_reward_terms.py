@@ -262,15 +262,21 @@ def test_verify_checks_the_judge_files_of_a_terms_run(tmp_path):
 
 
 def test_the_dag_of_a_terms_run_holds_both_runtimes_stages(tmp_path):
-    """A dry run of the training target: the EvalKit's fingerprint and runtime check and the judge's download, and
-    the training command hands over the checkout and the judge model."""
+    """A dry run of the training target: the EvalKit's fingerprint and runtime check and the judge's download; the
+    training command hands over the judge model, and the stage scores with the checkout its config names (no part of
+    the command: a moved copy reruns nothing)."""
     checkout = copy_checkout(tmp_path / "checkout")
     (checkout / "terms.yaml").write_text(yaml.safe_dump({"reward": {"terms": dict(WEIGHTS)}}))
     out = run(["snakemake", "-n", "-p", "train", "--configfile", "terms.yaml"], checkout)
     text = out.stdout + out.stderr
     assert {"fetch_judge", "fingerprint_evalkit", "check_scorer_runtime", "preflight", "train"} <= set(jobs_run(text))
     command = text.split("videogrpo stage train")[1].split("\n\n")[0]
-    assert "--evalkit " in command and "--judge-model " in command
+    assert "--evalkit " not in command and "--judge-model " in command
+    from videogrpo.stages.train import evalkit_checkout
+
+    terms = config_with(terms=dict(WEIGHTS))
+    assert evalkit_checkout(terms, None) == Path(terms.evalkit.path) and evalkit_checkout(terms, Path("k")) == Path("k")
+    assert evalkit_checkout(config_with(kind="vbvr_vlm"), None) is None
     assert "--evalkit-fingerprint" in text.split("videogrpo stage preflight")[1].split("\n\n")[0]
 
 

@@ -411,7 +411,7 @@ def test_a_scripts_background_driver_ignores_sigint_and_on_sigterm_stops_after_i
     log, made = cell / "generate_cell.log", cell / "generate_cell.manifest.json"
     started, output, pid_file = time.time(), workdir / "background-driver.out", workdir / "background-driver.pid"
     forced = made.relative_to(workdir)
-    script = f"snakemake --cores 2 --forcerun {forced} > {output.name} 2>&1 & echo $! > {pid_file.name}; wait"
+    script = f"snakemake --cores 2 --forcerun {forced} > {output.name} 2>&1 & echo $! > {pid_file.name}; wait $!"
     env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.Popen(["bash", "-c", script], cwd=workdir, env=env, start_new_session=True)
     try:

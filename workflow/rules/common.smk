@@ -275,19 +275,21 @@ STAGE_MANIFESTS = {
 }
 
 
-def matrix_manifests():
-    """The manifests behind the run's matrix, by `stage` or `stage:model:sampler`: the report's provenance and
-    RO-Crate include every cell."""
-    found = {"eval_set": f"{EVALSET}/eval_set.manifest.json"}
+def matrix_jobs():
+    """(key, manifest, wildcards) of every job the run's matrix adds, keyed by `stage` or `stage:model:sampler`: the
+    report's provenance and RO-Crate include every cell, and the default target every output of each."""
+    yield "eval_set", f"{EVALSET}/eval_set.manifest.json", {}
     for name, spec in CFG.matrix.hub_models.items():
         if name in CFG.matrix.models:
             key = layout.hub_model_key(name, spec)
-            found[f"fetch_eval_model:{name}"] = f"{RESULTS}/models/eval/{key}/fetch_eval_model.manifest.json"
+            yield f"fetch_eval_model:{name}", f"{RESULTS}/models/eval/{key}/fetch_eval_model.manifest.json", {
+                "hub": key
+            }
     for name, sampler, cell in matrix_cells():
-        found[f"generate_cell:{name}:{sampler}"] = f"{cell}/generate_cell.manifest.json"
-        found[f"score_cell:{name}:{sampler}"] = f"{cell}/score_cell.manifest.json"
-    found["matrix"] = f"{RUN}/matrix.manifest.json"
-    return found
+        wildcards = {"model": CELL_MODELS[name], "sampler": sampler}
+        yield f"generate_cell:{name}:{sampler}", f"{cell}/generate_cell.manifest.json", wildcards
+        yield f"score_cell:{name}:{sampler}", f"{cell}/score_cell.manifest.json", wildcards
+    yield "matrix", f"{RUN}/matrix.manifest.json", {}
 
 
 def directory_of_input(name):
@@ -423,7 +425,8 @@ def matrix_cell_args(wildcards, input):
     )
 
 
-STAGE_MANIFESTS.update(matrix_manifests())
+MATRIX_JOBS = list(matrix_jobs())
+STAGE_MANIFESTS.update({key: manifest for key, manifest, _ in MATRIX_JOBS})
 REPORT_MANIFEST = f"{RUN}/report.manifest.json"
 # Every manifest of the run, the report's included (which reads all the others): what `videogrpo verify` expects.
 RUN_MANIFESTS = {**STAGE_MANIFESTS, "report": REPORT_MANIFEST}
@@ -431,12 +434,16 @@ RUN_MANIFESTS = {**STAGE_MANIFESTS, "report": REPORT_MANIFEST}
 
 def every_stage_output(wildcards):
     """Every declared output of every stage job of the run (the target's input function: by then every rule is
-    defined): each stage's outputs, with the wildcards of its manifest in RUN_MANIFESTS (a matrix cell's model and
-    sampler), so that a removed one is made again by a plain rerun."""
+    defined): each stage's outputs, with the job's wildcards (a matrix cell's model and sampler), so that a removed
+    one is made again by a plain rerun."""
+    of_job = {key: job_wildcards for key, _, job_wildcards in MATRIX_JOBS}
     found = []
-    for key, manifest in RUN_MANIFESTS.items():
+    for key in RUN_MANIFESTS:
         stage = workflow.get_rule(key.split(":")[0])
-        found += [str(out) for out in stage.expand_output(stage.get_wildcards(manifest))[0]]
+        for out in stage.expand_output(of_job.get(key, {}))[0]:
+            # In object storage an output is its bucket object: the path as declared is its query less the prefix,
+            # which Snakemake maps to the bucket again (as every other input of `all`).
+            found.append(out.storage_object.query.removeprefix(f"{STORAGE_PREFIX}/") if out.is_storage else str(out))
     return found
 
 

@@ -145,11 +145,19 @@ def checkpoint_mirror(store: str | None, endpoint: str | None, checkpoints: Path
     return CheckpointMirror(store, checkpoints, endpoint_url=endpoint)
 
 
+def evalkit_checkout(cfg: Config, given: Path | None) -> Path | None:
+    """The EvalKit checkout the ranks score with: `--evalkit`, else evalkit.path when a reward term is the rule
+    reward (the workflow gives none: where the checkout lives is no param, evalkit.digest pins what it is); None
+    when no term needs it."""
+    if given is not None or "vbvr_rule" not in reward_kinds(cfg):
+        return given
+    return Path(cfg.evalkit.path)
+
+
 def run(args: argparse.Namespace) -> int:
     """The role this process plays (the module's opening lists the four), and that role."""
     cfg, sections = load_config(args)
-    if args.evalkit is None and "vbvr_rule" in reward_kinds(cfg):
-        args.evalkit = Path(cfg.evalkit.path)  # the workflow gives none: where the checkout lives is no param
+    args.evalkit = evalkit_checkout(cfg, args.evalkit)
     # Into this process's environment, before anything starts: srun hands it to every node, worker_env to the ranks.
     settings = interconnect.parse(args.interconnect_env, INTERCONNECT_SOURCE)
     for note in torchrun.apply_interconnect(settings):
