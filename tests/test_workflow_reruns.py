@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -278,9 +279,9 @@ def test_a_raw_video_overwritten_in_place_is_named_and_the_suggested_command_rep
         assert "materialize_dataset" not in (jobs_run(dry.stdout) if "Job stats:" in dry.stdout else {})
         checked = run(["videogrpo", "verify", str(run_dir.relative_to(workdir))], workdir, check=False)
         assert checked.returncode == 4 and f"CHANGED {victim.relative_to(workdir)}" in checked.stdout
-        assert "rebuild what changed or is missing with `snakemake --cores <N> --forcerun materialize_dataset`" in (
-            checked.stdout
-        ), checked.stdout[-2000:]
+        # The run's own invocation (the test before left a --config override in it) and the stage to force.
+        hint = re.search(r"rebuild what changed or is missing with `(snakemake --cores <N>[^`]*)`", checked.stdout)
+        assert hint and hint.group(1).endswith(" --forcerun materialize_dataset"), checked.stdout[-2000:]
         out = run(["snakemake", "--cores", "2", "--forcerun", "train"], workdir, check=False)
         text = out.stdout + out.stderr
         assert out.returncode != 0 and STOPPED in text and "Error in rule" not in text
@@ -293,8 +294,8 @@ def test_a_raw_video_overwritten_in_place_is_named_and_the_suggested_command_rep
     shutil.rmtree(run_dir / "train/final")
     dry = run(["snakemake", "-n"], workdir)
     assert "Missing output files: " in dry.stdout and f"{run_dir.relative_to(workdir)}/train/final" in dry.stdout
-    # Both messages' command, as written (with the cores a run here has):
-    run(["snakemake", "--cores", "2", "--forcerun", "materialize_dataset"], workdir)
+    # verify's command, as written (with the cores a run here has), which forces what the start check's names:
+    run(shlex.split(hint.group(1).replace("<N>", "2")), workdir)
     assert victim.read_bytes() == good
     assert (
         f"repairing raw/{victim.relative_to(raw)}"
