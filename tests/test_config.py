@@ -96,8 +96,9 @@ def test_5b_cps_at_100_ranks_is_rejected_with_the_numbers(repo, monkeypatch):
         config.load(
             ["config/config.yaml", "config/recipes/rl_5b_cps.yaml"], {"parallel": {"nodes": 25, "procs_per_node": 4}}
         )
-    assert "world size 100 (= nodes 25 x procs_per_node 4) must be a multiple of the prompts per wave 32" in str(
-        err.value
+    assert (
+        "world size 100 (= nodes 25 x procs_per_node 4) must divide or be a multiple of the prompts per wave 32"
+        in str(err.value)
     )
 
 

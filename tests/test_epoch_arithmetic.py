@@ -21,15 +21,18 @@ from videogrpo import config
 from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.data.materialize import split
 from videogrpo.grpo import assignment
+from videogrpo.grpo.assignment import waves
 from videogrpo.grpo.experts import Experts, mesh_dims
 from videogrpo.grpo.replay import total_updates
 from videogrpo.grpo.rollout import counter_seed, seeded_normal, seeded_uniform
-from videogrpo.grpo.trainer import run_plan, waves
+from videogrpo.grpo.trainer import run_plan
 
 # The released topologies: (recipe, parallel.nodes), None for the recipe's own; the VLM recipe runs on 4, 8 or 16
-# nodes of 8 ranks.
+# nodes of 8 ranks. And the 5B rule recipe on 1 and 2 nodes, a rank serving 4 or 2 prompts of each wave.
 TOPOLOGIES = [
     ("rl_5b_cps", None),
+    ("rl_5b_cps", 1),
+    ("rl_5b_cps", 2),
     ("rl_5b_sde", None),
     ("rl_5b_vlm", 4),
     ("rl_5b_vlm", 8),

@@ -74,7 +74,11 @@ def test_lora_shards_the_frozen_base_with_the_adapters_and_trains_the_adapters_o
 @pytest.mark.parametrize(
     ("recipe", "nodes", "message"),
     [
-        ("rl_5b_cps", 25, "world size 200 (= nodes 25 x procs_per_node 8) must be a multiple of the prompts per wave"),
+        (
+            "rl_5b_cps",
+            25,
+            "world size 200 (= nodes 25 x procs_per_node 8) must divide or be a multiple of the prompts per wave",
+        ),
         ("rl_a14b_rule", 4, "grpo.prompts_per_step = 16: must equal train.batch_size 4 x 16 data replicas"),
     ],
 )

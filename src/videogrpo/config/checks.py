@@ -533,12 +533,13 @@ def topology_problems(cfg: Config) -> list[str]:
         wave = p.prompts_per_wave or p.prompts_per_step
         if p.prompts_per_step % wave:
             found.append(f"grpo.prompts_per_wave = {wave}: must divide grpo.prompts_per_step = {p.prompts_per_step}")
-        elif world % wave:
+        elif world % wave and wave % world:
             found.append(
-                f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node}) must be a multiple "
-                f"of the prompts per wave {wave} (grpo.prompts_per_wave or grpo.prompts_per_step) in shared-prompt mode"
+                f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node}) must divide or be a "
+                f"multiple of the prompts per wave {wave} (grpo.prompts_per_wave or grpo.prompts_per_step) in "
+                f"shared-prompt mode: a rank serves several prompts of a wave, or several ranks share one"
             )
-        elif p.group_size % (world // wave):
+        elif world >= wave and p.group_size % (world // wave):
             found.append(
                 f"grpo.group_size = {p.group_size}: must be a multiple of the {world // wave} ranks sharing each "
                 f"prompt (world size {world} / {wave} prompts per wave)"

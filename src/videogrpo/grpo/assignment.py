@@ -26,7 +26,17 @@ class RankWork:
 
 
 def shared_prompt_work(rank: int, world: int, prompts_per_wave: int, group_size: int) -> RankWork:
-    """Rank r serves prompt r mod P as member r // P of k = W / P ranks: group indices range(r // P, G, k)."""
+    """Rank r's share of a wave of P prompts over W ranks. W a multiple of P (the reference's topology): rank r
+    serves prompt r mod P as member r // P of k = W / P ranks, group indices range(r // P, G, k). W a divisor of
+    P (fewer ranks than prompts): rank r serves the P / W prompts r, r + W, r + 2W, ... with every member of each
+    group, one prompt after another; the update is the same (the loss is a global mean, every draw is keyed by
+    prompt and member)."""
+    if world < prompts_per_wave:
+        if prompts_per_wave % world:
+            raise ValueError(
+                f"world size {world} neither divides nor is a multiple of the {prompts_per_wave} prompts per wave"
+            )
+        return RankWork(tuple(range(rank, prompts_per_wave, world)), tuple(range(group_size)))
     if world % prompts_per_wave:
         raise ValueError(f"world size {world} is not a multiple of the {prompts_per_wave} prompts per wave")
     ranks_per_prompt = world // prompts_per_wave
@@ -47,6 +57,31 @@ def replica_work(rank: int, world: int, tensor_parallel: int, batch_size: int, g
     replica = rank // tensor_parallel
     slots = tuple(range(replica, replicas * batch_size, replicas))
     return RankWork(slots, tuple(range(group_size)))
+
+
+def waves(cfg: Config, rank: int, world: int) -> list[list[tuple[int, int]]]:
+    """This rank's (prompt index in the batch, group member) rows, one list per wave: in shared-prompt mode one
+    list per prompt the rank serves in each wave."""
+    p = cfg.grpo
+    if p.shared_prompts:
+        size = p.prompts_per_wave or p.prompts_per_step
+        work = shared_prompt_work(rank, world, size, p.group_size)
+        # A rank with several prompts of a wave (fewer ranks than prompts) rolls them out one after another.
+        return [
+            [(w * size + slot, g) for g in work.group_indices]
+            for w in range(p.prompts_per_step // size)
+            for slot in work.prompt_slots
+        ]
+    work = replica_work(rank, world, cfg.parallel.tensor_parallel, cfg.train.batch_size, p.group_size)
+    return [[(slot, g) for slot in work.prompt_slots for g in work.group_indices]]
+
+
+def describe_share(rank_waves: list[list[tuple[int, int]]], rank: int) -> str:
+    """What a rank rolls out per batch, as the trainer's first line says it."""
+    prompts = len({j for wave in rank_waves for j, _ in wave})
+    members = sum(len(wave) for wave in rank_waves) // prompts
+    after = ", one after another" if len(rank_waves) > 1 else ""
+    return f"rank {rank} rolls out {members} member(s) of each of {prompts} prompt(s) a batch{after}"
 
 
 X_T_STEP = 0x1A17

@@ -98,20 +98,6 @@ class Prepared:
     time_rollout_s: float
 
 
-def waves(cfg: Config, rank: int, world: int) -> list[list[tuple[int, int]]]:
-    """This rank's (prompt index in the batch, group member) rows, one list per wave."""
-    p = cfg.grpo
-    if p.shared_prompts:
-        size = p.prompts_per_wave or p.prompts_per_step
-        work = assignment.shared_prompt_work(rank, world, size, p.group_size)
-        return [
-            [(w * size + slot, g) for slot in work.prompt_slots for g in work.group_indices]
-            for w in range(p.prompts_per_step // size)
-        ]
-    work = assignment.replica_work(rank, world, cfg.parallel.tensor_parallel, cfg.train.batch_size, p.group_size)
-    return [[(slot, g) for slot in work.prompt_slots for g in work.group_indices]]
-
-
 class PeakMemory:
     """This rank's peak allocated device memory since the last reset: CUDA's counters, 0 on other devices.
 
@@ -179,7 +165,7 @@ class Trainer:
         self.shift, self.shift_source = flow_shift(cfg, paths.model)
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, self.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
-        self.waves = waves(cfg, ctx.rank, ctx.world_size)
+        self.waves = assignment.waves(cfg, ctx.rank, ctx.world_size)
         if scorer is not None:
             self.scorer = scorer
         elif not self.scores:
@@ -532,7 +518,10 @@ class Trainer:
         self.tracker.trim(done if start else -1)  # a fresh start redoes validation point 0 too
         t, batches = self.cfg.train, steps_per_epoch(len(self.order), self.cfg.grpo.prompts_per_step)
         length = replay.describe(self.actions, batches, t.epochs, t.max_steps, self.cfg.grpo.delayed_replay)
-        where = f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}, starting at batch {start}"
+        where = (
+            f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}, "
+            f"{assignment.describe_share(self.waves, self.ctx.rank)}, starting at batch {start}"
+        )
         self._log(f"{length}; {where}")
         self._log(f"parameters: {json.dumps(self.layout)}")
         self._log(f"flow shift {self.shift} ({self.shift_source})")

@@ -327,8 +327,8 @@ def with_lora(shape: ModelShape, rank: int, targets) -> ModelShape:
 def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
     """(rows of this rank's largest wave, rows of its whole batch, rows of its largest rollout chunk: the
     wave's prompts x grpo.sample_batch_size members), the largest over all ranks."""
+    from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.offload import rollout_chunks
-    from videogrpo.grpo.trainer import waves
 
     largest_wave, batch, chunk = 0, 0, 0
     for rank in range(world):

@@ -296,9 +296,9 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
     import torch
 
     from videogrpo.grpo import offload, rollout
+    from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.flops import video_tokens
     from videogrpo.grpo.loss import ppo_objective
-    from videogrpo.grpo.trainer import waves
 
     device = torch.device("cpu")
     routed = cfg.model.kind == "i2v_a14b"
