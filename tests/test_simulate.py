@@ -33,11 +33,11 @@ def rank_lines(stdout: str) -> dict[int, str]:
 
 
 def test_the_5b_recipe_shards_as_planned_on_every_shard_group_at_128_ranks():
-    out = run("--configfile", "config/recipes/rl_5b_cps.yaml", "--no-steps")
+    out = run("--configfile", "config/recipes/rl_5b_cps.yaml", "--no-steps", "--jobs", "2")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = rank_lines(out.stdout)
-    # The first and last rank and the first of each of the 16 shard groups of 8.
-    assert sorted(lines) == [*range(0, 128, 8), 127]
+    # The first and last rank and the first of each of the 16 shard groups of 8, two at a time, reported in order.
+    assert list(lines) == [*range(0, 128, 8), 127]
     for rank, line in lines.items():
         shard = f"fsdp {rank % 8}/8"
         assert shard in line and "master weights 2.33 GiB = plan" in line and line.endswith(": ok"), line
@@ -45,7 +45,7 @@ def test_the_5b_recipe_shards_as_planned_on_every_shard_group_at_128_ranks():
     # Shard 0 holds the one-row modulation tables whole; the last shard of a group holds none of them.
     held = {r: int(re.search(r"([\d,]+) elements held", line).group(1).replace(",", "")) for r, line in lines.items()}
     assert held[0] == held[120] > held[127]
-    assert "17 ranks of 128 checked" in out.stdout
+    assert re.search(r"17 ranks of 128 checked in \d+ s \(2 at a time\)", out.stdout), out.stdout
 
 
 def test_a_rollout_and_a_replay_step_run_on_fake_tensors_at_the_recipe_shape():
@@ -135,3 +135,14 @@ def test_an_unsharded_layout_is_simulated_too():
     for line in lines.values():
         for term in ("master weights", "gradients", "AdamW moments"):
             assert re.search(rf"{term} [\d.]+ KB = plan", line), line
+
+
+def test_the_5b_recipe_on_one_node_shards_over_its_8_ranks():
+    """Fewer ranks than the 32 prompts of a wave: each of 8 ranks serves 4 prompts (tests/test_prompts_per_rank.py)
+    and shards the transformer 8 ways."""
+    out = run("--configfile", "config/recipes/rl_5b_cps.yaml", "--set", "parallel.nodes=1", "--no-steps")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = rank_lines(out.stdout)
+    assert list(lines) == [0, 7] and "world 8 (1 nodes x 8), hsdp in groups of 8" in out.stdout
+    for rank, line in lines.items():
+        assert f"fsdp {rank}/8" in line and "master weights 2.33 GiB = plan" in line and line.endswith(": ok"), line

@@ -13,6 +13,7 @@ import argparse
 import ast
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,12 @@ def _rank_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r}: give ranks as comma-separated integers, e.g. 0,9,127") from None
 
 
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of at least 1")
+    return int(value)
+
+
 def _simulate_command(args: argparse.Namespace) -> int:
     import time
 
@@ -79,9 +86,12 @@ def _simulate_command(args: argparse.Namespace) -> int:
 
     cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set))
     started = time.monotonic()
-    results = simulate(cfg, args.ranks, steps=not args.no_steps, log=lambda line: print(line, flush=True))
+    jobs = args.jobs or len(os.sched_getaffinity(0))
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    results = simulate(cfg, args.ranks, steps=not args.no_steps, log=log, jobs=jobs)
     print(
-        f"{len(results)} ranks of {cfg.world_size} checked in {time.monotonic() - started:.0f} s: every parameter's "
+        f"{len(results)} ranks of {cfg.world_size} checked in {time.monotonic() - started:.0f} s ({jobs} at a time): "
+        "every parameter's "
         "shard, the training state's bytes and the checkpoint plan as the memory plan and layout say"
         + ("" if args.no_steps else ", and a rollout and a replay step on fake tensors")
     )
@@ -193,6 +203,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="comma-separated ranks to check (default: first, last, each shard group's first)",
     )
     sim.add_argument("--no-steps", action="store_true", help="only the shards and the checkpoint plan (seconds a rank)")
+    sim.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="ranks simulated at a time, each in its own process (default: the CPU cores this process may use)",
+    )
     sim.set_defaults(handler=_simulate_command)
     schema = sub.add_parser(
         "schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)"

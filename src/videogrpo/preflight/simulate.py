@@ -126,8 +126,11 @@ def simulation_config(cfg: Config) -> Config:
     return sim
 
 
-def simulate(cfg: Config, ranks: list[int] | None = None, steps: bool = True, log=print) -> list[RankResult]:
-    """Check `ranks` (default `ranks_to_check`) of the recipe `cfg`; SimulationMismatch lists every difference."""
+def simulate(
+    cfg: Config, ranks: list[int] | None = None, steps: bool = True, log=print, jobs: int = 1
+) -> list[RankResult]:
+    """Check `ranks` (default `ranks_to_check`) of the recipe `cfg`, `jobs` ranks at a time; SimulationMismatch lists
+    every difference."""
     world = cfg.world_size
     ranks = ranks_to_check(cfg) if ranks is None else ranks
     bad = [r for r in ranks if not 0 <= r < world]
@@ -143,11 +146,19 @@ def simulate(cfg: Config, ranks: list[int] | None = None, steps: bool = True, lo
         + (f", tensor_parallel {par.tensor_parallel}" if par.tensor_parallel > 1 else "")
         + f"; {len(shapes)} transformer(s) of {model_shape.trained // len(shapes):,} parameters; ranks {ranks}"
     )
-    results = []
-    for rank in ranks:
+
+    def start(rank: int):
         layout = shard_layout.rank_layout(par.data_parallel, world, par.shard_group_size, par.tensor_parallel, rank)
         planned = memory_plan.sharded_state_bytes(model_shape, layout)
-        result = _in_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, latent if steps else None)
+        return _start_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, latent if steps else None)
+
+    # Up to `jobs` ranks at a time, each in its own process; reported in rank order as each finishes.
+    results, running, pending = [], [], list(ranks)
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            running.append((pending[0], start(pending.pop(0))))
+        rank, handle = running.pop(0)
+        result = _finish_own_process(handle, rank)
         log(result.line())
         for problem in result.problems[:20]:
             log(f"  - {problem}")
@@ -162,9 +173,10 @@ def simulate(cfg: Config, ranks: list[int] | None = None, steps: bool = True, lo
     return results
 
 
-def _in_own_process(function, *args):
-    """`function(*args)` in a forked child, its result sent back: every simulated rank gets a fresh torch.distributed
-    (torch keeps a mesh's coordinates per process, so a second rank set up in one process would get the first's)."""
+def _start_own_process(function, *args):
+    """`function(*args)` in a forked child that sends its result back (`_finish_own_process` receives it): every
+    simulated rank gets a fresh torch.distributed (torch keeps a mesh's coordinates per process, so a second rank set
+    up in one process would get the first's)."""
     import multiprocessing
     import traceback
 
@@ -182,17 +194,22 @@ def _in_own_process(function, *args):
     process = context.Process(target=child)
     process.start()
     send.close()
+    return process, receive
+
+
+def _finish_own_process(handle, rank: int):
+    process, receive = handle
     try:
         status, value = receive.recv()
     except EOFError:
         process.join()
-        raise VideoGRPOError(f"the simulated rank's process died (exit code {process.exitcode})") from None
+        raise VideoGRPOError(f"the simulated rank {rank}'s process died (exit code {process.exitcode})") from None
     process.join()
     if status == "error":
         err, trace = value
         if isinstance(err, VideoGRPOError):
             raise err
-        raise RuntimeError(f"simulating rank {args[1]} failed:\n{trace}") from err
+        raise RuntimeError(f"simulating rank {rank} failed:\n{trace}") from err
     return value
 
 
