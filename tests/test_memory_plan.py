@@ -27,24 +27,6 @@ from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
 from conftest import REPO
 from harness import trainer_config
 
-# Wan2.2-TI2V-5B-Diffusers' VAE and UMT5-XXL text encoder configs (their config.json, the fields that size them).
-WAN_5B_VAE = dict(
-    base_dim=160,
-    decoder_base_dim=256,
-    z_dim=48,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    temperal_downsample=[False, True, True],
-    in_channels=12,
-    out_channels=12,
-    patch_size=2,
-    is_residual=True,
-    scale_factor_spatial=16,
-    scale_factor_temporal=4,
-)
-UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
-
-
 def recipe(name: str, **sections) -> config.Config:
     data = __import__("yaml").safe_load((REPO / "config" / "recipes" / f"{name}.yaml").read_text())
     for section, values in sections.items():

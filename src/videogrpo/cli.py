@@ -72,6 +72,13 @@ def _rank_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r}: give ranks as comma-separated integers, e.g. 0,9,127") from None
 
 
+def planner_options() -> list[tuple[str, str]]:
+    """The time model's settable assumptions and their help, from the planner's own field docs."""
+    from videogrpo.preflight import planner
+
+    return [(name, f"default {getattr(planner.Assumptions(), name):g}") for name in planner.TUNABLE]
+
+
 def _positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of at least 1")
@@ -95,6 +102,44 @@ def _simulate_command(args: argparse.Namespace) -> int:
         "shard, the training state's bytes and the checkpoint plan as the memory plan and layout say"
         + ("" if args.no_steps else ", and a rollout and a replay step on fake tensors")
     )
+    return 0
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from videogrpo import config
+    from videogrpo.atomic import write_text
+    from videogrpo.errors import ConfigError
+    from videogrpo.preflight import planner
+
+    cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set))
+    gpu = args.gpu.lower()
+    memory = args.gpu_memory if args.gpu_memory is not None else planner.GPU_MEMORY_GIB.get(gpu)
+    if memory is None:
+        raise ConfigError(f"--gpu {args.gpu}: its memory is not known here; give --gpu-memory GIB")
+    nodes = args.nodes or (1 if args.gpus <= 8 else max(1, args.gpus // 8))
+    defaults = planner.Assumptions()
+    assume = planner.Assumptions(
+        gpu,
+        *(getattr(args, f) if getattr(args, f) is not None else getattr(defaults, f) for f in planner.TUNABLE),
+    )
+    outcome = planner.plan_lines(
+        cfg, args.gpus, nodes, memory, args.host_memory, assume, args.top, changes=args.contract_changes
+    )
+    print("\n".join(outcome.lines), flush=True)
+    if args.write is None:
+        return 0 if outcome.fitting or outcome.contract_rows else 2
+    rows = {str(i + 1): row for i, row in enumerate(outcome.fitting)}
+    rows.update({f"c{i + 1}": row for i, row in enumerate(outcome.contract_rows)})
+    pick = args.pick or ("1" if outcome.fitting else None)
+    if pick not in rows:
+        raise VideoGRPOError(
+            f"--pick {pick}: choose a row shown above ({', '.join(rows) or 'none fits'}); nothing written"
+            if pick
+            else "no layout of the recipe's contract fits: pick a contract change row (--pick c1 ...); nothing written"
+        )
+    source = " ".join(str(f) for f in args.configfile or ["config/config.yaml"])
+    write_text(args.write, planner.layer_text(rows[pick], memory, source))
+    print(f"wrote row {pick} to {args.write}: snakemake --configfile {source} {args.write}")
     return 0
 
 
@@ -209,6 +254,33 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="ranks simulated at a time, each in its own process (default: the CPU cores this process may use)",
     )
     sim.set_defaults(handler=_simulate_command)
+    plan = sub.add_parser(
+        "plan",
+        help="the layouts a recipe trains in on your GPUs: memory per phase and modelled time per update",
+        description="Search the layouts that keep the recipe's training contract (FSDP/HSDP shard groups, tensor "
+        "parallel, prompts per rank, rollout and decode chunks, gradient checkpointing, offload) on --gpus GPUs of "
+        "--gpu-memory GiB; print those that fit, best modelled time first, the nearest that do not with what breaks "
+        "each, and where none fits the contract changes that do (each a new run). Every assumption of the time model "
+        "is printed and settable. Exit 0: a layout fits; 2: none fits; 3: the input cannot be planned.",
+    )
+    plan.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
+    plan.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. video.num_frames=49")
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    plan.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU (default: --gpu's)")
+    plan.add_argument("--nodes", type=_positive_int, help="machines (default: 1 up to 8 GPUs, else GPUs / 8)")
+    plan.add_argument("--host-memory", type=float, metavar="GIB", help="memory of one node (default: not limited)")
+    plan.add_argument("--gpu", default="h100", help="GPU name for its bf16 peak (h100, h200, h800, a100, b200, l40s)")
+    for name, help_text in planner_options():
+        plan.add_argument(f"--{name.replace('_', '-')}", type=float, help=help_text)
+    plan.add_argument("--top", type=_positive_int, default=5, help="fitting layouts shown (default 5)")
+    plan.add_argument(
+        "--contract-changes",
+        action="store_true",
+        help="also show the contract changes (LoRA, fewer prompts, ...) that fit when the recipe's own layouts do",
+    )
+    plan.add_argument("--write", type=Path, metavar="FILE", help="write the picked row as a config layer")
+    plan.add_argument("--pick", help="the row --write writes: 1, 2, ... or c1, ... (default: 1)")
+    plan.set_defaults(handler=_plan_command)
     schema = sub.add_parser(
         "schema", help="print the JSON Schema of the config (workflow/schemas is generated from it)"
     )

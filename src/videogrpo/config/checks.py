@@ -513,17 +513,46 @@ def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
     return found
 
 
+def tensor_parallel_problems(world: int, tensor_parallel: int, data_parallel: str) -> list[str]:
+    """What breaks a tensor-parallel mesh (parallel.tensor_parallel.mesh_dims raises the first)."""
+    if tensor_parallel < 2:
+        return [f"parallel.tensor_parallel = {tensor_parallel}: a tensor-parallel mesh needs 2 or more"]
+    if world % tensor_parallel:
+        return [
+            f"parallel.tensor_parallel = {tensor_parallel}: must divide the world size {world}; "
+            f"use a world size that is a multiple of {tensor_parallel}"
+        ]
+    if data_parallel == "hsdp":
+        return [
+            f"parallel.data_parallel = 'hsdp' with parallel.tensor_parallel = {tensor_parallel}: HSDP is not "
+            "combined with tensor parallel (as in the reference); use data_parallel 'fsdp'"
+        ]
+    if data_parallel == "replicate" and world // tensor_parallel > 1:
+        return [
+            f"parallel.data_parallel = 'replicate' with parallel.tensor_parallel = {tensor_parallel} and "
+            f"{world // tensor_parallel} data replicas (world size {world}): replicated TP shards are not averaged "
+            "over the replicas; use data_parallel 'fsdp'"
+        ]
+    if data_parallel not in ("replicate", "fsdp"):
+        return [f"parallel.data_parallel = {data_parallel!r}: use 'fsdp' with tensor parallel"]
+    return []
+
+
 def topology_problems(cfg: Config) -> list[str]:
     """World size vs prompts vs group size (docs/reference-system.md#grpo, shared-prompt mode)."""
     p, g = cfg.grpo, cfg.parallel
     world = cfg.world_size
     found = []
-    if g.tensor_parallel > 1 and world % g.tensor_parallel:
-        found.append(
-            f"parallel.tensor_parallel = {g.tensor_parallel}: must divide the world size {world} "
-            f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
-        )
-        return found
+    if g.tensor_parallel > 1:
+        if found := tensor_parallel_problems(world, g.tensor_parallel, g.data_parallel):
+            return [f"{found[0]} (world size {world} = nodes {g.nodes} x procs_per_node {g.procs_per_node})"]
+        if p.shared_prompts:
+            # assignment.waves deals shared-prompt rows per rank; a TP pair must roll out the same rows.
+            return [
+                f"grpo.shared_prompts = true with parallel.tensor_parallel = {g.tensor_parallel}: shared-prompt waves "
+                "are dealt per rank and the ranks of a TP group must roll out the same rows; set "
+                "grpo.shared_prompts: false (prompts dealt per data replica, as the A14B recipe) or tensor_parallel: 1"
+            ]
     if g.data_parallel == "hsdp" and world % g.shard_group_size:
         found.append(
             f"parallel.shard_group_size = {g.shard_group_size}: must divide the world size {world} "

@@ -57,6 +57,33 @@ WAN_I2V_A14B_EXPERT = MappingProxyType(
 """Each of Wan2.2-I2V-A14B's two experts (transformer/ and transformer_2/config.json of
 Wan-AI/Wan2.2-I2V-A14B-Diffusers: the high-noise and the low-noise expert share one architecture)."""
 
+# The real models' frozen components, the fields of their config.json that size them: the UMT5-XXL text encoder both
+# pipelines share (text_encoder/config.json), the Wan2.2 VAE of the TI2V-5B (vae/config.json) and the Wan2.1 VAE of
+# the I2V-A14B (AutoencoderKLWan's defaults are its config). `videogrpo plan` counts their parameters on the meta
+# device where no model has been downloaded; preflight reads the downloaded model's safetensors headers instead.
+UMT5_XXL = MappingProxyType(dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64))
+WAN_5B_VAE = MappingProxyType(
+    dict(
+        base_dim=160,
+        decoder_base_dim=256,
+        z_dim=48,
+        dim_mult=(1, 2, 4, 4),
+        num_res_blocks=2,
+        temperal_downsample=(False, True, True),
+        in_channels=12,
+        out_channels=12,
+        patch_size=2,
+        is_residual=True,
+        scale_factor_spatial=16,
+        scale_factor_temporal=4,
+    )
+)
+WAN_21_VAE = MappingProxyType(
+    dict(base_dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2, temperal_downsample=(False, True, True))
+)
+FROZEN_MODELS = MappingProxyType({"ti2v": (UMT5_XXL, WAN_5B_VAE), "i2v_a14b": (UMT5_XXL, WAN_21_VAE)})
+"""Each released model kind's (text encoder, VAE) configs."""
+
 # The tiny default's transformers. The demo builds its pipelines from these with a fixed seed: a change of any
 # value changes the tiny model's weights, hence every digest of a tiny run downstream of fetch_model.
 TINY_TI2V = MappingProxyType(

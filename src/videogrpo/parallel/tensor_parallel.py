@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from videogrpo.config.checks import tensor_parallel_problems
 from videogrpo.errors import ConfigError
 
 
@@ -41,29 +42,10 @@ class MeshDims:
 
 
 def mesh_dims(world: int, tensor_parallel: int, data_parallel: str) -> MeshDims:
-    """The mesh of a TP run, or a ConfigError naming the numbers that break it."""
-    if tensor_parallel < 2:
-        raise ConfigError(f"parallel.tensor_parallel = {tensor_parallel}: a tensor-parallel mesh needs 2 or more")
-    if world % tensor_parallel:
-        raise ConfigError(
-            f"parallel.tensor_parallel = {tensor_parallel}: must divide the world size {world}; "
-            f"use a world size that is a multiple of {tensor_parallel}"
-        )
-    if data_parallel == "hsdp":
-        raise ConfigError(
-            f"parallel.data_parallel = 'hsdp' with parallel.tensor_parallel = {tensor_parallel}: HSDP is not "
-            "combined with tensor parallel (as in the reference); use data_parallel 'fsdp'"
-        )
-    dims = MeshDims(world, tensor_parallel)
-    if data_parallel == "replicate" and dims.dp > 1:
-        raise ConfigError(
-            f"parallel.data_parallel = 'replicate' with parallel.tensor_parallel = {tensor_parallel} and "
-            f"{dims.dp} data replicas (world size {world}): replicated TP shards are not averaged over the "
-            "replicas; use data_parallel 'fsdp'"
-        )
-    if data_parallel not in ("replicate", "fsdp"):
-        raise ConfigError(f"parallel.data_parallel = {data_parallel!r}: use 'fsdp' with tensor parallel")
-    return dims
+    """The mesh of a TP run, or a ConfigError naming the numbers that break it (config.tensor_parallel_problems)."""
+    if found := tensor_parallel_problems(world, tensor_parallel, data_parallel):
+        raise ConfigError(found[0])
+    return MeshDims(world, tensor_parallel)
 
 
 def device_mesh(dims: MeshDims, device_type: str, backend: str):
