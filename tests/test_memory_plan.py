@@ -19,13 +19,14 @@ import torch
 
 from videogrpo import config
 from videogrpo.artifacts.weights import WeightsError, read_header
-from videogrpo.models.shapes import SMALL_TI2V, TINY_TI2V, WAN_TI2V_5B
+from videogrpo.models.shapes import SMALL_TI2V, TINY_TI2V
 from videogrpo.preflight import checks as preflight
-from videogrpo.preflight import memory_plan
-from videogrpo.preflight.memory_plan import GIB, ModelShape, ParamCounts
+from videogrpo.preflight import memory_plan, planner
+from videogrpo.preflight.memory_plan import GIB, ModelShape
 
 from conftest import REPO
 from harness import trainer_config
+
 
 def recipe(name: str, **sections) -> config.Config:
     data = __import__("yaml").safe_load((REPO / "config" / "recipes" / f"{name}.yaml").read_text())
@@ -157,14 +158,7 @@ def test_the_activation_formula_is_what_autograd_saves(name, transformer):
 
 def wan_5b_shape() -> ModelShape:
     """The 5B pipeline's shape from its configs alone: every model built on the meta device, no weights."""
-    from diffusers import AutoencoderKLWan
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    with torch.device("meta"):
-        frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**UMT5_XXL)).parameters())
-        frozen += sum(p.numel() for p in AutoencoderKLWan(**WAN_5B_VAE).parameters())
-    counts = ParamCounts.from_shapes(memory_plan.config_shapes(WAN_TI2V_5B))
-    return ModelShape(dict(WAN_TI2V_5B), counts, frozen, 48, 16, 4)
+    return planner.released_shape(recipe("rl_5b_cps"))
 
 
 def test_the_5b_recipe_is_planned_from_its_real_shape():
@@ -316,17 +310,8 @@ def test_a_damaged_weights_file_is_refused_with_the_header_readers_message(tiny_
 
 
 def a14b_shape():
-    from diffusers import AutoencoderKLWan
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from videogrpo.models.shapes import WAN_I2V_A14B_EXPERT
-    from videogrpo.preflight.memory_plan import ModelShape, ParamCounts, config_shapes
-
-    with torch.device("meta"):
-        frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**UMT5_XXL)).parameters())
-        frozen += sum(p.numel() for p in AutoencoderKLWan().parameters())  # Wan2.1's VAE (z_dim 16)
-    counts = ParamCounts.from_shapes(config_shapes(WAN_I2V_A14B_EXPERT))
-    return ModelShape(dict(WAN_I2V_A14B_EXPERT), counts, frozen, 16, 8, 4, (counts, counts))
+    """Both experts of the A14B and its frozen models (Wan2.1's VAE, z_dim 16), from configs on the meta device."""
+    return planner.released_shape(recipe("rl_a14b_rule"))
 
 
 @pytest.mark.parametrize("name", ["rl_5b_cps", "rl_a14b_rule"])

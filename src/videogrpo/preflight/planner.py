@@ -19,7 +19,7 @@ The time model, per update and every assumption printed and settable (`Assumptio
 - host copies over PCIe: the frozen models to the device and back once per wave when offloaded, and the optimizer
   state's two copies per update when offloaded;
 - a fixed cost per video of a scoring rank (decoding, encoding and the reward), fitted with the MFU to the only
-  GPU measurements of this code base (docs/gpus.md#what-fits-on-your-gpus lists them beside the model).
+  GPU measurements of this training code (docs/what-fits.md lists them beside the model).
 
 May import: `config`, `grpo`, `models`, `parallel`, `preflight.memory_plan`, `preflight.simulate` and the core modules.
 """
@@ -565,3 +565,75 @@ def layer_text(row: Row, gpu_gib: float, source: str) -> str:
         f"{kept}.\n"
     )
     return head + yaml.safe_dump(layer, sort_keys=False)
+
+
+# ---- the model against the only GPU measurements of this training code -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One optimizer step of the reference trainer as its authors measured it on GPUs (docs/what-fits.md)."""
+
+    label: str
+    recipe: str
+    overrides: dict
+    """What sets the recipe to the measured run's shape, layout and chunks."""
+    step_s: float | None
+    peak_gib: float
+    """PyTorch's allocated peak."""
+
+
+def _five(frames: int, side: int) -> dict:
+    # 8 x H100, FSDP over 8, 4 prompts a step: two ranks per prompt, 16 samples a rank in two chunks of 8.
+    return {
+        "parallel": {"nodes": 1, "data_parallel": "fsdp", "device_memory_gib": 80},
+        "grpo": {"prompts_per_step": 4, "sample_batch_size": 8},
+        "video": {"num_frames": frames, "height": side, "width": side},
+    }
+
+
+MEASURED = (
+    Measured("TI2V-5B 256x256x161, 8 x H100, FSDP 8", "rl_5b_cps", _five(161, 256), 204.18, 46.8),
+    Measured("TI2V-5B 256x256x81, 8 x H100, FSDP 8", "rl_5b_cps", _five(81, 256), 137.13, 40.6),
+    Measured("TI2V-5B 384x384x81, 8 x H100, FSDP 8", "rl_5b_cps", _five(81, 384), 220.09, 48.7),
+    Measured(
+        "I2V-A14B 256x256x161, 8 x H100, TP 2 x FSDP 4",
+        "rl_a14b_rule",
+        {"parallel": {"device_memory_gib": 80}, "grpo": {"sample_batch_size": 1}},
+        4496.43,
+        59.4,
+    ),
+    Measured(
+        "TI2V-5B 512x512x81, 1 x H800, LoRA rank 16, G 2, T 2",
+        "rl_5b_cps",
+        {
+            "parallel": {"nodes": 1, "procs_per_node": 1, "data_parallel": "replicate", "device_memory_gib": 80},
+            "grpo": {"prompts_per_step": 1, "group_size": 2, "sampling_steps": 2},
+            "train": {"lora_rank": 16},
+        },
+        None,
+        22.6,
+    ),
+)
+
+
+def against_measurements(load, assume: Assumptions | None = None) -> list[tuple[Measured, float | None, float]]:
+    """(measurement, modelled seconds per update or None, planned peak GiB) for each of MEASURED; `load(recipe,
+    overrides)` gives the config (config.load of the recipe's layers)."""
+    assume = assume or Assumptions()
+    out = []
+    for m in MEASURED:
+        cfg = load(m.recipe, m.overrides)
+        shape = released_shape(cfg)
+        seconds = sum(modelled_seconds(cfg, shape, assume).values()) if m.step_s is not None else None
+        out.append((m, seconds, memory_plan.plan_for_config(cfg, shape).peak / GIB))
+    return out
+
+
+def measurement_row(measured: Measured, seconds: float | None, peak_gib: float) -> str:
+    """A row of docs/what-fits.md's table: the model and the plan beside the measurement."""
+    time = "- | - | -"
+    if seconds is not None:
+        time = f"{seconds:,.0f} s | {measured.step_s:,.0f} s | {seconds / measured.step_s:.2f}"
+    memory = f"{peak_gib:.1f} GiB | {measured.peak_gib} GiB | {peak_gib / measured.peak_gib:.2f}"
+    return f"| {measured.label} | {time} | {memory} |"

@@ -1,0 +1,119 @@
+"""`videogrpo plan`: the layouts of a recipe's training contract on the GPUs a user has, each planned by preflight's
+memory plan and timed by a stated model; the written layer passes the workflow's checks; bad input gets one line;
+the time model against the only GPU measurements of this training code (docs/what-fits.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import doc_commands
+import pytest
+import yaml
+
+from videogrpo import config
+from videogrpo.errors import ConfigError
+from videogrpo.preflight import memory_plan, planner
+
+from conftest import REPO
+
+VIDEOGRPO = str(Path(sys.executable).parent / "videogrpo")
+RECIPE = "config/recipes/rl_5b_cps.yaml"
+
+
+def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    argv = ["videogrpo", "plan", *args]
+    out = subprocess.run([VIDEOGRPO, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=600)
+    doc_commands.record(argv, out.returncode)
+    return out
+
+
+def rows(stdout: str) -> dict[str, str]:
+    """The printed rows by their index (1, 2, ... for fitting layouts, c1, ... for contract changes)."""
+    return {m.group(1): line for line in stdout.splitlines() if (m := re.match(r" +(\d+|c\d+) (\S.*)", line))}
+
+
+def load(recipe: str, overrides: dict | None = None, *layers: Path) -> config.Config:
+    return config.load([REPO / "config/config.yaml", REPO / f"config/recipes/{recipe}.yaml", *layers], overrides)
+
+
+def test_the_5b_recipe_on_8_gpus_of_80_gib_and_its_written_layer(tmp_path):
+    layer = tmp_path / "eight.yaml"
+    out = run("--configfile", RECIPE, "--gpus", "8", "--gpu-memory", "80", "--write", str(layer))
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = rows(out.stdout)
+    assert list(shown)[:5] == ["1", "2", "3", "4", "5"], out.stdout
+    # The released contract: 32 prompts of 32 members on 8 ranks, 4 prompts a rank; every assumption printed.
+    assert all(" 4 x 32 " in line for line in shown.values()), out.stdout
+    for option in ("--mfu", "--video-overhead-s", "--nvlink-gbps", "--network-gbps", "--pcie-gbps"):
+        assert option in out.stdout
+    assert re.search(r"nearest that do not fit:\n.*\n\s+breaks: device: peak [\d.]+ GiB > 80.00 GiB", out.stdout)
+    # The layer changes only the layout; preflight's plan for it (the same function, the same shape) is row 1's.
+    written = yaml.safe_load(layer.read_text())
+    assert set(written) == {"parallel", "grpo", "train"}
+    assert set(written["grpo"]) == {"sample_batch_size", "decode_batch_size"}
+    cfg = load("rl_5b_cps", None, layer)
+    plan = memory_plan.plan_for_config(cfg, planner.released_shape(cfg))
+    first = shown["1"].split()
+    rollout, replay = (float(v) for v in re.search(r"x 32\s+([\d.]+)\s+([\d.]+)", shown["1"]).groups())
+    assert rollout == round(plan.phase_total(memory_plan.ROLLOUT) / memory_plan.GIB, 1), first
+    assert replay == round(plan.phase_total(memory_plan.REPLAY) / memory_plan.GIB, 1), first
+    assert f"peak {plan.peak / memory_plan.GIB:.2f} GiB" in layer.read_text() and plan.fits
+    # Chunks, decode batch, checkpointing and offload are execution fields: the run is the recipe's on this topology.
+    assert config.run_identity(cfg) == config.run_identity(load("rl_5b_cps", {"parallel": written["parallel"]}))
+    # The workflow accepts it as written.
+    argv = ["snakemake", "-n", "--configfile", RECIPE, str(layer)]
+    dry = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), *argv[1:]], cwd=REPO, capture_output=True, text=True
+    )
+    doc_commands.record(argv, dry.returncode)
+    assert dry.returncode == 0 and "preflight" in dry.stdout and "train" in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_one_gpu_fits_the_5b_contract_only_with_offload_and_contract_changes_are_labelled():
+    out = run("--configfile", RECIPE, "--gpus", "1", "--gpu-memory", "80", "--contract-changes")
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = rows(out.stdout)
+    fitting = [line for key, line in shown.items() if key.isdigit()]
+    assert fitting and all("offload" in line and "optim" in line for line in fitting), out.stdout
+    assert all(" 32 x 32 " in line for line in fitting)  # every prompt of the step on the one rank
+    assert "contract changes that fit (each a new run, not the recipe's training):" in out.stdout
+    assert re.search(r"\n\s+with train.lora_rank = 16", out.stdout), out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0"], "--gpus 0: give at least 1 GPU"),
+        (
+            ["--gpus", "1", "--gpu-memory", "16"],
+            "--gpu-memory 16: a GPU is smaller than its share of the float32 master weights, 4 B x 4,999,787,712 "
+            "parameters / 1 GPU(s) = 18.6 GiB",
+        ),
+        (["--gpus", "12", "--nodes", "1"], "no layout of rl_5b_cps runs on 12 GPU(s): world size 12"),
+        (["--gpus", "8", "--gpu", "tpu"], "--gpu tpu: its memory is not known here; give --gpu-memory GIB"),
+        (["--gpus", "8", "--nodes", "3"], "--nodes 3: must be at least 1 and divide --gpus 8"),
+    ],
+)
+def test_bad_input_gets_one_line_and_nothing_is_written(args, message, tmp_path):
+    out = run("--configfile", str(REPO / RECIPE), *args, "--write", str(tmp_path / "layer.yaml"), cwd=tmp_path)
+    assert out.returncode == 3 and message in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert list(tmp_path.iterdir()) == []  # no layer, no results/
+
+
+def test_tensor_parallel_with_shared_prompt_waves_is_refused_by_the_config_check():
+    """A TP group must roll out the same rows, and shared-prompt waves are dealt per rank."""
+    with pytest.raises(ConfigError, match="grpo.shared_prompts = true with parallel.tensor_parallel = 2"):
+        load("rl_5b_cps", {"parallel": {"nodes": 1, "tensor_parallel": 2, "data_parallel": "fsdp"}})
+
+
+def test_the_time_model_is_within_1_5x_of_every_measured_step_and_the_docs_show_both():
+    page = (REPO / "docs/what-fits.md").read_text()
+    for measured, seconds, peak in planner.against_measurements(lambda r, o: load(r, o)):
+        line = planner.measurement_row(measured, seconds, peak)
+        assert line in page, line  # the docs table is what the model gives today
+        if seconds is not None:
+            assert 1 / 1.5 <= seconds / measured.step_s <= 1.5, (measured.label, seconds)
