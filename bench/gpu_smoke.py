@@ -13,8 +13,9 @@ Every part prints one table; nothing is asserted about speed. Parts:
    bf16 compute and float32 master weights, one-step-delayed replay, the rule reward through the
    reference EvalKit's scorer processes): a mid-size transformer, then the TI2V-5B transformer's real
    shape with random weights at 81 x 512 x 512 (skipped with --no-5b). Per run: seconds per update,
-   tokens/s and MFU of the trainer's own metrics, the peak memory the trainer recorded, and the peak
-   preflight's memory plan gives the same run.
+   tokens/s and MFU of the trainer's own metrics, and the peak memory the trainer measured in each phase
+   (rollout, replay; CUDA's allocated peak reset per phase) and over the update, each beside what preflight's
+   memory plan gives the same run.
 The frozen models are small stand-ins (a 2-layer UMT5 of the 5B's width, the tiny VAE with the real
 latent layout): part 4 measures the transformer's training, not text encoding or video decoding.
 """
@@ -154,12 +155,15 @@ def compiled_blocks(device: torch.device, dtype: torch.dtype, transformer_cfg: d
     )  # fmt: skip
 
 
-def planned_peak(cfg: dict, model: Path) -> int:
-    """The peak preflight's memory plan gives this run (compared with the trainer's measured one)."""
+def planned_phases(cfg: dict, model: Path) -> dict[str, float]:
+    """GiB per phase (rollout, replay) and at the peak that preflight's memory plan gives this run, compared with what
+    the trainer measured (peak_memory_<phase>_bytes: CUDA's allocated peak, reset per phase)."""
     from videogrpo.config import from_dict
     from videogrpo.preflight import memory_plan
 
-    return memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model)).peak
+    plan = memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model))
+    phases = {phase: plan.phase_total(phase) / 2**30 for phase in (memory_plan.ROLLOUT, memory_plan.REPLAY)}
+    return {**phases, "peak": plan.peak / 2**30}
 
 
 def training_runs(root: Path, runs: dict, cuda: bool) -> None:
@@ -171,12 +175,13 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
         model = shaped_pipeline(root / name, transformer_cfg, text_width)
         print(f"{name}: model built in {time.monotonic() - start:.0f} s", flush=True)
         cfg = one_process_config(defaults, kit, frames, height, width, group, steps, updates, cuda)
-        planned = f"{planned_peak(cfg, model) / 2**30:.2f}"
+        planned = planned_phases(cfg, model)
         metrics = train_one_process(root, name, cfg, model, dataset)
         shutil.rmtree(root / name / "model", ignore_errors=True)
         blocks, heads = transformer_cfg["num_layers"], transformer_cfg["num_attention_heads"]
         shape = f"{blocks} blocks x {heads} heads, {frames}x{height}x{width}, G={group}, T={steps}"
-        rows = [[name, shape, "failed (log above)", "-", "-", "-", "-", "-", planned]] if not metrics else []
+        failed = [name, shape, "failed (log above)", "-", "-", "-", "-"]
+        rows = [failed + [f"- / {planned[p]:.2f}" for p in ("rollout", "replay", "peak")]] if not metrics else []
         for m in metrics:
             mfu = f"{m['time_mfu']:.3f}" if m.get("time_mfu") is not None else "-"
             rows.append(
@@ -188,14 +193,17 @@ def training_runs(root: Path, runs: dict, cuda: bool) -> None:
                     f"{m['time_rollout_s']:.2f} / {m['time_replay_s']:.2f}",
                     f"{m['time_tokens_per_s']:.0f}" if m.get("time_tokens_per_s") else "-",
                     mfu,
-                    f"{m['peak_memory_bytes'] / 2**30:.2f}",
-                    planned,
+                    *(
+                        f"{m.get(f'peak_memory_{key}bytes', 0) / 2**30:.2f} / {planned[phase]:.2f}"
+                        for key, phase in (("rollout_", "rollout"), ("replay_", "replay"), ("", "peak"))
+                    ),
                 ]
             )
         print_table(
             f"GRPO updates through the trainer: {name} (1 process, FSDP2, delayed replay; update 1 includes "
             "compilation)",
-            ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU", "peak GiB", "planned GiB"],
+            ["run", "shape", "update", "s/update", "rollout / replay s", "tokens/s", "MFU"]
+            + [f"{what} GiB measured / planned" for what in ("rollout", "replay", "peak")],
             rows,
         )
 

@@ -32,6 +32,12 @@ class CountingMemory:
     def reset(self) -> None:
         RESETS[0] += 1
 
+    def enter(self, phase: str) -> None:
+        pass
+
+    def phase_peaks(self) -> dict[str, int]:
+        return {}
+
     def peak(self) -> int:
         return 1000 * (RANK + 1) + RESETS[0]
 

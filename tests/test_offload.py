@@ -411,3 +411,36 @@ def test_no_reference_model_is_built_at_kl_weight_zero(tiny_model, dataset, tmp_
         built[kl] = trainer.experts.reference
     assert built[0.0] is None
     assert isinstance(built[0.5], torch.nn.Module) and not any(p.requires_grad for p in built[0.5].parameters())
+
+
+def test_each_phase_gets_its_own_peak_and_the_period_their_maximum():
+    """grpo/peak_memory.py's logic over a counter that behaves as CUDA's: the peak since the last reset, and a reset
+    that starts it again from what is allocated."""
+    from videogrpo.grpo.peak_memory import PeakMemory
+
+    class Counter:
+        allocated = peak = 0
+
+        def max_memory_allocated(self, device):
+            return self.peak
+
+        def reset_peak_memory_stats(self, device):
+            self.peak = self.allocated
+
+        def use(self, nbytes):  # allocate (or free, negative) and move the peak as CUDA does
+            self.allocated += nbytes
+            self.peak = max(self.peak, self.allocated)
+
+    counter = Counter()
+    memory = PeakMemory(torch.device("cpu"), counter)
+    counter.use(10)
+    memory.reset()
+    memory.enter("rollout")
+    counter.use(50), counter.use(-50)  # the rollout's working set, freed before replay
+    memory.enter("replay")
+    counter.use(30), counter.use(-20)
+    assert memory.phase_peaks() == {"rollout": 60, "replay": 40} and memory.peak() == 60
+    memory.reset()  # the next period: the rollout peak of the last one is gone
+    memory.enter("replay")
+    assert memory.phase_peaks() == {"replay": 20} and memory.peak() == 20
+    assert PeakMemory(torch.device("cpu")).peak() == 0  # no counter on CPU

@@ -277,14 +277,24 @@ def test_a_stateful_resume_from_refuses_a_position_the_replay_plan_does_not_have
 
 
 class CountingMemory:
-    """Stands in for CUDA's peak-memory counters: records when it is reset and read."""
+    """Stands in for CUDA's peak-memory counters (grpo/peak_memory.py): records when it is reset, when a phase is
+    entered and when it is read; a phase's peak reads 100 x resets + 1 (rollout) or + 2 (replay)."""
 
     def __init__(self, events: list):
-        self.events, self.resets = events, 0
+        self.events, self.resets, self.entered = events, 0, set()
 
     def reset(self) -> None:
         self.resets += 1
+        self.entered = set()
         self.events.append("reset")
+
+    def enter(self, phase: str) -> None:
+        self.entered.add(phase)
+        self.events.append(f"enter {phase}")
+
+    def phase_peaks(self) -> dict[str, int]:
+        self.events.append("phase peaks")
+        return {p: 100 * self.resets + (1 if p == "rollout" else 2) for p in self.entered}
 
     def peak(self) -> int:
         self.events.append("peak")
@@ -300,12 +310,17 @@ def test_peak_memory_is_reset_where_each_update_period_starts(tiny_model, datase
     prepare = trainer.prepare
     trainer.prepare = lambda batch: events.append(f"rollout {batch}") or prepare(batch)
     trainer.run()
+    read = ("enter replay", "phase peaks", "peak")
     assert events == [
-        *("reset", "rollout 0", "rollout 1", "peak"),  # prefill, then the first update
-        *("reset", "rollout 2", "peak"),
-        *("reset", "peak"),  # the flush at max_steps replays batch 2 and skips batch 3
+        *("reset", "rollout 0", "enter rollout", "rollout 1", "enter rollout", *read),  # prefill, the first update
+        *("reset", "rollout 2", "enter rollout", *read),
+        *("reset", *read),  # the flush at max_steps replays batch 2 and skips batch 3
     ]
-    assert [m["peak_memory_bytes"] for m in metrics(tmp_path)] == [107, 207, 307]
+    lines = metrics(tmp_path)
+    assert [m["peak_memory_bytes"] for m in lines] == [107, 207, 307]
+    # Each phase's own peak; the last period rolls nothing out.
+    assert [m["peak_memory_rollout_bytes"] for m in lines] == [101, 201, 0]
+    assert [m["peak_memory_replay_bytes"] for m in lines] == [102, 202, 302]
 
 
 def shifted_model(tiny_model, tmp_path, shift):

@@ -33,6 +33,7 @@ from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, 
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
+from videogrpo.grpo.peak_memory import PeakMemory
 from videogrpo.grpo.rollout import (
     Trajectory,
     frame_mask,
@@ -96,23 +97,6 @@ class Prepared:
     epoch: int
     chunks: list[Chunk]
     time_rollout_s: float
-
-
-class PeakMemory:
-    """This rank's peak allocated device memory since the last reset: CUDA's counters, 0 on other devices.
-
-    The trainer holds one and resets it where each logged update's period starts; tests replace it.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
 
 
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
@@ -257,6 +241,7 @@ class Trainer:
 
     def prepare(self, batch_index: int) -> Prepared:
         t0 = time.monotonic()
+        self.memory.enter("rollout")
         epoch, prompts = batch_for_step(self.order, self.cfg.grpo.prompts_per_step, batch_index)
         chunks = [self._rollout_wave(batch_index, prompts, rows) for rows in self.waves]
         self.rolled_out.append(batch_index)
@@ -312,6 +297,7 @@ class Trainer:
         t0 = time.monotonic()
         gathered = self._advantages(prepared)
         self.placement.enter("replay")
+        self.memory.enter("replay")
         t1 = time.monotonic()
         timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
@@ -378,7 +364,9 @@ class Trainer:
         reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
         means = {key: total / normalizer for key, total in zip(sums, reduced)}
         [ratio_abs_max] = process_groups.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
-        [peak] = process_groups.reduce_floats([float(self.memory.peak())], self.ctx.device, op="max")
+        phases = self.memory.phase_peaks()
+        peaks = [float(self.memory.peak()), *(float(phases.get(p, 0)) for p in ("rollout", "replay"))]
+        peaks = process_groups.reduce_floats(peaks, self.ctx.device, "max")
         rewards = gathered["rewards"]
         return dict(
             means,
@@ -399,7 +387,9 @@ class Trainer:
             learning_rate=lr,
             delayed_replay_staleness=action.staleness,
             trained_timesteps=len(timesteps),
-            peak_memory_bytes=int(peak),
+            peak_memory_bytes=int(peaks[0]),
+            peak_memory_rollout_bytes=int(peaks[1]),
+            peak_memory_replay_bytes=int(peaks[2]),
             time_reward_wait_s=t1 - t0,
             time_replay_s=t2 - t1,
         )

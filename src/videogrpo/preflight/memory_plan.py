@@ -19,10 +19,11 @@ the frozen models' dtype):
   degree in the master weights and gradients, and TP leaves the parameters outside its plan whole;
 - FSDP's unsharded working set: the root's own parameters (embedders, output head; FSDP2 keeps the
   root unsharded from forward to backward) in c, two blocks' parameters in c (the block running and
-  the one prefetched) and one block's unsharded gradients in r; under `replicate` on more than one
+  the one prefetched) and one block's unsharded gradients in r, the blocks divided by tensor_parallel (TP splits
+  nearly all of a block before FSDP gathers it); under `replicate` on more than one
   rank instead the flat all-reduce buffer of every gradient (4 P / tp, distributed.average_gradients)
   and, with a compute dtype other than float32, autocast's cached copies of the running expert's
-  weights (c P / tp, P of one expert);
+  weights (c P / tp, P of one expert; autocast caches only weights that require gradients, so none under LoRA);
 - frozen models: (text encoder + VAE parameters) x z, on the device in both phases unless
   train.offload_inference_models sends them to CPU before replay;
 - activations of replay with gradient checkpointing, for B rows per forward (the rows of this rank's
@@ -38,13 +39,19 @@ the frozen models' dtype):
                                          attention output, the FFN's hidden layer twice)
       + N x 2 x 4 x head_dim             RoPE's cos and sin tables (float32, shared by the rows)
   The coefficients are the counts of saved-for-backward tensors, measured on CPU with saved-tensor
-  hooks (tests/test_memory_plan.py checks the formula against that count on two configs). They assume
+  hooks (tests/test_memory_plan.py checks the formula against that count on three configs). With one
+  timestep per row (the I2V-A14B) instead of per token (TI2V) the per-token float32 modulation tables and
+  time projection do not exist: 13 x 4 d in the block and 5 c d outside. Tensor parallelism divides q, k, v,
+  the attention output (4 of the block's 6 c d) and the FFN's hidden layer by its degree; the blocks' inputs
+  stay whole (no sequence parallelism). They assume
   an attention kernel that keeps no N x N matrix (flash, memory-efficient, CPU SDPA); the math
   backends (`_native_math`) also keep heads x N^2 scores and probabilities in c, which is added. The
   gradients flowing through a block during its backward and the allocator's fragmentation are not
   counted: the measured peak on a GPU (tests/gpu) says how much they add.
 - the rollout's working set (no gradients): one forward's outside-the-blocks tensors and one block's
-  activations, for the rows of one wave (rollout phase only);
+  activations, for the rows of one wave (rollout phase only; counted as saved tensors, which a forward without
+  gradients does not keep: an upper bound). It is freed before the videos are decoded: the phase counts the
+  larger of the two;
 - trajectories held on the device: T + 1 latents per rollout in t, and the prompt embeddings of each
   row in c, for every row of this rank's batch, twice under delayed replay (the batch replayed and the
   batch rolled out before it is replayed); with trajectories offloaded only the replayed wave's;
@@ -58,7 +65,10 @@ local shard and a gradient buffer of the same size (16 B per element of rank 0's
 with the frozen models while train.offload_inference_models parks them on CPU; parallel.offload_gradients moves the
 gradients there after the clipping norm, so the device still holds them through the backward passes (the
 gradients term stays). Preflight checks procs_per_node x the host bytes per rank against the node's memory.
-The peak is the larger of the two phases' sums. Against it stands the device's memory (a number in
+The peak is the largest of the phases' sums. For comparisons with measured runs, `plan` also takes a run's first
+optimizer step (its AdamW moments only from the step on, a phase of their own), FSDP2 without a reduce-scatter until
+an update's last backward (every gradient of an expert unsharded in the reduce dtype) and a LoRA base in bf16.
+Against it stands the device's memory (a number in
 parallel.device_memory_gib, or torch.cuda's total memory of device 0 probed on the node), less the
 co-hosted judge's share (reward.judge_gpu_memory of each GPU, rl_5b_vlm with reward.judge_endpoint
 empty: the training job starts the judge on the same GPUs).
@@ -87,9 +97,18 @@ OUTER_COMPUTE_D = 14
 BLOCK_FLOAT32_D = 20
 BLOCK_COMPUTE_D = 6
 BLOCK_COMPUTE_FFN = 2.5
+# With one timestep per row (the I2V-A14B; TI2V embeds it per token) the per-token float32 modulation tables and the
+# per-token time projection do not exist: measured as above on an I2V expert.
+OUTER_FLOAT32_D_PER_ROW = 0
+OUTER_COMPUTE_D_PER_ROW = 5
+BLOCK_FLOAT32_D_PER_ROW = 13
+# Of a block's compute-dtype d tensors, those tensor parallelism splits by its degree (q, k, v, attention output);
+# its FFN hidden layer is split too. No sequence parallelism: the blocks' inputs are whole on every TP rank.
+BLOCK_COMPUTE_D_TP_SPLIT = 4
 MATH_BACKENDS = ("_native_math",)
 
-ROLLOUT, REPLAY = "rollout", "replay"
+ROLLOUT, REPLAY, STEP = "rollout", "replay", "optimizer step"
+SAMPLE_OR_DECODE = "rollout working set or decoded videos"
 
 
 @dataclass(frozen=True)
@@ -192,6 +211,9 @@ class Term:
     bytes: int
     phases: tuple[str, ...]
     detail: str
+    alternative: str = ""
+    """Terms of one phase with the same non-empty `alternative` (the group's name) are never held at once: the phase
+    counts the largest (the rollout's working set is freed before its videos are decoded)."""
 
 
 @dataclass
@@ -213,11 +235,20 @@ class MemoryPlan:
         return sum(t.bytes for t in self.host_terms)
 
     def phase_total(self, phase: str) -> int:
-        return sum(t.bytes for t in self.terms if phase in t.phases)
+        alone = sum(t.bytes for t in self.terms if phase in t.phases and not t.alternative)
+        largest: dict[str, int] = {}
+        for t in self.terms:
+            if phase in t.phases and t.alternative:
+                largest[t.alternative] = max(largest.get(t.alternative, 0), t.bytes)
+        return alone + sum(largest.values())
+
+    @property
+    def phases(self) -> list[str]:
+        return [phase for phase in (ROLLOUT, REPLAY, STEP) if any(phase in t.phases for t in self.terms)]
 
     @property
     def peak(self) -> int:
-        return max(self.phase_total(ROLLOUT), self.phase_total(REPLAY))
+        return max(self.phase_total(phase) for phase in self.phases)
 
     @property
     def available(self) -> int | None:
@@ -231,12 +262,15 @@ class MemoryPlan:
         return self.available is None or self.peak <= self.available
 
     def lines(self) -> list[str]:
-        out = [f"{t.name:<22} {gib(t.bytes):>10}  [{'+'.join(t.phases)}] {t.detail}" for t in self.terms]
+        out = [
+            f"{t.name:<22} {gib(t.bytes):>10}  [{'+'.join(t.phases)}] {t.detail}"
+            + (f" (not at once: {t.alternative}, the larger counts)" if t.alternative else "")
+            for t in self.terms
+        ]
         out += [f"{t.name:<22} {gib(t.bytes):>10}  [host] {t.detail}" for t in self.host_terms]
         if self.host_terms:
             out.append(f"{'host per rank':<22} {gib(self.host_bytes):>10}")
-        out.append(f"{'rollout phase':<22} {gib(self.phase_total(ROLLOUT)):>10}")
-        out.append(f"{'replay phase':<22} {gib(self.phase_total(REPLAY)):>10}")
+        out += [f"{phase + ' phase':<22} {gib(self.phase_total(phase)):>10}" for phase in self.phases]
         if self.device_bytes is None:
             out.append(f"{'peak':<22} {gib(self.peak):>10}  device memory unknown ({self.device_source})")
             return out
@@ -256,6 +290,7 @@ class MemoryPlan:
             "host_bytes": self.host_bytes,
             "rollout_bytes": self.phase_total(ROLLOUT),
             "replay_bytes": self.phase_total(REPLAY),
+            **({"step_bytes": self.phase_total(STEP)} if STEP in self.phases else {}),
             "peak_bytes": self.peak,
             "device_bytes": self.device_bytes,
             "device_source": self.device_source,
@@ -372,8 +407,19 @@ def plan(
     device_bytes: int | None = None,
     device_source: str = "",
     judge_share: float = 0.0,
+    per_token_timestep: bool = True,
+    first_update: bool = False,
+    gradient_sync_each_backward: bool = True,
+    lora_base_dtype: str = "float32",
 ) -> MemoryPlan:
-    """The plan of one rank (the module docstring has the formula and its assumptions)."""
+    """The plan of one rank (the module docstring has the formula and its assumptions).
+
+    `per_token_timestep`: the model embeds the timestep per token (TI2V) rather than per row (I2V). `first_update`:
+    the first optimizer step of a fresh start, whose AdamW moments exist only from the step on (its own phase; the
+    measurements docs/what-fits.md compares with were such). `gradient_sync_each_backward: false`: FSDP2 without
+    a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
+    reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
+    frozen base's dtype under LoRA (this trainer keeps it in float32)."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -387,14 +433,24 @@ def plan(
     trained, trainable = shape.trained, shape.trainable
     experts = f" ({len(shape.experts)} experts)" if shape.experts else ""
     lora = " LoRA adapters" if shape.adapters else ""
-    both, replay_only = (ROLLOUT, REPLAY), (REPLAY,)
+    # Held from before the rollout to after the optimizer step; a first update's step is a phase of its own.
+    both = (ROLLOUT, REPLAY, STEP) if first_update else (ROLLOUT, REPLAY)
+    replay_only = (REPLAY, STEP) if first_update else (REPLAY,)
     # Rank 0 holds the largest share (FSDP's first shards are the full ones); every rank allocates the padded one.
     state = sharded_state_bytes(
         shape, shard_layout.rank_layout(data_parallel, world, shard_group_size, tensor_parallel, 0)
     )
     split = f"split {shard} ways, FSDP's padded shards"
+    if shape.adapters and lora_base_dtype != "float32":  # the frozen base in its own dtype, the adapters in float32
+        adapters = state["gradients"] // 4
+        state["master weights"] = (state["master weights"] // 4 - adapters) * BYTES[lora_base_dtype] + 4 * adapters
+        split += f", the frozen base in {lora_base_dtype}"
     moments = Term(
-        "AdamW moments", state["AdamW moments"], both, f"2 x 4 B float32 x {trainable:,}{lora}{experts}, rank 0's shard"
+        "AdamW moments",
+        state["AdamW moments"],
+        (STEP,) if first_update else both,
+        f"2 x 4 B float32 x {trainable:,}{lora}{experts}, rank 0's shard"
+        + (": made by the first optimizer step" if first_update else ""),
     )
     gradients_detail = f"4 B float32 x {trainable:,}{lora}{experts}, {split}"
     if offload_gradients:
@@ -404,7 +460,11 @@ def plan(
             "master weights", state["master weights"], both, f"{trained:,} parameters{experts} x 4 B float32, {split}"
         ),
         *(() if offload_optimizer else (moments,)),
-        Term("gradients", state["gradients"], replay_only, gradients_detail),
+        # Without a reduce-scatter per backward, the sharded gradients are made by the last one, which frees the
+        # unsharded ones ("unsynced gradients" below).
+        Term(
+            "gradients", state["gradients"], replay_only if gradient_sync_each_backward else (STEP,), gradients_detail
+        ),
     ]
     host_terms = []
     if offload_optimizer:  # grpo/host_optimizer.py: every host tensor is shaped like the unpadded local shard
@@ -418,30 +478,44 @@ def plan(
             host_terms.append(
                 Term("frozen models", shape.frozen_params * z, (REPLAY,), "text encoder + VAE, on CPU during replay")
             )
-    # A block's parameters FSDP gathers: its weights and (LoRA) its adapters.
-    block_params = p.per_block + (shape.trainable_per_block if shape.adapters else 0)
+    # A block's parameters FSDP gathers: its weights and (LoRA) its adapters; TP has split nearly all of a block
+    # (its attention and FFN projections) before FSDP gathers it.
+    tp = f" / tensor_parallel {tensor_parallel}" if tensor_parallel > 1 else ""
+    block_params = (p.per_block + (shape.trainable_per_block if shape.adapters else 0)) // tensor_parallel
+    block_grads = shape.trainable_per_block // tensor_parallel
     if shard // tensor_parallel > 1:
         terms.append(
             Term(
                 "FSDP unsharded",
                 p.outside_blocks * c + 2 * block_params * c,
-                both,
-                f"root {p.outside_blocks:,} + 2 blocks x {block_params:,} parameters x {c} B",
+                (ROLLOUT, REPLAY),
+                f"root {p.outside_blocks:,} + 2 blocks x {block_params:,} parameters{tp} x {c} B",
             )
         )
         terms.append(
             Term(
                 "FSDP block gradients",
-                shape.trainable_per_block * r,
-                replay_only,
-                f"one block unsharded x {r} B" + (f" ({shape.trainable_per_block:,}{lora})" if lora else ""),
+                block_grads * r,
+                (REPLAY,),
+                f"one block unsharded{tp} x {r} B" + (f" ({block_grads:,}{lora})" if lora else ""),
             )
         )
+        if not gradient_sync_each_backward:
+            expert = shape.trainable // len(shape.trained_counts)  # one expert's: they run one at a time
+            terms.append(
+                Term(
+                    "unsynced gradients",
+                    r * expert // tensor_parallel,
+                    (REPLAY,),
+                    f"every gradient of one expert unsharded{tp} x {r} B: no reduce-scatter until the last backward",
+                )
+            )
     elif world > 1:
         terms.append(
             Term("all-reduce buffer", 4 * trainable // tensor_parallel, replay_only, "every gradient, one flat buffer")
         )
-    if shard // tensor_parallel == 1 and c != 4:
+    # Autocast caches the casts of weights that require gradients: under LoRA the frozen base is cast anew per use.
+    if shard // tensor_parallel == 1 and c != 4 and not shape.adapters:
         terms.append(Term("autocast copies", c * p.total // tensor_parallel, both, f"weights cast to {c} B"))
     frozen = shape.frozen_params * z
     terms.append(
@@ -453,8 +527,14 @@ def plan(
             + (" (on CPU during replay)" if offload_frozen else ""),
         )
     )
-    outer = OUTER_FLOAT32_D * 4 * d + OUTER_COMPUTE_D * c * d
-    block = BLOCK_FLOAT32_D * 4 * d + BLOCK_COMPUTE_D * c * d + BLOCK_COMPUTE_FFN * c * f
+    if per_token_timestep:
+        outer = OUTER_FLOAT32_D * 4 * d + OUTER_COMPUTE_D * c * d
+        block_f32 = BLOCK_FLOAT32_D
+    else:
+        outer = OUTER_FLOAT32_D_PER_ROW * 4 * d + OUTER_COMPUTE_D_PER_ROW * c * d
+        block_f32 = BLOCK_FLOAT32_D_PER_ROW
+    split_d = BLOCK_COMPUTE_D_TP_SPLIT / tensor_parallel + (BLOCK_COMPUTE_D - BLOCK_COMPUTE_D_TP_SPLIT)
+    block = block_f32 * 4 * d + split_d * c * d + BLOCK_COMPUTE_FFN * c * f / tensor_parallel
     math_attention = 2 * heads * tokens * c if attention_backend in MATH_BACKENDS else 0  # per token of N
     branches = 2 if guidance else 1
     # Rollout and replay forwards both take one chunk of grpo.sample_batch_size members per prompt.
@@ -468,7 +548,7 @@ def plan(
         Term(
             "activations",
             activations,
-            replay_only,
+            (REPLAY,),
             f"{rows} rows x {tokens:,} tokens, {layers} blocks "
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
         )
@@ -480,6 +560,7 @@ def plan(
             int(rollout_rows * tokens * (outer + per_block)),
             (ROLLOUT,),
             f"{rollout_rows} rows x {tokens:,} tokens, one block at a time",
+            alternative=SAMPLE_OR_DECODE,
         )
     )
     per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
@@ -497,17 +578,19 @@ def plan(
             + (" (the others on CPU)" if offload_trajectories else ""),
         )
     )
-    videos = decode_rows or rows_per_forward
+    videos = rows_per_forward if decode_rows is None else decode_rows  # 0: a reward that decodes nothing
     pixels = 3 * frames * height * width
-    terms.append(
-        Term(
-            "decoded videos",
-            videos * pixels * (z + 4 + 4 + 1),
-            (ROLLOUT,),
-            f"{videos} videos x 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B: the VAE's output, its float32 "
-            "copy, the clamp's, the uint8 frames",
+    if videos:
+        terms.append(
+            Term(
+                "decoded videos",
+                videos * pixels * (z + 4 + 4 + 1),
+                (ROLLOUT,),
+                f"{videos} videos x 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B: the VAE's output, its "
+                "float32 copy, the clamp's, the uint8 frames",
+                alternative=SAMPLE_OR_DECODE,
+            )
         )
-    )
     if cuda:
         terms.append(Term("CUDA reserve", CUDA_RESERVE, both, "context, cuBLAS and NCCL workspaces"))
     return MemoryPlan(
@@ -546,9 +629,10 @@ def device_memory(cfg, probe=None) -> tuple[int | None, str]:
     return int(props.total_memory), f"probed: {props.name}"
 
 
-def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, probe=None) -> MemoryPlan:
+def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, probe=None, **given) -> MemoryPlan:
     """The plan of a config's recipe and topology; `frozen_dtype` overrides model.frozen_dtype (the text
-    encoder's and VAE's dtype)."""
+    encoder's and VAE's dtype), and `given` any other argument of `plan` (a measured run's settings that no config
+    field sets: docs/what-fits.md)."""
     from videogrpo.models.wan import DTYPES, trajectory_dtype
 
     world = cfg.world_size
@@ -558,8 +642,7 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
     memory, source = device_memory(cfg, probe)
     if cfg.train.lora_rank > 0:  # gradients and AdamW moments for the adapters only (docs/options.md#lora)
         shape = with_lora(shape, cfg.train.lora_rank, cfg.train.lora_targets)
-    return plan(
-        shape,
+    arguments = dict(
         frames=cfg.video.num_frames,
         height=cfg.video.height,
         width=cfg.video.width,
@@ -589,4 +672,6 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         device_bytes=memory,
         device_source=source,
         judge_share=judge_share(cfg),
+        per_token_timestep=cfg.model.kind != "i2v_a14b",
     )
+    return plan(shape, **{**arguments, **given})
