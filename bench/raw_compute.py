@@ -22,10 +22,10 @@ def main() -> None:
     from videogrpo import config
     from videogrpo.data.dataset import batch_for_step, load_split, training_order
     from videogrpo.grpo.advantages import group_advantages
+    from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.loss import ppo_loss
     from videogrpo.grpo.rollout import replay_log_prob, rollout, seeded_normal, trained_timesteps
     from videogrpo.grpo.samplers import sigma_schedule
-    from videogrpo.grpo.trainer import waves
     from videogrpo.models.wan import WanTI2V, flow_shift
     from videogrpo.parallel import process_groups
     from videogrpo.rewards.rule import RuleScorer, score_request

@@ -15,7 +15,7 @@ import yaml
 
 from videogrpo import config
 from videogrpo.errors import ConfigError
-from videogrpo.preflight import memory_plan, planner
+from videogrpo.preflight import measured, memory_plan, planner
 
 from conftest import REPO
 
@@ -112,8 +112,39 @@ def test_tensor_parallel_with_shared_prompt_waves_is_refused_by_the_config_check
 
 def test_the_time_model_is_within_1_5x_of_every_measured_step_and_the_docs_show_both():
     page = (REPO / "docs/what-fits.md").read_text()
-    for measured, seconds, peak in planner.against_measurements(lambda r, o: load(r, o)):
-        line = planner.measurement_row(measured, seconds, peak)
+    for run, seconds, peak in measured.against_measurements(lambda r, o: load(r, o)):
+        line = measured.measurement_row(run, seconds, peak)
         assert line in page, line  # the docs table is what the model gives today
         if seconds is not None:
-            assert 1 / 1.5 <= seconds / measured.step_s <= 1.5, (measured.label, seconds)
+            assert 1 / 1.5 <= seconds / run.step_s <= 1.5, (run.label, seconds)
+
+
+# config/hardware: (recipe, layer, the ranks simulated with a rollout and a replay step on fake tensors)
+HARDWARE = [
+    ("rl_5b_cps", "5b_8x80gb", "7"),
+    ("rl_5b_cps", "5b_16x80gb", None),
+    ("rl_a14b_rule", "a14b_8x80gb", None),
+    ("rl_5b_cps", "5b_1x80gb_lora", None),
+]
+
+
+@pytest.mark.parametrize(("recipe", "layer", "steps"), HARDWARE, ids=[h[1] for h in HARDWARE])
+def test_each_hardware_layer_simulates_at_its_world_size_as_planned(recipe, layer, steps):
+    """torch's sharding at the layer's world size gives every simulated rank the bytes the plan gives it (and a
+    rollout and a replay step run on fake tensors for one rank); docs/what-fits.md lists the layer with its plan."""
+    path = REPO / f"config/hardware/{layer}.yaml"
+    cfg = load(recipe, None, path)
+    plan = memory_plan.plan_for_config(cfg, planner.released_shape(cfg))
+    assert plan.fits and plan.available == 80 * memory_plan.GIB
+    header = path.read_text().splitlines()[0]
+    assert f"peak {plan.peak / memory_plan.GIB:.2f} GiB" in header, header  # the layer says what it was planned at
+    argv = [VIDEOGRPO, "simulate", "--configfile", f"config/recipes/{recipe}.yaml"]
+    argv += [f"config/hardware/{layer}.yaml", *(["--ranks", steps] if steps else ["--no-steps"])]
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    doc_commands.record(["videogrpo", *argv[1:]], out.returncode)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"of {cfg.world_size} checked" in out.stdout and "!= plan" not in out.stdout
+    if steps:
+        assert "AdamW step" in out.stdout
+    row = next(line for line in (REPO / "docs/what-fits.md").read_text().splitlines() if f"`{layer}`" in line)
+    assert f"{plan.peak / memory_plan.GIB:.1f} GiB" in row, row

@@ -22,6 +22,9 @@ JSON Schema, and the pages of docs/ explain each part in context.
 - `recipes/rl_5b_cps.yaml`, `rl_5b_sde.yaml`, `rl_5b_vlm.yaml`, `rl_a14b_rule.yaml`: the released recipes;
   each sets every field `config.yaml` sets, so layering one on it changes nothing else.
 - `tiny_a14b.yaml`: the tiny two-expert model with tensor parallel x FSDP2 on 4 CPU processes.
+- `hardware/*.yaml`: layers after a recipe for the GPUs people have, written by `videogrpo plan`: `5b_8x80gb`,
+  `5b_16x80gb` and `a14b_8x80gb` keep the recipe's training contract, `5b_1x80gb_lora` adds LoRA (a new run)
+  ([docs/what-fits.md](../docs/what-fits.md)).
 - `tasks/*.txt`: task lists (`data.task_list`), one task name per line.
 - `matrix/*.yaml`: evaluation matrices (which models, samplers and seeds the matrix evaluates).
 

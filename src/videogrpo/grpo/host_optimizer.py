@@ -92,6 +92,8 @@ class HostAdamW(torch.optim.AdamW):
         self.host = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay)
 
     def _allocate(self, like: torch.Tensor, role: str) -> torch.Tensor:
+        if like.device.type == "meta":  # a simulated rank (videogrpo simulate): shapes only, nothing allocated
+            return torch.empty(like.shape, dtype=like.dtype, device="meta")
         tensor = torch.zeros(like.shape, dtype=like.dtype, device=HOST, pin_memory=self.pin)
         if tensor.numel():  # an empty shard (FSDP's last ranks of a 1-row parameter) holds no memory anywhere
             self.host_tensors[tensor.data_ptr()] = role
