@@ -12,7 +12,7 @@ from videogrpo.preflight import memory_plan
 ENTRIES = {
     name: value
     for name, value in vars(shapes).items()
-    if name.isupper() and hasattr(value, "keys") and "num_layers" in value
+    if name.isupper() and hasattr(value, "keys") and "num_attention_heads" in value  # the transformers' entries
 }
 
 
@@ -74,6 +74,27 @@ def test_entries_are_read_only(name):
     """A test that edited an entry in place would change the tiny default's weights for every later test."""
     with pytest.raises(TypeError):
         ENTRIES[name]["num_layers"] = 1
+
+
+def test_the_real_frozen_models_build_from_their_entries():
+    """The text encoder and VAEs `videogrpo plan` counts where no model is downloaded: UMT5-XXL's encoder 5.68 B,
+    the Wan2.2 VAE 0.70 B, the Wan2.1 VAE 0.13 B parameters; read-only like the transformers' entries."""
+    from diffusers import AutoencoderKLWan
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with torch.device("meta"):
+        text = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**shapes.UMT5_XXL)).parameters())
+        vaes = [
+            sum(p.numel() for p in AutoencoderKLWan(**{k: as_json(v) for k, v in vae.items()}).parameters())
+            for vae in (shapes.WAN_5B_VAE, shapes.WAN_21_VAE)
+        ]
+    assert (round(text / 1e9, 2), round(vaes[0] / 1e9, 2), round(vaes[1] / 1e9, 2)) == (5.68, 0.70, 0.13)
+    assert (
+        shapes.FROZEN_MODELS["ti2v"][1] is shapes.WAN_5B_VAE
+        and shapes.FROZEN_MODELS["i2v_a14b"][1] is shapes.WAN_21_VAE
+    )
+    with pytest.raises(TypeError):
+        shapes.UMT5_XXL["num_layers"] = 1
 
 
 def test_the_tiny_pipelines_are_built_from_the_table():

@@ -1,10 +1,11 @@
-"""`videogrpo`: the commands a person runs (config, simulate, schema, verify, diff, trace), and under
+"""`videogrpo`: the commands a person runs (config, simulate, plan, schema, verify, diff, trace), and under
 `videogrpo stage` the command of each workflow rule, which the rules call (`rule fetch_model` runs
 `videogrpo stage fetch-model`).
 
 Exit codes: 0 success, 1 unexpected error (a bug: traceback printed), 2 a user-facing failure,
 3 invalid configuration, 4 digest mismatch (also `verify` finding a changed, missing or added file),
-5 bad data, 130 interrupted. `diff` exits 1 when the runs differ, as diff(1) does.
+5 bad data, 130 interrupted. `diff` exits 1 when the runs differ, as diff(1) does; `plan` exits 2 when no layout
+of the recipe's training contract fits.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def _rank_list(value: str) -> list[int]:
 
 def planner_options() -> list[tuple[str, str]]:
     """The time model's settable assumptions and their help, from the planner's own field docs."""
-    from videogrpo.preflight import planner
+    from videogrpo.preflight.plan_assumptions import TUNABLE, Assumptions
 
-    return [(name, f"default {getattr(planner.Assumptions(), name):g}") for name in planner.TUNABLE]
+    return [(name, f"default {getattr(Assumptions(), name):g}") for name in TUNABLE]
 
 
 def _positive_int(value: str) -> int:
@@ -127,7 +128,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     )
     print("\n".join(outcome.lines), flush=True)
     if args.write is None:
-        return 0 if outcome.fitting or outcome.contract_rows else 2
+        return 0 if outcome.fitting else 2  # a contract change is another run, not the recipe fitting
     rows = {str(i + 1): row for i, row in enumerate(outcome.fitting)}
     rows.update({f"c{i + 1}": row for i, row in enumerate(outcome.contract_rows)})
     pick = args.pick or ("1" if outcome.fitting else None)
