@@ -118,11 +118,8 @@ def _plan_command(args: argparse.Namespace) -> int:
     if memory is None:
         raise ConfigError(f"--gpu {args.gpu}: its memory is not known here; give --gpu-memory GIB")
     nodes = args.nodes or (1 if args.gpus <= 8 else max(1, args.gpus // 8))
-    defaults = planner.Assumptions()
-    assume = planner.Assumptions(
-        gpu,
-        *(getattr(args, f) if getattr(args, f) is not None else getattr(defaults, f) for f in planner.TUNABLE),
-    )
+    given = {name: getattr(args, name) for name in planner.TUNABLE if getattr(args, name) is not None}
+    assume = planner.Assumptions(gpu=gpu, **given)
     outcome = planner.plan_lines(
         cfg, args.gpus, nodes, memory, args.host_memory, assume, args.top, changes=args.contract_changes
     )

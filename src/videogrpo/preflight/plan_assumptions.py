@@ -54,4 +54,4 @@ class Assumptions:
 
 
 TUNABLE = ("mfu", "video_overhead_s", "nvlink_gbps", "network_gbps", "pcie_gbps", "headroom")
-"""The assumptions `videogrpo plan` takes as options, in Assumptions' field order after `gpu`."""
+"""The assumptions `videogrpo plan` takes as options (--mfu, ...): every field of Assumptions but `gpu`."""

@@ -199,14 +199,6 @@ def members_per_rank(cfg: Config, gpus: int, tp: int) -> int:
     return g.group_size
 
 
-def with_layout(cfg: Config, layout: Layout, gpu_memory_gib: float) -> Config:
-    out = copy.deepcopy(cfg)
-    for section, values in layout.layer(gpu_memory_gib).items():
-        for key, value in values.items():
-            setattr(getattr(out, section), key, value)
-    return out
-
-
 def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dict[str, float]:
     """The time model of one update (the module docstring), by part."""
     g, par = cfg.grpo, cfg.parallel
@@ -299,7 +291,7 @@ def host_bytes_per_node(cfg: Config, shape: ModelShape, plan: memory_plan.Memory
 
 def evaluate(cfg: Config, layout: Layout, shape: ModelShape, assume: Assumptions, gpu_gib: float, host_gib):
     """The row of one layout, or the config check's first problem (a layout the trainer would refuse)."""
-    laid = with_layout(cfg, layout, gpu_gib)
+    laid = with_changes(cfg, layout.layer(gpu_gib))
     if found := checks.problems(laid):
         return found[0]
     plan = memory_plan.plan_for_config(laid, shape)
@@ -376,6 +368,8 @@ def contract_changes(cfg: Config) -> list[tuple[str, dict]]:
 
 
 def with_changes(cfg: Config, changes: dict) -> Config:
+    """A copy of `cfg` with the fields of `changes` ({section: {field: value}}: a layout's layer or a contract
+    change) set."""
     out = copy.deepcopy(cfg)
     for section, values in changes.items():
         for key, value in values.items():
