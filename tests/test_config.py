@@ -257,6 +257,7 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
     [
         {"grpo": {"clip_range_high": 0.02}},
         {"grpo": {"skip_zero_variance_groups": True}},
+        {"grpo": {"vae_tile_size": 64}},
         {"reward": {"terms": {"vbvr_rule": 1.0}}},
         {"train": {"lora_rank": 4}},
         {"train": {"validate_every": 2}},

@@ -255,6 +255,12 @@ def _video_problems(cfg: Config) -> list[str]:
                 f"video.{side} = {value}: must be a multiple of {2 * factor} (model.kind {cfg.model.kind}: VAE "
                 f"factor {factor} x patch 2)"
             )
+    tile = cfg.grpo.vae_tile_size
+    if tile is not None and (tile <= 0 or tile % (4 * factor)):
+        found.append(
+            f"grpo.vae_tile_size = {tile}: must be a positive multiple of {4 * factor} (model.kind {cfg.model.kind}: "
+            f"4 x the VAE factor {factor}, so that the tiles' 3/4 stride is whole latent pixels), or null (no tiling)"
+        )
     return found
 
 

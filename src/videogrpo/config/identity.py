@@ -356,6 +356,7 @@ def flat_fields(view: dict[str, Any]) -> dict[str, Any]:
 OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
+    ({"grpo.vae_tile_size": None}, ()),
     ({"reward.terms": {}}, ()),
     (
         {"train.lora_rank": 0},

@@ -228,6 +228,10 @@ class GRPOConfig:
     wave at once. Replay still runs one backward per wave and timestep, so updates do not depend on it."""
     decode_batch_size: int | None = 8
     """Rollouts the VAE decodes at once for scoring (8 rule, 4 judge recipes); null or 0: the whole wave."""
+    vae_tile_size: int | None = None
+    """Decode rollouts in overlapping square tiles of this many pixels a side, blended (diffusers' VAE tiling, stride
+    3/4 of a tile): the decoder's memory then follows the tile, not the frame. A multiple of 4 x the VAE's spatial
+    factor (64 TI2V, 32 I2V-A14B); it changes the decoded pixels, so a new run. null: whole frames (the reference)."""
     timestep_fraction: float = 0.6
     """Fraction of the first T - 1 timesteps trained per update."""
     clip_range: float = 1e-4

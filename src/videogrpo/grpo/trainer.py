@@ -47,7 +47,7 @@ from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
-from videogrpo.models.wan import WanTI2V, flow_shift
+from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
 from videogrpo.parallel import process_groups
 from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
@@ -129,6 +129,7 @@ class Trainer:
             self.model = WanI2VA14B.from_config(paths.model, ctx.device, cfg, frozen_device, cfg.train.experts)
         else:
             self.model = WanTI2V.from_config(paths.model, ctx.device, cfg, frozen_device)
+        tile_decoding(self.model.vae, cfg.grpo.vae_tile_size)  # the rollouts' (and validation's) decode only
         routed = not self.model.pins_first_frame
         self.experts = Experts.build(self.model.trainable, routed, cfg, ctx.world_size, ctx.device)
         self.layout = self.experts.layout()

@@ -319,6 +319,15 @@ def normalise_condition(
     return latents / std if divide else latents * (1.0 / std)
 
 
+def tile_decoding(vae, tile: int | None) -> None:
+    """Have `vae` decode in overlapping `tile` x `tile` pixel tiles at a 3/4-tile stride, blended where they overlap
+    (grpo.vae_tile_size; diffusers' `enable_tiling`); None: whole frames. The tiles are square for any frame size."""
+    if tile is None:
+        vae.disable_tiling()
+        return
+    vae.enable_tiling(tile, tile, tile * 3 // 4, tile * 3 // 4)
+
+
 def load_transformer(path: Path, device: torch.device, attention_backend: str) -> torch.nn.Module:
     """A Wan transformer in float32 (master weights: compute dtypes are applied per forward)."""
     from diffusers import WanTransformer3DModel

@@ -55,10 +55,11 @@ the frozen models' dtype):
 - trajectories held on the device: T + 1 latents per rollout in t, and the prompt embeddings of each
   row in c, for every row of this rank's batch, twice under delayed replay (the batch replayed and the
   batch rolled out before it is replayed); with trajectories offloaded only the replayed wave's;
-- decoded videos (rollout phase): the VAE decodes grpo.decode_batch_size rows at a time (null: the wave),
-  each 3 x frames x height x width elements held in z (the decoder's output), float32 (its copy), float32
-  (the clamp's result) and uint8; the decoder's own activations are not counted (the GPU tier measures
-  them);
+- decoded videos (rollout phase): the VAE decodes grpo.decode_batch_size rows at a time (null: the wave);
+  per video the larger of the decoder's own peak while it decodes (its working set and output, counted with the
+  VAE's code on fake tensors: preflight/vae_memory.py; in tiles with grpo.vae_tile_size) and what follows it,
+  3 x frames x height x width elements held in z (the decoder's output), float32 (its copy), float32 (the
+  clamp's result) and uint8;
 - on CUDA a reserve of 1 GiB for the CUDA context, cuBLAS and NCCL workspaces.
 With parallel.offload_optimizer the AdamW moments leave the device: they, a float32 copy of the master weights'
 local shard and a gradient buffer of the same size (16 B per element of rank 0's unpadded shard) are host terms,
@@ -83,6 +84,7 @@ from videogrpo.config import reward_kinds
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight.model_shape import ModelShape, ParamCounts, config_shapes, with_lora  # noqa: F401
+from videogrpo.preflight.vae_memory import decoder_peak_bytes
 
 GIB = 1 << 30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -303,6 +305,7 @@ def plan(
     first_update: bool = False,
     gradient_sync_each_backward: bool = True,
     lora_base_dtype: str = "float32",
+    vae_tile_size: int | None = None,
 ) -> MemoryPlan:
     """The plan of one rank (the module docstring has the formula and its assumptions).
 
@@ -311,7 +314,7 @@ def plan(
     measurements docs/what-fits.md compares with were such). `gradient_sync_each_backward: false`: FSDP2 without
     a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
     reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
-    frozen base's dtype under LoRA (this trainer keeps it in float32)."""
+    frozen base's dtype under LoRA (this trainer keeps it in float32). `vae_tile_size`: grpo.vae_tile_size."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -473,13 +476,22 @@ def plan(
     videos = rows_per_forward if decode_rows is None else decode_rows  # 0: a reward that decodes nothing
     pixels = 3 * frames * height * width
     if videos:
+        # While the VAE decodes: its own peak (its output included); after: the output, its float32 copy, the
+        # clamp's and the uint8 frames. The larger of the two, per video of a decode batch.
+        after = pixels * (z + 4 + 4 + 1)
+        tiles = f"in {vae_tile_size}-pixel tiles" if vae_tile_size else "whole frames"
+        if shape.vae:
+            decoder = decoder_peak_bytes(shape.vae, frames, height, width, frozen_dtype, vae_tile_size)
+            how = f"the decoder's peak ({tiles}, counted: preflight/vae_memory.py) {decoder / GIB:.2f} GiB"
+        else:
+            decoder, how = 0, "the decoder's peak not counted (no VAE config)"
         terms.append(
             Term(
                 "decoded videos",
-                videos * pixels * (z + 4 + 4 + 1),
+                videos * max(decoder, after),
                 (ROLLOUT,),
-                f"{videos} videos x 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B: the VAE's output, its "
-                "float32 copy, the clamp's, the uint8 frames",
+                f"{videos} videos x the larger of {how} and 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B "
+                f"{after / GIB:.2f} GiB (its output, the float32 copy, the clamp's, the uint8 frames)",
                 alternative=SAMPLE_OR_DECODE,
             )
         )
@@ -565,5 +577,6 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         device_source=source,
         judge_share=judge_share(cfg),
         per_token_timestep=cfg.model.kind != "i2v_a14b",
+        vae_tile_size=cfg.grpo.vae_tile_size,
     )
     return plan(shape, **{**arguments, **given})

@@ -64,6 +64,9 @@ class ModelShape:
     adapters: tuple[dict[str, tuple[int, ...]], ...] = ()
     """LoRA (train.lora_rank > 0): each trained expert's adapter shapes, in `trained_counts`' order; the base is
     frozen, so gradients and AdamW moments are the adapters' only. Empty: full fine-tuning."""
+    vae: dict = field(default_factory=dict, repr=False, compare=False)
+    """The VAE's config (vae/config.json), whose decoder's peak the plan counts (preflight.vae_memory). Empty:
+    unknown (a simulation builds no frozen models), and the plan says the decoder is not counted."""
 
     @property
     def trained(self) -> int:
@@ -105,6 +108,7 @@ class ModelShape:
             vae.get("scale_factor_spatial", 16),
             vae.get("scale_factor_temporal", 4),
             tuple(counts) if len(counts) > 1 else (),
+            vae=vae,
         )
 
     def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:

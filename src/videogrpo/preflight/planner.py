@@ -143,7 +143,7 @@ def released_shape(cfg: Config) -> ModelShape:
     with torch.device("meta"):
         frozen = sum(p.numel() for p in UMT5EncoderModel(UMT5Config(**text)).parameters())
         frozen += sum(p.numel() for p in AutoencoderKLWan(**vae_args).parameters())
-    return dataclasses.replace(shape, frozen_params=frozen)
+    return dataclasses.replace(shape, frozen_params=frozen, vae=vae_args)
 
 
 def divisors(n: int) -> list[int]:
@@ -348,9 +348,13 @@ def search(
     return fitting, failing, refused
 
 
+VAE_TILE = 256
+"""The tile a contract change proposes (diffusers' default tile; a multiple of every VAE's 4 x spatial factor)."""
+
+
 def contract_changes(cfg: Config) -> list[tuple[str, dict]]:
     """Changes of what an update computes that make it smaller, each a new run: LoRA, half the prompts per step,
-    half the group, fewer frames."""
+    half the group, fewer frames, the VAE decoding in tiles (its pixels are blended where tiles meet)."""
     g, t, v = cfg.grpo, cfg.train, cfg.video
     out = []
     if t.lora_rank == 0 and cfg.parallel.tensor_parallel == 1:
@@ -364,6 +368,8 @@ def contract_changes(cfg: Config) -> list[tuple[str, dict]]:
     frames = (v.num_frames - 1) // 2 // 4 * 4 + 1
     if frames >= 5 and frames != v.num_frames:
         out.append((f"video.num_frames = {frames}", {"video": {"num_frames": frames}}))
+    if g.vae_tile_size is None and max(v.height, v.width) > VAE_TILE:
+        out.append((f"grpo.vae_tile_size = {VAE_TILE}", {"grpo": {"vae_tile_size": VAE_TILE}}))
     return out
 
 
