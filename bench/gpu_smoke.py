@@ -159,9 +159,9 @@ def planned_phases(cfg: dict, model: Path) -> dict[str, float]:
     """GiB per phase (rollout, replay) and at the peak that preflight's memory plan gives this run, compared with what
     the trainer measured (peak_memory_<phase>_bytes: CUDA's allocated peak, reset per phase)."""
     from videogrpo.config import from_dict
-    from videogrpo.preflight import memory_plan
+    from videogrpo.preflight import memory_plan, model_shape
 
-    plan = memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model))
+    plan = memory_plan.plan_for_config(from_dict(cfg), model_shape.ModelShape.from_model_dir(model))
     phases = {phase: plan.phase_total(phase) / 2**30 for phase in (memory_plan.ROLLOUT, memory_plan.REPLAY)}
     return {**phases, "peak": plan.peak / 2**30}
 

@@ -23,8 +23,8 @@ from videogrpo.models.shapes import WAN_I2V_A14B_EXPERT
 from videogrpo.parallel import shard_layout
 from videogrpo.pipeline import layout
 from videogrpo.preflight import checks as preflight
-from videogrpo.preflight import memory_plan
-from videogrpo.preflight.memory_plan import ModelShape, ParamCounts
+from videogrpo.preflight import memory_plan, model_shape
+from videogrpo.preflight.model_shape import ModelShape, ParamCounts
 from videogrpo.provenance.digest import tree_digest
 
 from conftest import REPO
@@ -211,7 +211,7 @@ def test_the_memory_plan_holds_the_state_of_every_trained_expert(fetched):
 
 
 def test_the_a14b_recipe_plans_both_experts_at_tp2_x_fsdp4():
-    counts = ParamCounts.from_shapes(memory_plan.config_shapes(WAN_I2V_A14B_EXPERT))
+    counts = ParamCounts.from_shapes(model_shape.config_shapes(WAN_I2V_A14B_EXPERT))
     assert 14.0e9 < counts.total < 14.5e9  # "A14B": 14 B per expert, 27 B in all
     shape = ModelShape(dict(WAN_I2V_A14B_EXPERT), counts, 0, 16, 8, 4, (counts, counts))
     data = yaml.safe_load((REPO / "config/recipes/rl_a14b_rule.yaml").read_text())

@@ -17,7 +17,7 @@ from videogrpo import config
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import flops, lora
 from videogrpo.models import lora as exported
-from videogrpo.preflight import memory_plan
+from videogrpo.preflight import memory_plan, model_shape
 
 from harness import metrics, solo_config, train, trainer_config, trainer_in_process
 
@@ -297,7 +297,7 @@ def test_the_memory_plan_counts_gradients_and_moments_for_the_adapters_only(tiny
     from videogrpo.models.shapes import WAN_TI2V_5B
 
     model = peft_tiny(tiny_model, 4)
-    shape = memory_plan.ModelShape.from_model_dir(tiny_model)
+    shape = model_shape.ModelShape.from_model_dir(tiny_model)
     targets = config.Config().train.lora_targets
     planned = lora.adapter_shapes(shape.params.shapes, 4, targets)
     assert planned == {k: tuple(p.shape) for k, p in model.named_parameters() if lora.is_adapter(k)}
@@ -316,8 +316,8 @@ def test_the_memory_plan_counts_gradients_and_moments_for_the_adapters_only(tiny
     assert terms["AdamW moments"] == size(s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
     assert terms["all-reduce buffer"] == 4 * TINY_ADAPTERS
     # The 5B recipe at rank 32 (HSDP, shard groups of 8): gradients and moments scale with the adapters.
-    counts = memory_plan.ParamCounts.from_shapes(memory_plan.config_shapes(WAN_TI2V_5B))
-    five_b = memory_plan.ModelShape(dict(WAN_TI2V_5B), counts, 0, 48, 16, 4)
+    counts = model_shape.ParamCounts.from_shapes(model_shape.config_shapes(WAN_TI2V_5B))
+    five_b = model_shape.ModelShape(dict(WAN_TI2V_5B), counts, 0, 48, 16, 4)
     adapters = lora.adapter_shapes(counts.shapes, 32, targets)
     assert sum(math.prod(s) for s in adapters.values()) == 80_609_280  # 30 blocks x 10 layers x 32 (in + out)
 

@@ -22,7 +22,8 @@ from videogrpo.artifacts.weights import WeightsError, read_header
 from videogrpo.models.shapes import SMALL_I2V_EXPERT, SMALL_TI2V, TINY_TI2V
 from videogrpo.preflight import checks as preflight
 from videogrpo.preflight import memory_plan, planner
-from videogrpo.preflight.memory_plan import GIB, ModelShape
+from videogrpo.preflight.memory_plan import GIB
+from videogrpo.preflight.model_shape import ModelShape
 
 from conftest import REPO
 from harness import trainer_config

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from videogrpo.models import shapes
-from videogrpo.preflight import memory_plan
+from videogrpo.preflight import model_shape
 
 ENTRIES = {
     name: value
@@ -40,7 +40,7 @@ def test_the_table_holds_every_shape_the_project_names():
     [("WAN_TI2V_5B", 5.0), ("WAN_I2V_A14B_EXPERT", 14.3)],  # "TI2V-5B"; "A14B": 14 B an expert, 27 B both
 )
 def test_the_real_models_have_their_published_size(name, billions):
-    counts = memory_plan.ParamCounts.from_shapes(memory_plan.config_shapes(ENTRIES[name]))
+    counts = model_shape.ParamCounts.from_shapes(model_shape.config_shapes(ENTRIES[name]))
     assert round(counts.total / 1e9, 1) == billions, counts.total
 
 

@@ -11,11 +11,12 @@ import json
 import pytest
 import torch
 
-from harness import solo_config, trainer_in_process
 from videogrpo.demo.tiny_ti2v import VAE as TINY_VAE
 from videogrpo.models.shapes import WAN_5B_VAE
 from videogrpo.models.wan import tile_decoding
-from videogrpo.preflight import memory_plan, vae_memory
+from videogrpo.preflight import memory_plan, model_shape, vae_memory
+
+from harness import solo_config, trainer_in_process
 
 GIB = 1 << 30
 
@@ -69,8 +70,8 @@ def test_the_decoders_peak_is_in_the_plan_per_video_of_a_decode_batch_and_tiles_
     whole = vae_memory.decoder_peak_bytes(config, 81, 512, 512, "bfloat16")
     tiled = vae_memory.decoder_peak_bytes(config, 81, 512, 512, "bfloat16", 256)
     assert 2.7 * GIB < whole < 2.8 * GIB and tiled < GIB
-    counts = memory_plan.ParamCounts.from_shapes({"blocks.0.w": (4, 4)})
-    shape = memory_plan.ModelShape({}, counts, 0, 48, 16, 4, vae=config)
+    counts = model_shape.ParamCounts.from_shapes({"blocks.0.w": (4, 4)})
+    shape = model_shape.ModelShape({}, counts, 0, 48, 16, 4, vae=config)
     for tile, per_video in ((None, whole), (256, tiled)):
         term = decoded_videos(shape, decode_rows=3, vae_tile_size=tile)
         assert term.bytes == 3 * per_video and f"{per_video / GIB:.2f} GiB" in term.detail
@@ -79,7 +80,7 @@ def test_the_decoders_peak_is_in_the_plan_per_video_of_a_decode_batch_and_tiles_
 def decoded_videos(shape, **given) -> memory_plan.Term:
     from videogrpo.models.shapes import WAN_TI2V_5B
 
-    shape = memory_plan.ModelShape(dict(WAN_TI2V_5B), shape.params, 0, 48, 16, 4, vae=shape.vae)
+    shape = model_shape.ModelShape(dict(WAN_TI2V_5B), shape.params, 0, 48, 16, 4, vae=shape.vae)
     plan = memory_plan.plan(
         shape,
         frames=81,

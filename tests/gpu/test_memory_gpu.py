@@ -7,7 +7,7 @@ import pytest
 from videogrpo.config import from_dict
 from videogrpo.demo.smoke_run import one_process_config, shaped_pipeline, synthetic_inputs, train_one_process
 from videogrpo.models.shapes import MID_TI2V
-from videogrpo.preflight import memory_plan
+from videogrpo.preflight import memory_plan, model_shape
 
 from harness import TINY
 
@@ -22,7 +22,7 @@ def test_the_plan_bounds_the_measured_peak(tmp_path, offload):
     metrics = train_one_process(tmp_path, f"plan-{offload}", cfg, model, dataset)
     assert metrics, "the run failed (log printed above)"
     measured = max(m["peak_memory_bytes"] for m in metrics)
-    plan = memory_plan.plan_for_config(from_dict(cfg), memory_plan.ModelShape.from_model_dir(model))
+    plan = memory_plan.plan_for_config(from_dict(cfg), model_shape.ModelShape.from_model_dir(model))
     print(f"offload {offload}: measured peak {memory_plan.gib(measured)}, planned {memory_plan.gib(plan.peak)}")
     print("\n".join(plan.lines()))
     assert measured <= plan.peak, "the plan is below the measured peak: preflight would pass runs that run out"

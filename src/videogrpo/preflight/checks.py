@@ -277,10 +277,10 @@ def check_memory_plan(
     MemTotal; on CPU it is printed only. `frozen_dtype` overrides model.frozen_dtype; `probe`: torch.cuda's
     stand-in; `meminfo`: /proc/meminfo's.
     """
-    from videogrpo.preflight import memory_plan
+    from videogrpo.preflight import memory_plan, model_shape
 
     try:
-        shape = memory_plan.ModelShape.from_model_dir(model_dir, trained_transformers(cfg))
+        shape = model_shape.ModelShape.from_model_dir(model_dir, trained_transformers(cfg))
         plan = memory_plan.plan_for_config(cfg, shape, frozen_dtype, probe)
     except WeightsError as err:  # names the file, the tensor and the fix
         return Check("memory_plan", False, f"cannot plan memory: {err}"), {}

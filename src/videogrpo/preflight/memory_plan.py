@@ -83,7 +83,7 @@ from dataclasses import asdict, dataclass, field
 from videogrpo.config import reward_kinds
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.parallel import shard_layout
-from videogrpo.preflight.model_shape import ModelShape, ParamCounts, config_shapes, with_lora  # noqa: F401
+from videogrpo.preflight.model_shape import ModelShape, with_lora
 from videogrpo.preflight.vae_memory import decoder_peak_bytes
 
 GIB = 1 << 30

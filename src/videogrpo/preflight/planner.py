@@ -38,7 +38,8 @@ from videogrpo.grpo import assignment, offload
 from videogrpo.grpo.flops import forward_flops, step_flops, video_tokens
 from videogrpo.models import shapes
 from videogrpo.preflight import memory_plan
-from videogrpo.preflight.memory_plan import GIB, ModelShape
+from videogrpo.preflight.memory_plan import GIB
+from videogrpo.preflight.model_shape import ModelShape
 from videogrpo.preflight.plan_assumptions import GPU_MEMORY_GIB, TUNABLE, Assumptions  # noqa: F401
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from videogrpo.config import Config
 from videogrpo.errors import VideoGRPOError
 from videogrpo.parallel import shard_layout
-from videogrpo.preflight import memory_plan
+from videogrpo.preflight import memory_plan, model_shape
 
 TERMS = ("master weights", "gradients", "AdamW moments")
 DEFAULT_SHIFT = 5.0
@@ -100,18 +100,18 @@ def trained_shapes(cfg: Config) -> dict[str, dict]:
     return {name: expert for name in (EXPERTS if cfg.train.experts == "both" else (cfg.train.experts,))}
 
 
-def simulated_shape(cfg: Config, shapes: dict[str, dict]) -> memory_plan.ModelShape:
+def simulated_shape(cfg: Config, shapes: dict[str, dict]) -> model_shape.ModelShape:
     """The memory plan's view of the simulated transformers (their parameter shapes, each trained expert's) and of
     the model kind's latent geometry; the frozen models are not built, so they count no parameters here."""
     from videogrpo.models.shapes import LATENT_GEOMETRY
 
-    counts = tuple(memory_plan.ParamCounts.from_shapes(memory_plan.config_shapes(s)) for s in shapes.values())
+    counts = tuple(model_shape.ParamCounts.from_shapes(model_shape.config_shapes(s)) for s in shapes.values())
     geo = LATENT_GEOMETRY[cfg.model.kind]
     config = next(iter(shapes.values()))
     experts = counts if len(counts) > 1 else ()
-    shape = memory_plan.ModelShape(config, counts[0], 0, geo["z_dim"], geo["spatial"], geo["temporal"], experts)
+    shape = model_shape.ModelShape(config, counts[0], 0, geo["z_dim"], geo["spatial"], geo["temporal"], experts)
     if cfg.train.lora_rank > 0:  # the adapters Experts.build adds: the only parameters with gradients and moments
-        shape = memory_plan.with_lora(shape, cfg.train.lora_rank, cfg.train.lora_targets)
+        shape = model_shape.with_lora(shape, cfg.train.lora_rank, cfg.train.lora_targets)
     return shape
 
 
