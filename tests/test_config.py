@@ -289,6 +289,7 @@ def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, m
         "lora_dropout": 0.1,
         "lora_targets": ["to_q"],
         "lora_export_merged": True,
+        "lora_base_dtype": "float32",
         "validate_prompts": 2,
         "validate_sampler": "unipc",
     }

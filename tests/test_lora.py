@@ -333,7 +333,8 @@ def test_the_memory_plan_counts_gradients_and_moments_for_the_adapters_only(tiny
         chunk = sum(torch.chunk(torch.empty(s), 8)[0].numel() for s in adapters.values())
         base_chunk = sum(torch.chunk(torch.empty(s), 8)[0].numel() for s in counts.shapes.values())
     assert low_rank["gradients"] == 4 * chunk and low_rank["AdamW moments"] == 8 * chunk
-    assert full["gradients"] == 4 * base_chunk and low_rank["master weights"] == 4 * (base_chunk + chunk)
+    # the recipe computes in bf16: the frozen base is held in bf16 (train.lora_base_dtype: compute)
+    assert full["gradients"] == 4 * base_chunk and low_rank["master weights"] == 2 * base_chunk + 4 * chunk
     assert low_rank["FSDP block gradients"] * 30 == sum(math.prod(s) for s in adapters.values()) * 4  # reduce: fp32
     assert 60 * low_rank["gradients"] < full["gradients"]
 
@@ -366,3 +367,31 @@ def test_starting_adapters_from_another_runs_weights_is_refused_naming_the_field
         config.load([repo / "config/config.yaml"], base)
     full_state = config.deep_merge(base, {"train": {"reset_dataloader": False}})
     assert config.load([repo / "config/config.yaml"], full_state).train.lora_rank == 4
+
+
+@pytest.mark.parametrize(("base_dtype", "held"), [("compute", torch.bfloat16), ("float32", torch.float32)])
+def test_the_frozen_base_is_held_in_the_compute_dtype_unless_float32_is_asked(
+    base_dtype, held, tiny_model, dataset, tmp_path
+):
+    """train.lora_base_dtype: a bf16 run holds its frozen base in bf16 (the downloaded weights rounded once, the same
+    at every build and resume), the adapters in float32; one update trains the adapters and leaves the base as built.
+    The memory plan counts the base in that dtype."""
+    cfg = lora_config(train={"max_steps": 1, "lora_base_dtype": base_dtype}, parallel={"param_dtype": "bfloat16"})
+    trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset)
+    module = trainer.experts.policy
+    initial = adapters_of(module)
+    original = load_file(tiny_model / "transformer/diffusion_pytorch_model.safetensors")
+    base = base_of(module)
+    assert all(base[k].dtype == held and torch.equal(base[k], original[k].to(held)) for k in original)
+    assert all(v.dtype == torch.float32 for v in initial.values())
+    trainer.run()
+    assert all(torch.equal(base_of(module)[k], original[k].to(held)) for k in original)
+    assert any(not torch.equal(v, initial[k]) for k, v in adapters_of(module).items())
+
+    loaded = config.from_dict(cfg)
+    shape = model_shape.with_lora(model_shape.ModelShape.from_model_dir(tiny_model), 4, loaded.train.lora_targets)
+    plan = memory_plan.plan_for_config(loaded, model_shape.ModelShape.from_model_dir(tiny_model))
+    adapters = shape.trainable
+    base_numel = shape.trained - adapters
+    master = next(t for t in plan.terms if t.name == "master weights")
+    assert master.bytes == base_numel * held.itemsize + 4 * adapters  # one rank: nothing is sharded or padded

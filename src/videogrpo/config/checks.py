@@ -453,12 +453,17 @@ def _parallel_problems(cfg: Config) -> list[str]:
     return found
 
 
+LORA_BASE_DTYPES = ("compute", "float32")
+
+
 def _lora_problems(cfg: Config) -> list[str]:
     """LoRA (docs/options.md#lora): its settings, and the layouts it trains under."""
     t = cfg.train
     if t.lora_rank <= 0:
         return []
     found = []
+    if t.lora_base_dtype not in LORA_BASE_DTYPES:
+        found.append(f"train.lora_base_dtype = {t.lora_base_dtype!r}: must be one of {list(LORA_BASE_DTYPES)}")
     if t.lora_alpha is not None and t.lora_alpha <= 0:
         found.append(f"train.lora_alpha = {t.lora_alpha!r}: must be > 0, or null (lora_rank)")
     if t.lora_dropout >= 1:

@@ -123,6 +123,7 @@ _FIELD_CLASSES = {
             "lora_dropout",
             "lora_targets",
             "lora_export_merged",
+            "lora_base_dtype",
             "validate_every",
             "validate_before_training",
             "validate_prompts",
@@ -360,7 +361,13 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"reward.terms": {}}, ()),
     (
         {"train.lora_rank": 0},
-        ("train.lora_alpha", "train.lora_dropout", "train.lora_targets", "train.lora_export_merged"),
+        (
+            "train.lora_alpha",
+            "train.lora_dropout",
+            "train.lora_targets",
+            "train.lora_export_merged",
+            "train.lora_base_dtype",
+        ),
     ),
     (
         {"train.validate_every": 0, "train.validate_before_training": False},

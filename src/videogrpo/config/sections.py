@@ -316,6 +316,9 @@ class TrainConfig:
     projection (self and cross attention) and both FFN projections of each Wan block."""
     lora_export_merged: bool = False
     """Also export the transformer(s) with the adapters merged in (the adapters alone are always exported)."""
+    lora_base_dtype: str = "compute"
+    """The frozen base's dtype under LoRA: `compute` (parallel.param_dtype: bf16 in the recipes, half the memory of
+    float32) or `float32` (the weights exactly as downloaded). The adapters are float32 master weights either way."""
     validate_every: int = 0
     """Validate every this many optimizer updates (and after the last): held-out prompts rolled out with fixed
     noise and validate_sampler, scored by the training reward, logged as `val/*` metrics at the update's step,
@@ -483,6 +486,11 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.parallel.nodes * self.parallel.procs_per_node
+
+    @property
+    def lora_base_dtype(self) -> str:
+        """The frozen base's dtype under LoRA (train.lora_base_dtype resolved): the compute dtype, or float32."""
+        return self.parallel.param_dtype if self.train.lora_base_dtype == "compute" else "float32"
 
     @property
     def gpus_per_node(self) -> int:

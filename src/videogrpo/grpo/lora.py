@@ -3,7 +3,8 @@ frozen, only the adapters trained, checkpointed and exported.
 
 The adapters are added before any sharding, the way Diffusers' training scripts add them
 (`transformer.add_adapter(LoraConfig(...))`), so their keys are Diffusers' LoRA keys. They are float32 like every
-master weight (the base is float32; the compute dtype is applied per forward as for full fine-tuning). Their
+master weight; the frozen base is cast to train.lora_base_dtype (the compute dtype by default, so a bf16 run holds
+the base in bf16, or float32 as downloaded), and the compute dtype is applied per forward as for full fine-tuning. Their
 initialisation (peft's default: A Kaiming-uniform, B zero, so the first forward is the base model's) draws from a
 generator seeded by train.seed and the expert's position, inside a fork of torch's RNG: every rank and every resume
 builds the same adapters, and the run's own random stream is left as it was. Only the adapters require gradients, so
@@ -74,8 +75,11 @@ def add_adapters(module: torch.nn.Module, cfg: Config, index: int) -> None:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(counter_seed(cfg.train.seed, SEED_TAG, index))
         module.add_adapter(lora_config(cfg))
+    base = getattr(torch, cfg.lora_base_dtype)
     for name, param in module.named_parameters():
         param.requires_grad_(is_adapter(name))
+        if not is_adapter(name) and param.dtype != base:  # frozen: no master copy needed beyond the compute dtype
+            param.data = param.data.to(base)
     wrong = sorted({str(p.dtype) for n, p in module.named_parameters() if is_adapter(n) and p.dtype != torch.float32})
     if wrong:
         raise RuntimeError(f"LoRA adapters in {wrong}, not float32: the master weights must be float32")

@@ -13,7 +13,7 @@ bytes per element of the compute dtype (parallel.param_dtype), the reduce dtype,
 the frozen models' dtype):
 - master weights 4 P / shard, gradients 4 P / shard, AdamW moments 8 P / shard (all float32; under LoRA, P of
   the gradients, the moments, FSDP's block gradients and the all-reduce buffer is the adapters' parameters, while
-  the master weights are the frozen base's and the adapters'; gradients
+  the master weights are the frozen base's, in train.lora_base_dtype, and the adapters'; gradients
   exist only between the first backward and the optimizer step: replay phase only), counted parameter by
   parameter as torch shards them (parallel.shard_layout): FSDP pads dim 0 to a multiple of the sharding
   degree in the master weights and gradients, and TP leaves the parameters outside its plan whole;
@@ -68,7 +68,7 @@ gradients there after the clipping norm, so the device still holds them through 
 gradients term stays). Preflight checks procs_per_node x the host bytes per rank against the node's memory.
 The peak is the largest of the phases' sums. For comparisons with measured runs, `plan` also takes a run's first
 optimizer step (its AdamW moments only from the step on, a phase of their own), FSDP2 without a reduce-scatter until
-an update's last backward (every gradient of an expert unsharded in the reduce dtype) and a LoRA base in bf16.
+an update's last backward (every gradient of an expert unsharded in the reduce dtype).
 Against it stands the device's memory (a number in
 parallel.device_memory_gib, or torch.cuda's total memory of device 0 probed on the node), less the
 co-hosted judge's share (reward.judge_gpu_memory of each GPU, rl_5b_vlm with reward.judge_endpoint
@@ -314,7 +314,7 @@ def plan(
     measurements docs/what-fits.md compares with were such). `gradient_sync_each_backward: false`: FSDP2 without
     a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
     reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
-    frozen base's dtype under LoRA (this trainer keeps it in float32). `vae_tile_size`: grpo.vae_tile_size."""
+    frozen base's dtype under LoRA (train.lora_base_dtype). `vae_tile_size`: grpo.vae_tile_size."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -578,5 +578,6 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         judge_share=judge_share(cfg),
         per_token_timestep=cfg.model.kind != "i2v_a14b",
         vae_tile_size=cfg.grpo.vae_tile_size,
+        lora_base_dtype=cfg.lora_base_dtype,
     )
     return plan(shape, **{**arguments, **given})
