@@ -48,16 +48,17 @@ the frozen models' dtype):
   backends (`_native_math`) also keep heads x N^2 scores and probabilities in c, which is added. The
   gradients flowing through a block during its backward and the allocator's fragmentation are not
   counted: the measured peak on a GPU (tests/gpu) says how much they add.
-- the rollout's working set (no gradients): one forward's outside-the-blocks tensors and one block's
-  activations, for the rows of one wave (rollout phase only; counted as saved tensors, which a forward without
-  gradients does not keep: an upper bound). It is freed before the videos are decoded: the phase counts the
-  larger of the two;
+- the rollout's working set (no gradients): the peak of one forward of the transformer for one row, counted with
+  its own code on fake tensors at the run's latent shape (preflight/working_sets.py), times the rows of a rollout
+  chunk (x 2 under classifier-free guidance; with a math attention backend its scores and probabilities too;
+  under TP the whole block's transients, an upper bound). It is freed before the videos are decoded: the phase
+  counts the larger of the two;
 - trajectories held on the device: T + 1 latents per rollout in t, and the prompt embeddings of each
   row in c, for every row of this rank's batch, twice under delayed replay (the batch replayed and the
   batch rolled out before it is replayed); with trajectories offloaded only the replayed wave's;
 - decoded videos (rollout phase): the VAE decodes grpo.decode_batch_size rows at a time (null: the wave);
   per video the larger of the decoder's own peak while it decodes (its working set and output, counted with the
-  VAE's code on fake tensors: preflight/vae_memory.py; in tiles with grpo.vae_tile_size) and what follows it,
+  VAE's code on fake tensors: preflight/working_sets.py; in tiles with grpo.vae_tile_size) and what follows it,
   3 x frames x height x width elements held in z (the decoder's output), float32 (its copy), float32 (the
   clamp's result) and uint8;
 - on CUDA a reserve of 1 GiB for the CUDA context, cuBLAS and NCCL workspaces.
@@ -84,7 +85,7 @@ from videogrpo.config import reward_kinds
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight.model_shape import ModelShape, with_lora
-from videogrpo.preflight.vae_memory import decoder_peak_bytes
+from videogrpo.preflight.working_sets import decoder_peak_bytes, forward_peak_bytes
 
 GIB = 1 << 30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -448,13 +449,16 @@ def plan(
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
         )
     )
-    rollout_rows = rows
+    # Counted with the transformer's code for one row (an upper bound under TP, which splits a block's transients).
+    forward = forward_peak_bytes(config, latent, text_tokens, compute_dtype, per_token_timestep)
+    forward += int(tokens * math_attention)
     terms.append(
         Term(
             "rollout working set",
-            int(rollout_rows * tokens * (outer + per_block)),
+            rows * forward,
             (ROLLOUT,),
-            f"{rollout_rows} rows x {tokens:,} tokens, one block at a time",
+            f"{rows} rows x {forward / GIB:.2f} GiB, a forward without gradients at {tokens:,} tokens (counted: "
+            "preflight/working_sets.py)",
             alternative=SAMPLE_OR_DECODE,
         )
     )
@@ -482,7 +486,7 @@ def plan(
         tiles = f"in {vae_tile_size}-pixel tiles" if vae_tile_size else "whole frames"
         if shape.vae:
             decoder = decoder_peak_bytes(shape.vae, frames, height, width, frozen_dtype, vae_tile_size)
-            how = f"the decoder's peak ({tiles}, counted: preflight/vae_memory.py) {decoder / GIB:.2f} GiB"
+            how = f"the decoder's peak ({tiles}, counted: preflight/working_sets.py) {decoder / GIB:.2f} GiB"
         else:
             decoder, how = 0, "the decoder's peak not counted (no VAE config)"
         terms.append(

@@ -65,7 +65,7 @@ class ModelShape:
     """LoRA (train.lora_rank > 0): each trained expert's adapter shapes, in `trained_counts`' order; the base is
     frozen, so gradients and AdamW moments are the adapters' only. Empty: full fine-tuning."""
     vae: dict = field(default_factory=dict, repr=False, compare=False)
-    """The VAE's config (vae/config.json), whose decoder's peak the plan counts (preflight.vae_memory). Empty:
+    """The VAE's config (vae/config.json), whose decoder's peak the plan counts (preflight.working_sets). Empty:
     unknown (a simulation builds no frozen models), and the plan says the decoder is not counted."""
 
     @property
