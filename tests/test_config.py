@@ -258,6 +258,7 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
         {"grpo": {"clip_range_high": 0.02}},
         {"grpo": {"skip_zero_variance_groups": True}},
         {"grpo": {"vae_tile_size": 64}},
+        {"grpo": {"sde_window_size": 2}},
         {"reward": {"terms": {"vbvr_rule": 1.0}}},
         {"train": {"lora_rank": 4}},
         {"train": {"validate_every": 2}},
@@ -290,6 +291,10 @@ def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, m
         "lora_targets": ["to_q"],
         "lora_export_merged": True,
         "lora_base_dtype": "float32",
+        "sde_window_range": [0, 4],
+        "sde_window_mode": "sliding",
+        "sde_window_stride": 2,
+        "sde_window_shift_every": 5,
         "validate_prompts": 2,
         "validate_sampler": "unipc",
     }

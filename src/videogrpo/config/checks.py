@@ -22,6 +22,8 @@ CHOICES = {
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
+    "grpo.sde_window_mode": ("random", "sliding"),
+    "train.lora_base_dtype": ("compute", "float32"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
     "model.condition_dtype": ("bfloat16", "float32"),
     "matrix.split": ("heldout", "rl"),
@@ -34,6 +36,8 @@ CHOICES = {
 }
 POSITIVE = {
     "model.max_text_tokens",
+    "grpo.sde_window_stride",
+    "grpo.sde_window_shift_every",
     "data.samples_per_task",
     "data.max_member_mb",
     "video.num_frames",
@@ -264,6 +268,27 @@ def _video_problems(cfg: Config) -> list[str]:
     return found
 
 
+def _sde_window_problems(g) -> list[str]:
+    """The SDE window (docs/options.md#sde-window): a size that fits its range, a range inside the denoising steps."""
+    size = g.sde_window_size
+    if size < 0:
+        return [f"grpo.sde_window_size = {size}: must be >= 0 (0: off, SDE on every step)"]
+    if not size:
+        return []
+    if g.sde_window_range is None:
+        lo, hi = 0, g.sampling_steps
+    elif len(g.sde_window_range) != 2 or not 0 <= g.sde_window_range[0] < g.sde_window_range[1] <= g.sampling_steps:
+        return [
+            f"grpo.sde_window_range = {g.sde_window_range}: must be [lo, hi] with 0 <= lo < hi <= "
+            f"grpo.sampling_steps ({g.sampling_steps}), or null (every step)"
+        ]
+    else:
+        lo, hi = g.sde_window_range
+    if size > hi - lo:
+        return [f"grpo.sde_window_size = {size}: larger than its range [{lo}, {hi}) (grpo.sde_window_range)"]
+    return []
+
+
 def _grpo_problems(cfg: Config) -> list[str]:
     """The reference's sampler rules: a Flow-CPS eta in (0, 1] or a per-prompt range, a DanceGRPO eta > 0."""
     found = []
@@ -287,6 +312,7 @@ def _grpo_problems(cfg: Config) -> list[str]:
         )
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
+    found += _sde_window_problems(g)
     if g.sampling_steps < 2:
         found.append(f"grpo.sampling_steps = {g.sampling_steps}: must be >= 2 (the last step is never trained)")
     if g.delayed_replay and not g.shared_prompts:
@@ -453,17 +479,12 @@ def _parallel_problems(cfg: Config) -> list[str]:
     return found
 
 
-LORA_BASE_DTYPES = ("compute", "float32")
-
-
 def _lora_problems(cfg: Config) -> list[str]:
     """LoRA (docs/options.md#lora): its settings, and the layouts it trains under."""
     t = cfg.train
     if t.lora_rank <= 0:
         return []
     found = []
-    if t.lora_base_dtype not in LORA_BASE_DTYPES:
-        found.append(f"train.lora_base_dtype = {t.lora_base_dtype!r}: must be one of {list(LORA_BASE_DTYPES)}")
     if t.lora_alpha is not None and t.lora_alpha <= 0:
         found.append(f"train.lora_alpha = {t.lora_alpha!r}: must be > 0, or null (lora_rank)")
     if t.lora_dropout >= 1:

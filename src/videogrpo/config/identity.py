@@ -358,6 +358,10 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
     ({"grpo.vae_tile_size": None}, ()),
+    (
+        {"grpo.sde_window_size": 0},
+        ("grpo.sde_window_range", "grpo.sde_window_mode", "grpo.sde_window_stride", "grpo.sde_window_shift_every"),
+    ),
     ({"reward.terms": {}}, ()),
     (
         {"train.lora_rank": 0},

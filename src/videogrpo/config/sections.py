@@ -233,7 +233,19 @@ class GRPOConfig:
     3/4 of a tile): the decoder's memory then follows the tile, not the frame. A multiple of 4 x the VAE's spatial
     factor (64 TI2V, 32 I2V-A14B); it changes the decoded pixels, so a new run. null: whole frames (the reference)."""
     timestep_fraction: float = 0.6
-    """Fraction of the first T - 1 timesteps trained per update."""
+    """Fraction of the first T - 1 timesteps trained per update (not used with an SDE window: it trains its steps)."""
+    sde_window_size: int = 0
+    """SDE window (docs/options.md#sde-window): sample with the SDE on this many consecutive denoising steps and with
+    the Euler ODE elsewhere, and train only those steps; 0: off, SDE on every step (the reference)."""
+    sde_window_range: list[int] | None = None
+    """The steps [lo, hi) the window may cover; null: every denoising step."""
+    sde_window_mode: str = "random"
+    """`random`: a start drawn per batch, uniform over the range (Flow-GRPO-Fast); `sliding`: from lo, moved by
+    sde_window_stride every sde_window_shift_every batches, back to lo past the range (MixGRPO)."""
+    sde_window_stride: int = 1
+    """Steps a sliding window moves at a time."""
+    sde_window_shift_every: int = 25
+    """Batches between a sliding window's moves."""
     clip_range: float = 1e-4
     """PPO clip range on-policy (grpo_clip_range)."""
     delayed_replay: bool = True

@@ -68,12 +68,15 @@ def rollout(
     etas: torch.Tensor,
     step_noise,
     guidance_scale: float = 1.0,
+    window: tuple[int, int] | None = None,
 ) -> Trajectory:
     """Denoise init_noise [N, C, F, h, w]: TI2V's conditioned on latent frame 0 = condition [N, C, 1, h, w]
     (pinned), I2V's on its condition [N, 4 + C, F, h, w] (mask and first-frame latent; nothing pinned).
 
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
-    model's trajectory dtype, as replay will see them.
+    model's trajectory dtype, as replay will see them. With an SDE `window` [start, end) only its steps sample
+    with the sampler; the others take the deterministic Euler step, draw no noise and record log p 0 (never
+    replayed: grpo.sde_window_size).
     """
     pinned = model.pins_first_frame
     mask = frame_mask(init_noise.shape[2], init_noise.device, pinned)
@@ -86,7 +89,10 @@ def rollout(
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
-        x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
+        if window is None or window[0] <= i < window[1]:
+            x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
+        else:
+            x, logp = samplers.euler_step(x, v, sigma, sigma_next, dtype), torch.zeros(x.shape[0], device=x.device)
         if pinned:
             x[:, :, :1] = condition
         states.append(x)
@@ -129,10 +135,9 @@ def replay_log_prob(
 
 
 def trained_timesteps(steps: int, fraction: float, seed: int, update: int) -> list[int]:
-    """max(1, int((T - 1) x fraction)) of the first T - 1 steps by a seeded permutation per update, sorted.
+    """sde_window.fraction_count of the first T - 1 steps by a seeded permutation per update, sorted."""
+    from videogrpo.grpo.sde_window import fraction_count
 
-    int() of the float product, as the reference computes it: 100 x 0.29 keeps 28, not 29.
-    """
-    keep = max(1, int((steps - 1) * fraction))
+    keep = fraction_count(steps, fraction)
     order = np.random.default_rng(counter_seed(seed, 0x7117, update)).permutation(steps - 1)
     return sorted(int(i) for i in order[:keep])

@@ -94,6 +94,12 @@ def kl_divergence(
     return torch.where(std > 1e-8, mse / (2 * safe**2), torch.zeros_like(mse)).mean()
 
 
+def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float, dtype: torch.dtype) -> torch.Tensor:
+    """The deterministic Euler ODE step x' = x + (sigma' - sigma) v, in float32, stored in `dtype` (what every
+    sampler becomes at noise level 0; the steps outside an SDE window)."""
+    return (x.float() + (sigma_next - sigma) * v.float()).to(dtype)
+
+
 def step(
     sampler: str,
     x: torch.Tensor,

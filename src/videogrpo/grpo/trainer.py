@@ -28,7 +28,7 @@ from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sft_init, validation
+from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sde_window, sft_init, validation
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.loss import ppo_loss
@@ -41,7 +41,6 @@ from videogrpo.grpo.rollout import (
     rollout,
     seeded_normal,
     seeded_uniform,
-    trained_timesteps,
 )
 from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
 from videogrpo.grpo.tracking import Tracker
@@ -238,6 +237,7 @@ class Trainer:
                 etas,
                 step_noise,
                 cfg.grpo.guidance_scale,
+                sde_window.window(cfg.grpo, seed, b),
             )
 
     def prepare(self, batch_index: int) -> Prepared:
@@ -300,7 +300,7 @@ class Trainer:
         self.placement.enter("replay")
         self.memory.enter("replay")
         t1 = time.monotonic()
-        timesteps = trained_timesteps(g.sampling_steps, g.timestep_fraction, cfg.train.seed, action.update)
+        timesteps = sde_window.replayed_steps(g, cfg.train.seed, prepared.batch, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
         # Each rollout's loss counts once per trained timestep in a global mean over |T| x G x P terms;
         # FSDP and the all-reduce average gradients over the data replicas (the ranks, or under TP the TP pairs,
@@ -516,6 +516,8 @@ class Trainer:
         self._log(f"{length}; {where}")
         self._log(f"parameters: {json.dumps(self.layout)}")
         self._log(f"flow shift {self.shift} ({self.shift_source})")
+        if window := sde_window.describe(self.cfg.grpo):
+            self._log(window)
         slot: Prepared | None = None
         try:
             if validation.before_training(self.cfg, start):

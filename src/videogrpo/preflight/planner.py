@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from videogrpo.config import Config, checks
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, offload
+from videogrpo.grpo import assignment, offload, sde_window
 from videogrpo.grpo.flops import forward_flops, step_flops, video_tokens
 from videogrpo.models import shapes
 from videogrpo.preflight import memory_plan
@@ -215,7 +215,7 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         lora_rank=cfg.train.lora_rank,
         lora_targets=cfg.train.lora_targets,
     )
-    timesteps = max(1, int((g.sampling_steps - 1) * g.timestep_fraction))
+    timesteps = sde_window.trained_steps(g)
     guidance = g.guidance_scale > 1.0
     step = step_flops(
         per_sample,
