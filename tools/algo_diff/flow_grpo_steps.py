@@ -1,0 +1,147 @@
+"""This project's sampler steps against Flow-GRPO's own step function (yifan123/flow_grpo's `sde_step_with_logprob`,
+the step of Flow-GRPO, Flow-GRPO-Fast's SDE window and GRPO-Guard), on the same tensors (README.md beside this file).
+
+    python tools/algo_diff/flow_grpo_steps.py FLOW_GRPO [--commit C] [--store FILE]
+
+FLOW_GRPO: a checkout of flow_grpo, its git directory (a clone or bare mirror), or a plain copy of its tree. The
+authors' file is loaded from there by path (never copied into this project). For every step of a 10-step
+FlowMatchEulerDiscreteScheduler schedule (shift 3, as their SD3 configs) and two random batches it compares:
+- `cps` (Coefficients-Preserving Sampling at noise level 0.8, Flow-GRPO-Fast's sampler): the transition mean, its
+  std and the log-probability of a given next latent against this project's `flowcps` sampler at eta 0.8;
+- noise level 0 (the steps outside an SDE window): their mean against this project's Euler ODE step.
+Their 'sde' type (std noise_level sqrt(sigma / (1 - sigma)) sqrt(-dt)) is recorded but not compared: this
+project's `flowgrpo` sampler is the reference system's Wan port (std sigma sqrt(-dt)), another formula by design.
+
+--store FILE writes the inputs and their outputs (what tests/test_algo_diff.py compares against without the
+checkout). Exit status: 0 when every comparison is within round-off, 1 when one is not, 2 when it could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+STEP_FILE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
+STEPS, SHIFT, CPS_NOISE, SDE_NOISE = 10, 3.0, 0.8, 0.7
+SHAPE = (2, 4, 6, 6)  # [B, C, H, W]: an image latent; this project's video latent is [B, C, F, h, w] with F = 1
+TOLERANCE = 1e-6
+"""Largest relative difference taken as float round-off (both sides compute in float32)."""
+
+
+def load_step_function(source: Path, commit: str) -> tuple:
+    """(the authors' `sde_step_with_logprob`, the commit or "unknown (not a git checkout)")."""
+    if (source / STEP_FILE).is_file() and not (source / ".git").exists():
+        path, where = source / STEP_FILE, "unknown (not a git checkout)"
+    else:
+        git = ["git", "-C", str(source)]
+        where = subprocess.run([*git, "rev-parse", f"{commit}^{{commit}}"], capture_output=True, text=True)
+        if where.returncode:
+            raise SystemExit(f"flow_grpo_steps: {source}: no commit {commit!r} ({where.stderr.strip()})")
+        where = where.stdout.strip()
+        text = subprocess.run([*git, "show", f"{where}:{STEP_FILE}"], capture_output=True, text=True, check=True).stdout
+        path = Path(tempfile.mkdtemp()) / "sd3_sde_with_logprob.py"
+        path.write_text(text)
+    spec = importlib.util.spec_from_file_location("flow_grpo_sde_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sde_step_with_logprob, where
+
+
+def inputs() -> dict:
+    """The schedule and, per step, a latent, a velocity and a next latent (seeded)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=SHIFT)
+    scheduler.set_timesteps(STEPS)
+    generator = torch.Generator().manual_seed(0)
+    draw = lambda: torch.randn(STEPS, *SHAPE, generator=generator)  # noqa: E731
+    return {
+        "sigmas": scheduler.sigmas.clone(),
+        "timesteps": scheduler.timesteps.clone(),
+        "sample": draw(),
+        "velocity": draw(),
+        "next_sample": draw(),
+    }
+
+
+def authors_side(step_function, data: dict) -> dict:
+    """Their step at every index: cps (mean, std, log p of the next sample), noise 0 (mean) and sde (mean, log p)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=SHIFT)
+    scheduler.set_timesteps(STEPS)
+    out = {k: [] for k in ("cps_mean", "cps_std", "cps_log_prob", "ode_mean", "sde_mean", "sde_log_prob")}
+    for i in range(STEPS):
+        t = data["timesteps"][i].repeat(SHAPE[0])
+        x, v, nxt = data["sample"][i], data["velocity"][i], data["next_sample"][i]
+        _, logp, mean, std = step_function(scheduler, v, t, x, CPS_NOISE, prev_sample=nxt, sde_type="cps")
+        out["cps_mean"].append(mean)
+        out["cps_std"].append(std.flatten()[:1].expand(SHAPE[0]).clone())
+        out["cps_log_prob"].append(logp)
+        _, _, mean, _ = step_function(scheduler, v, t, x, 0.0, prev_sample=nxt, sde_type="sde")
+        out["ode_mean"].append(mean)
+        if i < STEPS - 1:  # at sigma' = 0 their SDE's std vanishes
+            _, logp, mean, _ = step_function(scheduler, v, t, x, SDE_NOISE, prev_sample=nxt, sde_type="sde")
+            out["sde_mean"].append(mean)
+            out["sde_log_prob"].append(logp)
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def project_side(data: dict) -> dict:
+    """This project's flowcps transition and log-probability at eta 0.8, and its Euler ODE step, per index."""
+    from videogrpo.grpo import samplers
+
+    out = {k: [] for k in ("cps_mean", "cps_std", "cps_log_prob", "ode_mean")}
+    for i in range(STEPS):
+        sigma, sigma_next = float(data["sigmas"][i]), float(data["sigmas"][i + 1])
+        x, v, nxt = (data[k][i].unsqueeze(2) for k in ("sample", "velocity", "next_sample"))  # F = 1
+        mean, std = samplers.transition("flowcps", x, v, sigma, sigma_next, CPS_NOISE)
+        out["cps_mean"].append(mean.squeeze(2))
+        out["cps_std"].append(torch.as_tensor(std, dtype=torch.float32).flatten()[:1].expand(SHAPE[0]).clone())
+        out["cps_log_prob"].append(samplers.log_prob("flowcps", nxt, mean, std))
+        out["ode_mean"].append(samplers.euler_step(x, v, sigma, sigma_next, torch.float32).squeeze(2))
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
+    """(name, largest difference relative to the largest magnitude, within TOLERANCE) per compared output."""
+    rows = []
+    for name, mine in ours.items():
+        scale = max(float(theirs[name].abs().max()), 1e-12)
+        worst = float((mine - theirs[name]).abs().max()) / scale
+        rows.append((name, worst, worst <= TOLERANCE))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("flow_grpo", type=Path, help="a flow_grpo checkout, git directory or plain tree")
+    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
+    parser.add_argument("--store", type=Path, help="write the inputs and the authors' outputs to this file")
+    args = parser.parse_args(argv)
+    try:
+        step_function, commit = load_step_function(args.flow_grpo.resolve(), args.commit)
+    except (OSError, subprocess.CalledProcessError) as err:
+        print(f"flow_grpo_steps: could not load {STEP_FILE} from {args.flow_grpo}: {err}", file=sys.stderr)
+        return 2
+    data = inputs()
+    theirs = authors_side(step_function, data)
+    rows = compare(theirs, project_side(data))
+    print(f"flow_grpo at {commit}: {STEP_FILE}, {STEPS} steps, shift {SHIFT}")
+    for name, worst, ok in rows:
+        print(f"  {name:14s} largest relative difference {worst:.2e}  {'PASS' if ok else 'FAIL'}")
+    if args.store:
+        args.store.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"commit": commit, "inputs": data, "theirs": theirs}, args.store)
+        print(f"stored the inputs and their outputs in {args.store}")
+    return 0 if all(ok for *_, ok in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
