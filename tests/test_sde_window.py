@@ -3,6 +3,9 @@ random start, MixGRPO's sliding one), the rollout's ODE steps outside it, and a 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -120,3 +123,12 @@ def test_a_run_with_a_window_replays_its_steps_only_on_policy_first(delayed, tin
     assert first["ppo_ratio_mean"] == 1.0 and first["ppo_ratio_abs_max"] == 0.0
     reference = solo_config(train={"max_steps": 2, "save_steps": 1}, grpo={"delayed_replay": delayed})
     assert config.run_identity(config.from_dict(cfg)) != config.run_identity(config.from_dict(reference))
+
+
+def test_simulate_accepts_a_window_at_the_5b_recipes_world_size(repo):
+    """The window keeps the recipe's shapes and layout: 128 simulated ranks' config checks and rank 0's shards."""
+    argv = [str(Path(sys.executable).parent / "videogrpo"), "simulate", "--configfile", "config/recipes/rl_5b_cps.yaml"]
+    argv += ["--set", "grpo.sde_window_size=4", "grpo.sde_window_range=[0,15]", "--ranks", "0", "--no-steps"]
+    out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "world 128" in out.stdout and "1 ranks of 128 checked" in out.stdout
