@@ -67,7 +67,7 @@ def _counted_peak(config_json: str, latent_frames: int, height: int, width: int,
     try:
         with FakeTensorMode():
             torch.set_default_dtype(getattr(torch, dtype))  # built in the dtype: a fake module cannot be cast
-            vae = AutoencoderKLWan(**config).eval()
+            vae = AutoencoderKLWan.from_config(config).eval()  # from_config: keys of newer releases pass
             tile_decoding(vae, tile)
             latents = torch.zeros(1, config["z_dim"], latent_frames, height // spatial, width // spatial)
             tally = _LiveBytes()
@@ -106,7 +106,7 @@ def _counted_forward(
     try:
         with FakeTensorMode():
             torch.set_default_dtype(getattr(torch, dtype))
-            model = WanTransformer3DModel(**config).eval()
+            model = WanTransformer3DModel.from_config(config).eval()
             x = torch.zeros(rows, config["in_channels"], frames, height, width)
             timestep = torch.zeros(rows, tokens) if per_token_timestep else torch.zeros(rows)
             text = torch.zeros(rows, text_tokens, config["text_dim"])
