@@ -259,6 +259,7 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
         {"grpo": {"skip_zero_variance_groups": True}},
         {"grpo": {"vae_tile_size": 64}},
         {"grpo": {"sde_window_size": 2}},
+        {"grpo": {"grpo_guard": True, "sampler": "dancegrpo", "eta": 0.3}},
         {"reward": {"terms": {"vbvr_rule": 1.0}}},
         {"train": {"lora_rank": 4}},
         {"train": {"validate_every": 2}},

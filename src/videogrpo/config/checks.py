@@ -313,6 +313,11 @@ def _grpo_problems(cfg: Config) -> list[str]:
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
     found += _sde_window_problems(g)
+    if g.grpo_guard and g.sampler == "flowcps":
+        found.append(
+            "grpo.grpo_guard = true with grpo.sampler = 'flowcps': GRPO-Guard normalises a Gaussian log-ratio by the "
+            "transition's std, and Flow-CPS's log-probability has no variance; use grpo.sampler dancegrpo or flowgrpo"
+        )
     if g.sampling_steps < 2:
         found.append(f"grpo.sampling_steps = {g.sampling_steps}: must be >= 2 (the last step is never trained)")
     if g.delayed_replay and not g.shared_prompts:

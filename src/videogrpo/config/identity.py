@@ -358,6 +358,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
     ({"grpo.vae_tile_size": None}, ()),
+    ({"grpo.grpo_guard": False}, ()),
     (
         {"grpo.sde_window_size": 0},
         ("grpo.sde_window_range", "grpo.sde_window_mode", "grpo.sde_window_stride", "grpo.sde_window_shift_every"),

@@ -234,6 +234,10 @@ class GRPOConfig:
     factor (64 TI2V, 32 I2V-A14B); it changes the decoded pixels, so a new run. null: whole frames (the reference)."""
     timestep_fraction: float = 0.6
     """Fraction of the first T - 1 timesteps trained per update (not used with an SDE window: it trains its steps)."""
+    grpo_guard: bool = False
+    """GRPO-Guard (docs/options.md#grpo-guard): each replayed step's log-ratio normalised by its transition std (the
+    mean-shift term added back), and the step's loss divided by sigma - sigma'; Gaussian samplers (dancegrpo,
+    flowgrpo) only. Off: the reference's ratio."""
     sde_window_size: int = 0
     """SDE window (docs/options.md#sde-window): sample with the SDE on this many consecutive denoising steps and with
     the Euler ODE elsewhere, and train only those steps; 0: off, SDE on every step (the reference)."""

@@ -32,6 +32,25 @@ def ppo_objective(
     return torch.maximum(unclipped, clipped).mean(), ratio, log_ratio
 
 
+def guard_log_ratio(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    mean_new: torch.Tensor,
+    mean_old: torch.Tensor,
+    std: torch.Tensor,
+    frame_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """GRPO-Guard's normalised log-ratio of a Gaussian step, per row: (log p_new - log p_old + mean((mu_new -
+    mu_old)^2) / (2 s^2)) x s, the mean-shift term (always <= 0) added back and the step's std s taken out; it equals
+    mean(eps (mu_new - mu_old)) with eps = (x' - mu_old) / s the rollout's noise, whatever the noise level. `std`:
+    the transition's std, a number or one per row; means over the frames of `frame_mask` as the log-probability's."""
+    from videogrpo.grpo.samplers import masked_mean
+
+    s = torch.as_tensor(std, dtype=torch.float32, device=mean_new.device).flatten()
+    shift = masked_mean((mean_new.float() - mean_old.float().detach()) ** 2, frame_mask)
+    return (logp_new - logp_old.detach() + shift / (2 * s**2)) * s
+
+
 def ppo_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,

@@ -117,7 +117,8 @@ class Placement:
         if not self.offload:
             return trajectory
         self.moves.append((self.phase, "trajectory", "host"))
-        return Trajectory(trajectory.latents.to(HOST), trajectory.log_probs.to(HOST), trajectory.etas.to(HOST))
+        means = None if trajectory.means is None else trajectory.means.to(HOST)
+        return Trajectory(trajectory.latents.to(HOST), trajectory.log_probs.to(HOST), trajectory.etas.to(HOST), means)
 
     def park_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(HOST) if self.offload else tensor
@@ -128,10 +129,12 @@ class Placement:
         (`rollout.replay_log_prob` at index 0)."""
         if self.offload:
             self.moves.append((self.phase, "transition", "compute"))
+        means = trajectory.means
         return Trajectory(
             trajectory.latents[:, index : index + 2][rows].to(self.compute),
             trajectory.log_probs[:, index : index + 1][rows].to(self.compute),
             trajectory.etas[rows].to(self.compute),
+            None if means is None else means[:, index : index + 1][rows].to(self.compute),
         )
 
 
@@ -160,8 +163,10 @@ def assemble(parts: list[Trajectory], positions: list[list[int]]) -> Trajectory:
     inverse[order] = torch.arange(len(order))
     if len(parts) == 1 and torch.equal(order, torch.arange(len(order))):
         return parts[0]
+    means = None if parts[0].means is None else torch.cat([p.means for p in parts])[inverse]
     return Trajectory(
         torch.cat([p.latents for p in parts])[inverse],
         torch.cat([p.log_probs for p in parts])[inverse],
         torch.cat([p.etas for p in parts])[inverse],
+        means,
     )

@@ -54,6 +54,8 @@ class Trajectory:
     """log p of each recorded transition, float32 [N, T]."""
     etas: torch.Tensor
     """Sampler noise level of each sample, [N]."""
+    means: torch.Tensor | None = None
+    """The rollout policy's transition mean of each step, float32 [N, T, C, F, h, w] (kept for GRPO-Guard only)."""
 
 
 @torch.no_grad()
@@ -69,6 +71,7 @@ def rollout(
     step_noise,
     guidance_scale: float = 1.0,
     window: tuple[int, int] | None = None,
+    keep_means: bool = False,
 ) -> Trajectory:
     """Denoise init_noise [N, C, F, h, w]: TI2V's conditioned on latent frame 0 = condition [N, C, 1, h, w]
     (pinned), I2V's on its condition [N, 4 + C, F, h, w] (mask and first-frame latent; nothing pinned).
@@ -76,7 +79,7 @@ def rollout(
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
     model's trajectory dtype, as replay will see them. With an SDE `window` [start, end) only its steps sample
     with the sampler; the others take the deterministic Euler step, draw no noise and record log p 0 (never
-    replayed: grpo.sde_window_size).
+    replayed: grpo.sde_window_size). `keep_means`: record each step's transition mean (GRPO-Guard).
     """
     pinned = model.pins_first_frame
     mask = frame_mask(init_noise.shape[2], init_noise.device, pinned)
@@ -85,19 +88,23 @@ def rollout(
     if pinned:
         condition = condition.to(dtype)
         x[:, :, :1] = condition
-    states, log_probs = [x], []
+    states, log_probs, means = [x], [], []
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
         if window is None or window[0] <= i < window[1]:
-            x, _, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
+            x, mean, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
         else:
             x, logp = samplers.euler_step(x, v, sigma, sigma_next, dtype), torch.zeros(x.shape[0], device=x.device)
+            mean = x.float()
+        if keep_means:
+            means.append(mean.float())
         if pinned:
             x[:, :, :1] = condition
         states.append(x)
         log_probs.append(logp)
-    return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas)
+    kept = torch.stack(means, dim=1) if keep_means else None
+    return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas, kept)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sde_window, sft_init, validation
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
-from videogrpo.grpo.loss import ppo_loss
+from videogrpo.grpo.loss import guard_log_ratio, ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.peak_memory import PeakMemory
 from videogrpo.grpo.rollout import (
@@ -238,6 +238,7 @@ class Trainer:
                 step_noise,
                 cfg.grpo.guidance_scale,
                 sde_window.window(cfg.grpo, seed, b),
+                keep_means=cfg.grpo.grpo_guard,
             )
 
     def prepare(self, batch_index: int) -> Prepared:
@@ -327,9 +328,19 @@ class Trainer:
                 new = replay_log_prob(
                     self.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
                 )
-                loss, stats = ppo_loss(
-                    new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip, g.clip_range_high
-                )
+                if g.grpo_guard:  # the normalised ratio, and the step's loss reweighted by 1 / (sigma - sigma')
+                    mask = frame_mask(new.mean.shape[2], new.mean.device, self.model.pins_first_frame)
+                    log_ratio = guard_log_ratio(
+                        new.log_prob, step.log_probs[:, 0], new.mean, step.means[:, 0], new.std, mask
+                    )
+                    loss, stats = ppo_loss(
+                        log_ratio, torch.zeros_like(log_ratio), chunk.advantages[at], clip, g.clip_range_high
+                    )
+                    loss = loss / float(sigmas[0] - sigmas[1])
+                else:
+                    loss, stats = ppo_loss(
+                        new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip, g.clip_range_high
+                    )
                 kl = torch.zeros((), device=loss.device)
                 # A skipped group's rows (advantage 0: no policy term) are replayed still, every rank running the
                 # same forwards; they are left out of the KL term.

@@ -307,6 +307,7 @@ def plan(
     gradient_sync_each_backward: bool = True,
     lora_base_dtype: str = "float32",
     vae_tile_size: int | None = None,
+    transition_means: bool = False,
 ) -> MemoryPlan:
     """The plan of one rank (the module docstring has the formula and its assumptions).
 
@@ -315,7 +316,8 @@ def plan(
     measurements docs/what-fits.md compares with were such). `gradient_sync_each_backward: false`: FSDP2 without
     a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
     reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
-    frozen base's dtype under LoRA (train.lora_base_dtype). `vae_tile_size`: grpo.vae_tile_size."""
+    frozen base's dtype under LoRA (train.lora_base_dtype). `vae_tile_size`: grpo.vae_tile_size.
+    `transition_means`: the rollouts keep every step's transition mean (grpo.grpo_guard)."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -463,6 +465,8 @@ def plan(
         )
     )
     per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
+    if transition_means:  # GRPO-Guard: the rollout's mean of every step, float32
+        per_row += sampling_steps * math.prod(latent) * 4
     held = (
         (rollout_rows_per_forward or rows_per_forward)
         if offload_trajectories
@@ -474,6 +478,7 @@ def plan(
             held * per_row,
             both,
             f"{held} rollouts x ({sampling_steps} + 1) latents {list(latent)} x {t} B + prompt embeddings"
+            + (f" + {sampling_steps} transition means x 4 B (GRPO-Guard)" if transition_means else "")
             + (" (the others on CPU)" if offload_trajectories else ""),
         )
     )
@@ -583,5 +588,6 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         per_token_timestep=cfg.model.kind != "i2v_a14b",
         vae_tile_size=cfg.grpo.vae_tile_size,
         lora_base_dtype=cfg.lora_base_dtype,
+        transition_means=cfg.grpo.grpo_guard,
     )
     return plan(shape, **{**arguments, **given})
