@@ -29,3 +29,27 @@ def test_the_flowcps_step_and_the_ode_step_are_flow_grpos_to_round_off():
     # The comparison can fail: a mean off by 0.1 % is caught.
     other = {**ours, "cps_mean": ours["cps_mean"] * 1.001}
     assert not dict((n, ok) for n, _, ok in flow_grpo_steps.compare(stored["theirs"], other))["cps_mean"]
+
+
+def test_diffusion_nft_objective_update_and_old_policy_are_the_authors_to_round_off():
+    """tests/data/algo_diff/diffusion_nft.pt: DiffusionNFT's own loss lines, return_decay and old-policy mix
+    (NVlabs/DiffusionNFT scripts/train_nft_sd3.py, run by tools/algo_diff/diffusion_nft.py) on stored inputs."""
+    import diffusion_nft
+
+    stored = torch.load(REPO / "tests/data/algo_diff/diffusion_nft.pt", weights_only=True)
+    assert stored["commit"] == "24af5554898d85e93efa492f42b5e9cdf4156e9b"
+    ours = diffusion_nft.project_side(stored["inputs"])
+    rows = diffusion_nft.compare(stored["theirs"], ours)
+    assert [name for name, *_ in rows] == ["loss", "grad", "updated", "decay", "mixed"]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: r taken unclipped (two advantages lie beyond the clip) moves the loss and its gradient.
+    from videogrpo.grpo import nft
+
+    real = nft.optimality
+    try:
+        nft.optimality = lambda a, c: a.float() / c / 2 + 0.5
+        broken = diffusion_nft.project_side(stored["inputs"])
+    finally:
+        nft.optimality = real
+    verdict = dict((n, ok) for n, _, ok in diffusion_nft.compare(stored["theirs"], broken))
+    assert not verdict["loss"] and not verdict["grad"]

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from checkout import read_source
 
 STEP_FILE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
 STEPS, SHIFT, CPS_NOISE, SDE_NOISE = 10, 3.0, 0.8, 0.7
@@ -36,17 +36,9 @@ TOLERANCE = 1e-6
 
 def load_step_function(source: Path, commit: str) -> tuple:
     """(the authors' `sde_step_with_logprob`, the commit or "unknown (not a git checkout)")."""
-    if (source / STEP_FILE).is_file() and not (source / ".git").exists():
-        path, where = source / STEP_FILE, "unknown (not a git checkout)"
-    else:
-        git = ["git", "-C", str(source)]
-        where = subprocess.run([*git, "rev-parse", f"{commit}^{{commit}}"], capture_output=True, text=True)
-        if where.returncode:
-            raise SystemExit(f"flow_grpo_steps: {source}: no commit {commit!r} ({where.stderr.strip()})")
-        where = where.stdout.strip()
-        text = subprocess.run([*git, "show", f"{where}:{STEP_FILE}"], capture_output=True, text=True, check=True).stdout
-        path = Path(tempfile.mkdtemp()) / "sd3_sde_with_logprob.py"
-        path.write_text(text)
+    text, where = read_source(source, commit, STEP_FILE)
+    path = Path(tempfile.mkdtemp()) / "sd3_sde_with_logprob.py"
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location("flow_grpo_sde_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -127,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         step_function, commit = load_step_function(args.flow_grpo.resolve(), args.commit)
-    except (OSError, subprocess.CalledProcessError) as err:
+    except OSError as err:
         print(f"flow_grpo_steps: could not load {STEP_FILE} from {args.flow_grpo}: {err}", file=sys.stderr)
         return 2
     data = inputs()
