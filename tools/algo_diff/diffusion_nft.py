@@ -131,6 +131,8 @@ def project_side(data: dict) -> dict:
     from videogrpo.grpo.samplers import masked_mean
 
     frame = lambda x: x.unsqueeze(2)  # noqa: E731
+    parallel = SimpleNamespace(offload_optimizer=False, offload_gradients=False)
+    project_optimizer = lambda p: optimizer(p, LR, WEIGHT_DECAY, parallel)  # noqa: E731
     t = data["timesteps"] / 1000.0
     xt = torch.stack([nft.noised(frame(data["x0"])[i], float(t[i]), frame(data["noise"])[i]) for i in range(len(t))])
     out = {"loss": [], "grad": [], "updated": []}
@@ -143,10 +145,7 @@ def project_side(data: dict) -> dict:
         loss.backward()
         out["loss"].append(loss.detach())
         out["grad"].append(v.grad.squeeze(2))
-        parallel = SimpleNamespace(offload_optimizer=False, offload_gradients=False)
-        out["updated"].append(
-            _update(data["velocity"], v.grad.squeeze(2), lambda p: optimizer(p, LR, WEIGHT_DECAY, parallel))
-        )
+        out["updated"].append(_update(data["velocity"], v.grad.squeeze(2), project_optimizer))
     out["decay"] = torch.tensor([[nft.old_decay(u, *DECAY_TYPES[k]) for u in UPDATES] for k in DECAY_TYPES])
     mixed = []
     for decay_type in DECAY_TYPES:
