@@ -23,7 +23,7 @@ def test_round_trip_restores_weights_optimizer_rng_and_state(tmp_path):
     expected_draw = torch.rand(3)
     other, other_opt = model_and_optimizer(1)
     state = checkpoint.load(path, other, other_opt, rank=0)
-    assert state == {"step": 3, "parts": ["transformer"]}
+    assert state == {"step": 3, "parts": ["transformer"], "extra": []}
     for a, b in zip(model.parameters(), other.parameters()):
         assert torch.equal(a, b)
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], other_opt.state_dict()["state"][0]["exp_avg"])

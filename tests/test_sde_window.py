@@ -21,6 +21,7 @@ from harness import metrics, solo_config, train_in_process
 
 def grpo(**fields) -> SimpleNamespace:
     base = dict(
+        algorithm="grpo",
         sampling_steps=10,
         sampler="flowcps",
         timestep_fraction=0.6,

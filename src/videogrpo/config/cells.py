@@ -85,8 +85,8 @@ def training_sampler(cfg) -> str:
     if g.eta_range:
         lo, hi = g.eta_range
         return f"flowcps-uniform-{number_text(lo)}-{number_text(hi)}"
-    if g.sampler == "flowgrpo":
-        return "flowgrpo"
+    if g.sampler in ("flowgrpo", "euler"):  # no noise level in the name
+        return g.sampler
     return f"{g.sampler}-{number_text(g.eta)}"
 
 

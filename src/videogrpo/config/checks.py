@@ -20,7 +20,8 @@ CHOICES = {
     "data.source": ("hub", "synthetic"),
     "data.inflater": ("auto", "isal", "zlib"),
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
-    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo"),
+    "grpo.algorithm": ("grpo", "nft"),
+    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "euler"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "grpo.sde_window_mode": ("random", "sliding"),
     "train.lora_base_dtype": ("compute", "float32"),
@@ -37,6 +38,8 @@ CHOICES = {
 POSITIVE = {
     "model.max_text_tokens",
     "grpo.sde_window_stride",
+    "grpo.nft_beta",
+    "grpo.nft_adv_clip",
     "grpo.sde_window_shift_every",
     "data.samples_per_task",
     "data.max_member_mb",
@@ -103,6 +106,8 @@ NON_NEGATIVE = {
     "train.retries",
     "train.lora_rank",
     "train.lora_dropout",
+    "grpo.nft_old_decay_rate",
+    "grpo.nft_old_decay_after",
 }
 
 
@@ -289,6 +294,41 @@ def _sde_window_problems(g) -> list[str]:
     return []
 
 
+def _nft_problems(g) -> list[str]:
+    """DiffusionNFT (docs/options.md#diffusionnft) and the Euler sampler only it can train with."""
+    if g.algorithm != "nft":
+        if g.sampler == "euler":
+            return [
+                "grpo.sampler = 'euler': the deterministic ODE has no log-probability for GRPO to train; it samples "
+                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo)"
+            ]
+        return []
+    found = []
+    why = "DiffusionNFT trains the noising process, with no log-probability or ratio"
+    for field, on, what in (
+        ("grpo_guard", g.grpo_guard, "normalises GRPO's ratio"),
+        ("sde_window_size", g.sde_window_size, "picks the steps GRPO replays"),
+        ("clip_range_high", g.clip_range_high, "clips GRPO's ratio"),
+        ("skip_zero_variance_groups", g.skip_zero_variance_groups, "relies on GRPO's zero advantage meaning no loss"),
+    ):
+        if on:
+            found.append(f"grpo.{field} = {on!r} with grpo.algorithm = 'nft': it {what}; {why}. Turn it off")
+    if g.delayed_replay:
+        found.append(
+            "grpo.delayed_replay = true with grpo.algorithm = 'nft': DiffusionNFT reflects the trained policy through "
+            "the old policy that sampled the batch, and a delayed batch was sampled by an older one; set "
+            "grpo.delayed_replay: false"
+        )
+    if g.sampler == "euler" and g.share_group_noise:
+        found.append(
+            "grpo.sampler = 'euler' with grpo.share_group_noise = true: the ODE from one initial noise makes every "
+            "member of a group the same video (no advantage); set grpo.share_group_noise: false"
+        )
+    if not 0 <= g.nft_old_decay_max < 1:
+        found.append(f"grpo.nft_old_decay_max = {g.nft_old_decay_max}: must be in [0, 1) (1 would never update it)")
+    return found
+
+
 def _grpo_problems(cfg: Config) -> list[str]:
     """The reference's sampler rules: a Flow-CPS eta in (0, 1] or a per-prompt range, a DanceGRPO eta > 0."""
     found = []
@@ -313,6 +353,7 @@ def _grpo_problems(cfg: Config) -> list[str]:
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
     found += _sde_window_problems(g)
+    found += _nft_problems(g)
     if g.grpo_guard and g.sampler == "flowcps":
         found.append(
             "grpo.grpo_guard = true with grpo.sampler = 'flowcps': GRPO-Guard normalises a Gaussian log-ratio by the "

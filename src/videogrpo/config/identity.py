@@ -360,6 +360,16 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.vae_tile_size": None}, ()),
     ({"grpo.grpo_guard": False}, ()),
     (
+        {"grpo.algorithm": "grpo"},
+        (
+            "grpo.nft_beta",
+            "grpo.nft_adv_clip",
+            "grpo.nft_old_decay_rate",
+            "grpo.nft_old_decay_max",
+            "grpo.nft_old_decay_after",
+        ),
+    ),
+    (
         {"grpo.sde_window_size": 0},
         ("grpo.sde_window_range", "grpo.sde_window_mode", "grpo.sde_window_stride", "grpo.sde_window_shift_every"),
     ),

@@ -202,8 +202,12 @@ class RewardConfig:
 
 @dataclass
 class GRPOConfig:
+    algorithm: str = "grpo"
+    """The objective: `grpo`, the PPO-clipped GRPO on the sampler's log-probabilities (the reference); `nft`,
+    DiffusionNFT (docs/options.md#diffusionnft): a forward-process objective that needs no log-probability."""
     sampler: str = "flowcps"
-    """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE) or `flowgrpo`."""
+    """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE), `flowgrpo`, or `euler` (the deterministic ODE: for
+    grpo.algorithm nft only, which trains without log-probabilities)."""
     eta: float = 0.7
     """Noise level of the sampler (Flow-CPS 0.7, DanceGRPO 0.3)."""
     eta_range: list[float] | None = None
@@ -250,6 +254,17 @@ class GRPOConfig:
     """Steps a sliding window moves at a time."""
     sde_window_shift_every: int = 25
     """Batches between a sliding window's moves."""
+    nft_beta: float = 1.0
+    """DiffusionNFT's strength: its implicit policies are v_old +- nft_beta (v - v_old)."""
+    nft_adv_clip: float = 5.0
+    """DiffusionNFT's advantage clip c: r = 0.5 + clip(A, +-c) / (2c), and the loss is scaled by c."""
+    nft_old_decay_rate: float = 0.001
+    """DiffusionNFT's old policy, old <- d old + (1 - d) new after each update, has d = min(nft_old_decay_rate x
+    (update - nft_old_decay_after), nft_old_decay_max), 0 before nft_old_decay_after (on-policy)."""
+    nft_old_decay_max: float = 0.5
+    """The old policy's largest decay d, in [0, 1)."""
+    nft_old_decay_after: int = 0
+    """Updates before the old policy starts to lag (d = 0 until then)."""
     clip_range: float = 1e-4
     """PPO clip range on-policy (grpo_clip_range)."""
     delayed_replay: bool = True

@@ -243,9 +243,12 @@ def save(
     state: dict[str, Any],
     rank: int,
     keep: int,
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Save the model(s), optimizer(s), per-rank RNG and the JSON `state`; refuse if any weight is not finite.
-    `model`: one module (with `optimizer`), or Parts (then `optimizer` is None)."""
+    `model`: one module (with `optimizer`), or Parts (then `optimizer` is None). `extra`: further named tensor
+    dicts saved beside them (DiffusionNFT's old policy), each listed in state.json's `extra`."""
+    extra = extra or {}
     import torch.distributed.checkpoint as dcp
 
     parts = _parts(model, optimizer)
@@ -261,7 +264,7 @@ def save(
         (target / "rng").mkdir(parents=True)
     process_groups.barrier()
     try:
-        dcp.save(dcp_state(parts, with_optim=True), checkpoint_id=str(target / "dcp"))
+        dcp.save(dcp_state(parts, with_optim=True) | extra, checkpoint_id=str(target / "dcp"))
     except CheckpointException as err:  # each rank's failure, gathered: a full disk is said as one (worker.py)
         if (full := disk_full_cause(err)) is None:
             raise
@@ -270,7 +273,7 @@ def save(
         torch.save(rng_state(), tmp)
     process_groups.barrier()
     if rank == 0:
-        atomic.write_json(target / "state.json", dict(state, parts=sorted(parts)))
+        atomic.write_json(target / "state.json", dict(state, parts=sorted(parts), extra=sorted(extra)))
         atomic.write_text(target / MARKER, f"step {step}\n")
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -284,9 +287,11 @@ def load(
     optimizer: torch.optim.Optimizer | None,
     rank: int,
     restore_rng: bool = True,
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, Any]:
     """Restore a complete checkpoint into the model(s) (and optimizers); returns its JSON state. A checkpoint
-    of other parts (one transformer vs two experts, or other experts) is refused, naming both."""
+    of other parts (one transformer vs two experts, or other experts) is refused, naming both. Those of `extra`'s
+    tensor dicts the checkpoint holds (its state's `extra`) are loaded in place; the caller sees which in it."""
     import torch.distributed.checkpoint as dcp
 
     if not (path / MARKER).is_file():
@@ -301,6 +306,8 @@ def load(
     with_optim = any(opt is not None for _, opt in parts.values())
     # Weights only: a checkpoint also holding optimizer state loads partially.
     loaded = dcp_state(parts, with_optim)
+    held = read_state(path).get("extra", [])
+    loaded.update({key: tensors for key, tensors in (extra or {}).items() if key in held})
     dcp.load(loaded, checkpoint_id=str(path / "dcp"))
     _set_state(parts, loaded, with_optim)
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"

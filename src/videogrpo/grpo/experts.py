@@ -113,6 +113,10 @@ class Experts:
     def params(self) -> list[torch.nn.Parameter]:
         return [p for e in self.experts for p in e.params]
 
+    def param_names(self) -> list[str]:
+        """`params`' names, each under its expert's: `transformer.blocks.0...`, `high.blocks.0...`."""
+        return [f"{e.name}.{n}" for e in self.experts for n, p in e.module.named_parameters() if p.requires_grad]
+
     def replicas(self, world: int) -> int:
         """Data replicas: the ranks, or under TP the ranks over the TP degree (TP peers hold one replica)."""
         return self.mesh_dims.dp if self.mesh_dims else world

@@ -1,4 +1,4 @@
-"""DiffusionNFT (grpo.algorithm = nft, docs/algorithms.md#diffusionnft): a policy objective on the forward (noising)
+"""DiffusionNFT (grpo.algorithm = nft, docs/options.md#diffusionnft): a policy objective on the forward (noising)
 process, with no log-probability, so any sampler trains it, the deterministic ODE included.
 
 Each trained (rollout, noise level t) pair noises the rollout's clean latent x0 afresh, xt = (1 - t) x0 + t eps, and
@@ -135,6 +135,12 @@ class OldPolicy:
         finally:
             self._swap()
             self._reshard()
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The old policy becomes the trained weights as they are now (after a load)."""
+        for p, old in zip(self.params, self.copies):
+            old.copy_(p.detach())
 
     @torch.no_grad()
     def mix(self, decay: float) -> None:

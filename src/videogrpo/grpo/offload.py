@@ -137,6 +137,13 @@ class Placement:
             None if means is None else means[:, index : index + 1][rows].to(self.compute),
         )
 
+    def final(self, trajectory: Trajectory, rows: list[int]) -> torch.Tensor:
+        """The clean latents (the last state) of the trajectory's `rows`, on the compute device: all that DiffusionNFT
+        reads of a rollout."""
+        if self.offload:
+            self.moves.append((self.phase, "final latents", "compute"))
+        return trajectory.latents[:, -1][rows].to(self.compute)
+
 
 def decode_in_batches(decode, latents: torch.Tensor, batch_size: int | None) -> list:
     """`decode(latents[i : i + batch_size])` over the rows, one video per row (None or 0: one call for all)."""

@@ -79,7 +79,8 @@ def rollout(
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
     model's trajectory dtype, as replay will see them. With an SDE `window` [start, end) only its steps sample
     with the sampler; the others take the deterministic Euler step, draw no noise and record log p 0 (never
-    replayed: grpo.sde_window_size). `keep_means`: record each step's transition mean (GRPO-Guard).
+    replayed: grpo.sde_window_size); the `euler` sampler takes it on every step (DiffusionNFT). `keep_means`: record
+    each step's transition mean (GRPO-Guard).
     """
     pinned = model.pins_first_frame
     mask = frame_mask(init_noise.shape[2], init_noise.device, pinned)
@@ -92,7 +93,7 @@ def rollout(
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
-        if window is None or window[0] <= i < window[1]:
+        if sampler != "euler" and (window is None or window[0] <= i < window[1]):
             x, mean, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
         else:
             x, logp = samplers.euler_step(x, v, sigma, sigma_next, dtype), torch.zeros(x.shape[0], device=x.device)

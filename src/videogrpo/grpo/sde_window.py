@@ -10,6 +10,10 @@ them):
 - `sliding` (MixGRPO): the window starts at `lo` and moves `sde_window_stride` steps every `sde_window_shift_every`
   batches, back to `lo` once it would leave the range.
 
+DiffusionNFT (grpo.algorithm nft, docs/options.md#diffusionnft) trains noise levels rather than transitions: its
+subset is `nft_count` of all T sampling sigmas, drawn afresh per update and shared by every row (so an A14B's rows
+all route to the same expert at each step).
+
 Torch-free: the planner and the FLOP count read `trained_steps` too.
 
 May import: `config` and the core modules.
@@ -21,6 +25,8 @@ import numpy as np
 
 WINDOW_TAG = 0x5DE0
 """The key slot of the window's draw (training's other draws use others)."""
+NFT_TAG = 0x4E58
+"""The key slot of DiffusionNFT's draw of its trained noise levels."""
 
 
 def window_range(g) -> tuple[int, int]:
@@ -68,14 +74,28 @@ def fraction_count(steps: int, fraction: float) -> int:
     return max(1, int((steps - 1) * fraction))
 
 
+def nft_count(steps: int, fraction: float) -> int:
+    """DiffusionNFT's count of trained noise levels: max(1, int(T x fraction)) of the T sampling sigmas (every one but
+    the final 0), as its authors count them."""
+    return max(1, int(steps * fraction))
+
+
 def trained_steps(g) -> int:
-    """Denoising steps replayed per update: the window's size, else the reference's fraction of the first T - 1."""
+    """Denoising steps replayed per update: the window's size, else the reference's fraction of the first T - 1
+    (DiffusionNFT: its fraction of all T)."""
+    if g.algorithm == "nft":
+        return nft_count(g.sampling_steps, g.timestep_fraction)
     return g.sde_window_size or fraction_count(g.sampling_steps, g.timestep_fraction)
 
 
 def replayed_steps(g, seed: int, batch: int, update: int) -> list[int]:
     """The denoising steps update `update` replays of batch `batch`: the batch's SDE window, else the reference's
-    seeded subset (rollout.trained_timesteps)."""
+    seeded subset (rollout.trained_timesteps); DiffusionNFT: the noise levels it trains, a seeded subset of all T."""
+    if g.algorithm == "nft":
+        from videogrpo.grpo.rollout import counter_seed
+
+        order = np.random.default_rng(counter_seed(seed, NFT_TAG, update)).permutation(g.sampling_steps)
+        return sorted(int(i) for i in order[: nft_count(g.sampling_steps, g.timestep_fraction)])
     if (steps := window(g, seed, batch)) is not None:
         return list(range(*steps))
     from videogrpo.grpo.rollout import trained_timesteps

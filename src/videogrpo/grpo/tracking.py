@@ -125,9 +125,13 @@ class Tracker:
             speed = f" | {metrics['time_tokens_per_s']:.0f} tokens/s"
         if metrics.get("time_mfu") is not None:
             speed += f" | MFU {100 * metrics['time_mfu']:.1f} %"
+        if "ppo_ratio_mean" in metrics:
+            objective = f" | ratio {metrics['ppo_ratio_mean']:.6f}"
+        else:  # DiffusionNFT: no ratio; its mean optimality probability r
+            objective = f" | r {metrics['nft_optimality_mean']:.4f}"
         log(
             f"step {metrics['step']}/{self.total} | reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f}"
-            f" | loss {metrics['policy_loss']:+.5f} | ratio {metrics['ppo_ratio_mean']:.6f}"
+            f" | loss {metrics['policy_loss']:+.5f}{objective}"
             f" | stale {metrics['delayed_replay_staleness']:.1f} | {metrics['time_step_s']:.2f} s/update{speed}"
             f" | ETA {math.ceil(eta)} s"
         )

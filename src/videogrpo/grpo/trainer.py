@@ -16,6 +16,7 @@ trajectories live between phases, and how a wave is cut into rollout chunks, is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -28,21 +29,30 @@ from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, checkpoint, flops, lora, offload, replay, sde_window, sft_init, validation
+from videogrpo.grpo import (
+    assignment,
+    checkpoint,
+    flops,
+    lora,
+    nft,
+    objectives,
+    offload,
+    replay,
+    sde_window,
+    sft_init,
+    validation,
+)
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.experts import Experts
-from videogrpo.grpo.loss import guard_log_ratio, ppo_loss
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.peak_memory import PeakMemory
 from videogrpo.grpo.rollout import (
     Trajectory,
-    frame_mask,
-    replay_log_prob,
     rollout,
     seeded_normal,
     seeded_uniform,
 )
-from videogrpo.grpo.samplers import kl_divergence, sigma_schedule
+from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
@@ -52,6 +62,10 @@ from videogrpo.rewards import NoScorer
 from videogrpo.rewards.judge import JudgeScorer
 from videogrpo.rewards.rule import RuleScorer, score_request
 from videogrpo.rewards.terms import WeightedScorer, term_means
+
+PPO_SUMS = ("ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl")
+NFT_SUMS = ("nft_positive_loss", "nft_negative_loss", "nft_optimality_mean")
+"""The per-row diagnostics an update logs besides its loss and KL, by algorithm (grpo.algorithm)."""
 
 
 @dataclass
@@ -132,6 +146,12 @@ class Trainer:
         routed = not self.model.pins_first_frame
         self.experts = Experts.build(self.model.trainable, routed, cfg, ctx.world_size, ctx.device)
         self.layout = self.experts.layout()
+        self.nft_old = (
+            nft.OldPolicy(self.experts.params, list(self.experts.modules().values()))
+            if cfg.grpo.algorithm == "nft"
+            else None
+        )
+        """DiffusionNFT's old policy: it samples the rollouts and anchors the loss (None for GRPO)."""
         self.scores = self.experts.tp_rank(ctx.rank) == 0
         """Whether this rank decodes and scores its rollouts: under TP only tp_rank 0 of each pair does."""
         self.placement = offload.Placement(
@@ -225,7 +245,8 @@ class Trainer:
                 [seeded_normal(self.shape, dev, *assignment.step_noise_key(seed, b, j, g, i)) for j, g in rows]
             )
 
-        with torch.no_grad():
+        sampling = self.nft_old.swapped_in() if self.nft_old is not None else contextlib.nullcontext()
+        with torch.no_grad(), sampling:
             return rollout(
                 self.model,
                 self.experts.policy,
@@ -314,63 +335,35 @@ class Trainer:
             grad_scale = (
                 self.experts.replicas(self.ctx.world_size) / (normalizer // g.prompts_per_step * kept) if kept else 0.0
             )
-        policy, reference = self.experts.policy, self.experts.reference
-        sums = dict.fromkeys(("policy_loss", "kl_loss", "ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl"), 0.0)
+        nft_run = g.algorithm == "nft"
+        sums = dict.fromkeys(("policy_loss", "kl_loss", *(NFT_SUMS if nft_run else PPO_SUMS)), 0.0)
         ratio_abs_max = 0.0
         for index in timesteps:
-            sigmas = self.sigmas[index : index + 2]
             # One backward per rollout chunk (grpo.sample_batch_size members of each prompt), scaled by its rows.
             for chunk, at in ((c, at) for c in prepared.chunks for at in self._replay_chunks(c)):
                 rows = len(at)
-                step = self.placement.transition(chunk.trajectory, index, at)  # transition `index` as its index 0
                 embeds = chunk.embeds[at].to(self.ctx.device)
                 condition = None if chunk.condition is None else chunk.condition[at].to(self.ctx.device)
-                new = replay_log_prob(
-                    self.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
-                )
-                if g.grpo_guard:  # the normalised ratio, and the step's loss reweighted by 1 / (sigma - sigma')
-                    mask = frame_mask(new.mean.shape[2], new.mean.device, self.model.pins_first_frame)
-                    log_ratio = guard_log_ratio(
-                        new.log_prob, step.log_probs[:, 0], new.mean, step.means[:, 0], new.std, mask
-                    )
-                    loss, stats = ppo_loss(
-                        log_ratio, torch.zeros_like(log_ratio), chunk.advantages[at], clip, g.clip_range_high
-                    )
-                    loss = loss / float(sigmas[0] - sigmas[1])
-                else:
-                    loss, stats = ppo_loss(
-                        new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip, g.clip_range_high
-                    )
-                kl = torch.zeros((), device=loss.device)
                 # A skipped group's rows (advantage 0: no policy term) are replayed still, every rank running the
                 # same forwards; they are left out of the KL term.
                 keep = None if skipped is None else [k for k, i in enumerate(at) if not skipped[chunk.prompts[i]]]
-                if reference is not None:
-                    with torch.no_grad():
-                        ref = replay_log_prob(
-                            self.model, reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
-                        )
-                    mask = frame_mask(new.mean.shape[2], new.mean.device, self.model.pins_first_frame)
-                    if keep is None:
-                        kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, mask)
-                    elif keep:
-                        std = new.std if new.std.numel() == 1 else new.std[keep]
-                        kl = kl_divergence(g.sampler, new.mean[keep], ref.mean[keep], std, mask)
+                if nft_run:
+                    loss, kl, terms = objectives.nft_terms(self, prepared.batch, chunk, at, index, embeds, condition)
+                else:
+                    loss, kl, terms = objectives.grpo_terms(self, chunk, at, index, embeds, condition, clip, keep)
+                    ratio_abs_max = max(ratio_abs_max, terms.pop("ratio_abs_max"))
                 if keep is None:
                     ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
                 else:
                     ((loss * rows + g.kl_coeff * kl * len(keep)) * grad_scale).backward()
-                for key, value in (
-                    ("policy_loss", loss.item()),
-                    ("kl_loss", kl.item()),
-                    ("ppo_ratio_mean", stats.ratio_mean),
-                    ("ppo_clip_fraction", stats.clip_fraction),
-                    ("ppo_approx_kl", stats.approx_kl),
-                ):
+                for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()), *terms.items()):
                     sums[key] += value * rows
-                ratio_abs_max = max(ratio_abs_max, stats.ratio_abs_max)
         lr = learning_rate(action.update - 1, cfg.train.warmup_steps, self.total, cfg.train.lr)
         grad_norm = self.experts.step(lr, cfg.train.max_grad_norm)
+        if self.nft_old is not None:  # after the update, as DiffusionNFT's authors: old <- d old + (1 - d) new
+            self.nft_old.mix(
+                nft.old_decay(action.update, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after)
+            )
         t2 = time.monotonic()
         # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
         reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
@@ -392,8 +385,7 @@ class Trainer:
             reward_per_task={t: float(np.mean(v)) for t, v in sorted(gathered["per_task"].items())},
             reward_errors=gathered["errors"],
             **gathered["terms"],
-            ppo_ratio_abs_max=ratio_abs_max,
-            ppo_clip_range=clip,
+            **({} if nft_run else {"ppo_ratio_abs_max": ratio_abs_max, "ppo_clip_range": clip}),
             **({} if skipped is None else {"zero_variance_groups": int(skipped.sum())}),
             grad_norm=grad_norm,
             learning_rate=lr,
@@ -428,7 +420,8 @@ class Trainer:
                     f"the run over instead, remove {self.paths.checkpoints}."
                 )
             self._check_plan_position(latest, checkpoint.read_state(latest))
-            state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank)
+            state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
+            self._settle_old_policy(state.get("extra", []))
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
@@ -437,13 +430,27 @@ class Trainer:
             source = Path(cfg.train.resume_from)
             if cfg.train.reset_dataloader:  # weights only: this project's or the reference's layouts (sft_init)
                 report = sft_init.load_initial_weights(source, self.experts.modules(), log=self._log)
+                self._settle_old_policy([])
                 self._log(f"initialised from {source} (weights only): {report.summary()}")
                 return 0
             self._check_stateful_source(source)
-            state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank)
+            state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
+            self._settle_old_policy(state.get("extra", []))
             self._log(f"initialised from {source} (full state)")
             return state["next_action"]
         return 0
+
+    def _extra_state(self) -> dict:
+        """What a checkpoint holds besides the experts and their optimizers: DiffusionNFT's old policy."""
+        if self.nft_old is None:
+            return {}
+        return {"nft_old": self.nft_old.state(self.experts.param_names())}
+
+    def _settle_old_policy(self, loaded: list[str]) -> None:
+        """After weights were loaded: DiffusionNFT's old policy is the checkpoint's, or else the loaded weights."""
+        if self.nft_old is not None and "nft_old" not in loaded:
+            self.nft_old.reset()
+            self._log("grpo.algorithm nft: the old policy starts as the loaded weights (the source holds none)")
 
     def _check_stateful_source(self, source: Path) -> None:
         """A full-state resume_from continues another run's data position and per-rank state: only under
@@ -490,6 +497,7 @@ class Trainer:
             },
             self.ctx.rank,
             self.cfg.train.keep_checkpoints,
+            extra=self._extra_state(),
         )
 
     def run(self) -> None:

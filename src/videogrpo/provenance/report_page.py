@@ -521,18 +521,12 @@ def render_html(
         if (per_task := per_task_curves_png(metrics)) is not None:
             parts.append("<h3>Per task (each panel: the updates whose batch held the task)</h3>")
             parts.append(f"<img alt='reward per task' src='data:image/png;base64,{per_task}'>")
-        columns = [
-            "step",
-            "reward_mean",
-            "reward_std",
-            "policy_loss",
-            "ppo_ratio_mean",
-            "ppo_clip_fraction",
-            "grad_norm",
-            "learning_rate",
-            "time_step_s",
-        ]
-        parts.append(_table(metric_rows.training_rows(metrics), columns, {"learning_rate": learning_rate_text}))
+        trained = metric_rows.training_rows(metrics)
+        # GRPO's ratio diagnostics, or DiffusionNFT's (grpo.algorithm nft: no ratio)
+        nft_run = bool(trained) and "nft_optimality_mean" in trained[0]
+        objective = ["nft_optimality_mean", "nft_negative_loss"] if nft_run else ["ppo_ratio_mean", "ppo_clip_fraction"]
+        columns = ["step", "reward_mean", "reward_std", "policy_loss", *objective, "grad_norm", "learning_rate"]
+        parts.append(_table(trained, [*columns, "time_step_s"], {"learning_rate": learning_rate_text}))
         if validated := metric_rows.validation_rows(metrics):
             parts.append(
                 "<h3>Validation during training: held-out prompts with fixed noise (the dashed series above)</h3>"

@@ -1,0 +1,82 @@
+"""The per-step objectives an update replays, one function per grpo.algorithm: GRPO's clipped PPO term on a recorded
+transition's log-prob (with GRPO-Guard's normalised ratio as an option), and DiffusionNFT's forward-process term on
+a freshly noised clean latent. Each returns (loss, KL term, diagnostics) for a slice of a rollout chunk's rows; the
+trainer (`trainer.Trainer`, passed in) owns the weights, the sigmas and the placement of the trajectories.
+
+May import what `grpo` may, and the `grpo` modules below the trainer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from videogrpo.grpo import nft
+from videogrpo.grpo.loss import guard_log_ratio, ppo_loss
+from videogrpo.grpo.rollout import frame_mask, replay_log_prob, seeded_normal, velocity
+from videogrpo.grpo.samplers import kl_divergence, masked_mean
+
+
+def grpo_terms(trainer, chunk, at: list[int], index: int, embeds, condition, clip: float, keep):
+    """(PPO loss, KL, diagnostics) of recorded transition `index` of the chunk's rows `at`."""
+    g, sigmas = trainer.cfg.grpo, trainer.sigmas[index : index + 2]
+    policy, reference = trainer.experts.policy, trainer.experts.reference
+    step = trainer.placement.transition(chunk.trajectory, index, at)  # transition `index` as its index 0
+    new = replay_log_prob(trainer.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition)
+    mask = frame_mask(new.mean.shape[2], new.mean.device, trainer.model.pins_first_frame)
+    if g.grpo_guard:  # the normalised ratio, and the step's loss reweighted by 1 / (sigma - sigma')
+        log_ratio = guard_log_ratio(new.log_prob, step.log_probs[:, 0], new.mean, step.means[:, 0], new.std, mask)
+        loss, stats = ppo_loss(log_ratio, torch.zeros_like(log_ratio), chunk.advantages[at], clip, g.clip_range_high)
+        loss = loss / float(sigmas[0] - sigmas[1])
+    else:
+        loss, stats = ppo_loss(new.log_prob, step.log_probs[:, 0], chunk.advantages[at], clip, g.clip_range_high)
+    kl = torch.zeros((), device=loss.device)
+    if reference is not None:
+        with torch.no_grad():
+            ref = replay_log_prob(
+                trainer.model, reference, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition
+            )
+        if keep is None:
+            kl = kl_divergence(g.sampler, new.mean, ref.mean, new.std, mask)
+        elif keep:
+            std = new.std if new.std.numel() == 1 else new.std[keep]
+            kl = kl_divergence(g.sampler, new.mean[keep], ref.mean[keep], std, mask)
+    terms = {
+        "ppo_ratio_mean": stats.ratio_mean,
+        "ppo_clip_fraction": stats.clip_fraction,
+        "ppo_approx_kl": stats.approx_kl,
+        "ratio_abs_max": stats.ratio_abs_max,
+    }
+    return loss, kl, terms
+
+
+def nft_terms(trainer, batch: int, chunk, at: list[int], index: int, embeds, condition):
+    """(DiffusionNFT loss, KL, diagnostics) of the chunk's rows `at` at sampling sigma `index`: each row's clean
+    latent noised afresh (keyed by batch, prompt, member and step), the old policy's velocity beside the
+    trained one's, and the KL term the velocities' mean squared difference to the reference's."""
+    g, dev = trainer.cfg.grpo, trainer.ctx.device
+    sigma = float(trainer.sigmas[index])
+    x0 = trainer.placement.final(chunk.trajectory, at).float()
+    key = (trainer.cfg.train.seed, nft.NOISE_TAG, batch)
+    eps = torch.stack([seeded_normal(trainer.shape, dev, *key, chunk.prompts[i], chunk.members[i], index) for i in at])
+    xt = nft.noised(x0, sigma, eps)
+    mask = frame_mask(x0.shape[2], dev, trainer.model.pins_first_frame)
+    if trainer.model.pins_first_frame:  # the condition frame stays clean, as in every rollout state
+        xt[:, :, :1] = x0[:, :, :1]
+    x = xt.to(trainer.model.trajectory_dtype)
+    with torch.no_grad(), trainer.nft_old.swapped_in():
+        v_old = velocity(trainer.model, trainer.experts.policy, x, sigma, embeds, g.guidance_scale, condition)
+    v = velocity(trainer.model, trainer.experts.policy, x, sigma, embeds, g.guidance_scale, condition)
+    loss, stats = nft.nft_loss(
+        v, v_old, xt, x0, sigma, chunk.advantages[at], g.nft_beta, g.nft_adv_clip, frame_mask=mask
+    )
+    kl = torch.zeros((), device=loss.device)
+    if trainer.experts.reference is not None:
+        with torch.no_grad():
+            v_ref = velocity(trainer.model, trainer.experts.reference, x, sigma, embeds, g.guidance_scale, condition)
+        kl = masked_mean((v.float() - v_ref.float()) ** 2, mask).mean()
+    terms = {
+        "nft_positive_loss": stats.positive_loss,
+        "nft_negative_loss": stats.negative_loss,
+        "nft_optimality_mean": stats.optimality_mean,
+    }
+    return loss, kl, terms
