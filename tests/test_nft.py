@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +124,32 @@ def test_nft_under_fsdp_trains_what_replicate_trains(tiny_model, dataset, tmp_pa
     assert gap["f"] != 0 and gap["f"] == pytest.approx(gap["r"], rel=0.01)
     for key in runs["fsdp"]:
         assert (runs["fsdp"][key] - runs["replicate"][key]).abs().max() <= adam_tolerance(1e-4, 2), key
+
+
+def test_simulate_accepts_nft_at_the_5b_recipes_world_size(repo):
+    """128 simulated ranks' config checks; rank 0's shards, its old policy's bytes as the memory plan counts them,
+    and one rollout and NFT step (the old policy swapped in under HSDP) on fake tensors."""
+    argv = [str(Path(sys.executable).parent / "videogrpo"), "simulate", "--configfile", "config/recipes/rl_5b_cps.yaml"]
+    argv += ["--set", *(f"grpo.{k}={str(v).lower()}" for k, v in NFT.items()), "--ranks", "0"]
+    out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "world 128" in out.stdout and "old policy 2.33 GiB = plan" in out.stdout
+    assert "rollout + NFT at step 0" in out.stdout
+
+
+def test_nft_costs_an_old_policy_forward_per_replay_and_a_copy_of_the_trained_shards(tiny_model):
+    from videogrpo.grpo import flops
+    from videogrpo.preflight import memory_plan, model_shape
+
+    shape = model_shape.ModelShape.from_model_dir(tiny_model)
+    plans = {}
+    for g in ({}, NFT):
+        cfg = config.from_dict(trainer_config(grpo=g))
+        plans[cfg.grpo.algorithm] = {t.name: t.bytes for t in memory_plan.plan_for_config(cfg, shape).terms}
+    assert "old policy" not in plans["grpo"]
+    assert plans["nft"]["old policy"] * 2 == plans["nft"]["AdamW moments"]
+    one = flops.ForwardFlops(1, 0, 0, 0, 0, 0, 0, 0)  # a forward of one FLOP
+    args = (one, 1, 16, 4, 8, True, True, False, True)  # 16 samples x 4 steps replayed, 8 sampled, with guidance
+    plain, with_old = flops.step_flops(*args), flops.step_flops(*args, old_policy=True)
+    assert with_old.train == plain.train
+    assert with_old.inference - plain.inference == 16 * 4 * 2

@@ -230,14 +230,16 @@ def step_flops(
     guidance: bool,
     reference: bool,
     gradient_checkpointing: bool,
+    old_policy: bool = False,
 ) -> StepFlops:
     """The trainer's transformer evaluations of one step: `samples` (prompts per step x group size) each
     replayed at `trained_timesteps` with gradients (and by the reference model without, when the KL weight
     is > 0), and, when the step rolled out a batch, denoised over `sampling_steps`; classifier-free
-    guidance doubles every evaluation (an unconditional forward beside the conditional one)."""
+    guidance doubles every evaluation (an unconditional forward beside the conditional one). `old_policy`: every
+    replay also asks the old policy, without gradients (DiffusionNFT)."""
     branches = 2 if guidance else 1
     replays = samples * trained_timesteps * branches
-    no_grad = replays * (1 if reference else 0) + (samples * sampling_steps * branches if rolled_out else 0)
+    no_grad = replays * (int(reference) + int(old_policy)) + (samples * sampling_steps * branches if rolled_out else 0)
     return StepFlops(
         train=replays * per_sample.training(gradient_checkpointing),
         inference=no_grad * per_sample.total,
@@ -304,6 +306,7 @@ def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
         cfg.grpo.guidance_scale > 1.0,
         trainer.experts.reference is not None,
         cfg.train.gradient_checkpointing,
+        old_policy=cfg.grpo.algorithm == "nft",
     )
     seconds = metrics["time_step_s"]
     peak = device_peak_flops(trainer.ctx.device)

@@ -238,8 +238,9 @@ def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> in
 def sharded_state_bytes(shape: ModelShape, layout: shard_layout.RankLayout) -> dict[str, int]:
     """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and
     gradients in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two
-    moments shaped like the unpadded local shard (torch.zeros_like of it). `videogrpo simulate` checks these
-    against torch's own sharding at the recipes' world sizes."""
+    moments shaped like the unpadded local shard (torch.zeros_like of it), and DiffusionNFT's old policy shaped so too
+    (a clone of it; counted only under grpo.algorithm nft). `videogrpo simulate` checks these against torch's own
+    sharding at the recipes' world sizes."""
     allocated = held = 0
     trainable_allocated = trainable_held = 0
     for index, counts in enumerate(shape.trained_counts):
@@ -251,7 +252,12 @@ def sharded_state_bytes(shape: ModelShape, layout: shard_layout.RankLayout) -> d
         # LoRA: FSDP shards each adapter like any parameter; only they have gradients and moments.
         ta, th = shard_layout.sharded_numels(adapters, layout) if adapters else (a, h)
         trainable_allocated, trainable_held = trainable_allocated + ta, trainable_held + th
-    return {"master weights": 4 * allocated, "AdamW moments": 8 * trainable_held, "gradients": 4 * trainable_allocated}
+    return {
+        "master weights": 4 * allocated,
+        "AdamW moments": 8 * trainable_held,
+        "gradients": 4 * trainable_allocated,
+        "old policy": 4 * trainable_held,
+    }
 
 
 def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
@@ -308,6 +314,7 @@ def plan(
     lora_base_dtype: str = "float32",
     vae_tile_size: int | None = None,
     transition_means: bool = False,
+    old_policy: bool = False,
 ) -> MemoryPlan:
     """The plan of one rank (the module docstring has the formula and its assumptions).
 
@@ -317,7 +324,8 @@ def plan(
     a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
     reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
     frozen base's dtype under LoRA (train.lora_base_dtype). `vae_tile_size`: grpo.vae_tile_size.
-    `transition_means`: the rollouts keep every step's transition mean (grpo.grpo_guard)."""
+    `transition_means`: the rollouts keep every step's transition mean (grpo.grpo_guard). `old_policy`: a float32
+    copy of the trained parameters' local shards (DiffusionNFT's old policy, grpo.algorithm nft)."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -364,6 +372,9 @@ def plan(
             "gradients", state["gradients"], replay_only if gradient_sync_each_backward else (STEP,), gradients_detail
         ),
     ]
+    if old_policy:  # grpo/nft.OldPolicy: a clone of each trained parameter's unpadded local shard
+        held = state["old policy"] // 4
+        terms.append(Term("old policy", 4 * held, both, f"4 B float32 x {held:,}: DiffusionNFT's old weights"))
     host_terms = []
     if offload_optimizer:  # grpo/host_optimizer.py: every host tensor is shaped like the unpadded local shard
         held = state["AdamW moments"] // 8  # elements of rank 0's unpadded local shards
@@ -589,5 +600,6 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         vae_tile_size=cfg.grpo.vae_tile_size,
         lora_base_dtype=cfg.lora_base_dtype,
         transition_means=cfg.grpo.grpo_guard,
+        old_policy=cfg.grpo.algorithm == "nft",
     )
     return plan(shape, **{**arguments, **given})

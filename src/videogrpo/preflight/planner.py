@@ -227,6 +227,7 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         guidance,
         g.kl_coeff > 0,
         cfg.train.gradient_checkpointing,
+        old_policy=g.algorithm == "nft",
     )
     compute = (step.train + step.inference) / (world * assume.peak_flops * assume.mfu)
 
@@ -236,7 +237,8 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
     rows = max(len(c) for w in rank_waves for c in offload.rollout_chunks(w, g.sample_batch_size))
     branches = 2 if guidance else 1
     rollout_forwards = chunks * g.sampling_steps
-    replay_forwards = chunks * timesteps * (2 if cfg.train.gradient_checkpointing else 1)
+    # DiffusionNFT asks the old policy too: one more forward, without gradients, per replayed chunk and step.
+    replay_forwards = chunks * timesteps * ((2 if cfg.train.gradient_checkpointing else 1) + (g.algorithm == "nft"))
     backwards = chunks * timesteps
     params = shape.params.total // tp
     c, r = memory_plan.BYTES[par.param_dtype], memory_plan.BYTES[par.reduce_dtype]

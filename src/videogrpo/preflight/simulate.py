@@ -34,7 +34,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight import memory_plan, model_shape
 
-TERMS = ("master weights", "gradients", "AdamW moments")
+TERMS = ("master weights", "gradients", "AdamW moments", "old policy")
 DEFAULT_SHIFT = 5.0
 """The sigma schedule's flow shift where grpo.shift is null (the model's own is in its scheduler config, not read
 here): it only decides which steps the simulated rollout and replay take, hence which expert serves them."""
@@ -312,7 +312,7 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
     """One rollout step and one replay step per trained expert, on fake tensors, with this rank's first chunk's rows."""
     import torch
 
-    from videogrpo.grpo import offload, rollout
+    from videogrpo.grpo import nft, offload, rollout
     from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.flops import video_tokens
     from videogrpo.grpo.loss import ppo_objective
@@ -341,6 +341,11 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
         condition = torch.randn(rows, latent[0], 1, *latent[2:])
         indices = [0]
     etas = torch.full((rows,), float(g.eta))
+    old = None
+    if g.algorithm == "nft":  # its copy of the trained shards, as the trainer makes it
+        old = nft.OldPolicy(experts.params, list(experts.modules().values()))
+        locals_ = [c.to_local() if hasattr(c, "to_local") else c for c in old.copies]
+        result.observed["old policy"] = sum(t.numel() * t.element_size() for t in locals_)
     tokens = video_tokens(latent, tuple(first.config.patch_size))
     for index in indices:
         pair = sigmas[index : index + 2]
@@ -356,14 +361,23 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
             lambda i: torch.randn(rows, *latent),
             g.guidance_scale,
         )
-        new = rollout.replay_log_prob(
-            model, experts.policy, trajectory, 0, pair, g.sampler, embeds, g.guidance_scale,
-            condition if routed else None,
-        )  # fmt: skip
-        loss, _, _ = ppo_objective(new.log_prob, trajectory.log_probs[:, 0], torch.randn(rows), g.clip_range)
+        if old is not None:  # DiffusionNFT: the clean latent noised at the step's sigma, the old policy beside
+            x = nft.noised(trajectory.latents[:, -1], pair[0], torch.randn(rows, *latent))
+            guided = (embeds, g.guidance_scale, condition if routed else None)
+            with torch.no_grad(), old.swapped_in():
+                v_old = rollout.velocity(model, experts.policy, x.to(model.trajectory_dtype), pair[0], *guided)
+            v = rollout.velocity(model, experts.policy, x.to(model.trajectory_dtype), pair[0], *guided)
+            loss, *_ = nft.nft_objective(v, v_old, x, trajectory.latents[:, -1], pair[0], torch.randn(rows), 1.0, 5.0)
+        else:
+            new = rollout.replay_log_prob(
+                model, experts.policy, trajectory, 0, pair, g.sampler, embeds, g.guidance_scale,
+                condition if routed else None,
+            )  # fmt: skip
+            loss, _, _ = ppo_objective(new.log_prob, trajectory.log_probs[:, 0], torch.randn(rows), g.clip_range)
         loss.backward()
         which = f" ({schedule[index]} expert)" if routed else ""
-        result.steps.append(f"rollout + replay at step {index}{which}: {rows} rows x {tokens:,} tokens")
+        what = "NFT" if old else "replay"
+        result.steps.append(f"rollout + {what} at step {index}{which}: {rows} rows x {tokens:,} tokens")
     grads = {}
     for expert in experts.experts:
         for p in expert.params:
