@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -53,3 +54,31 @@ def test_diffusion_nft_objective_update_and_old_policy_are_the_authors_to_round_
         nft.optimality = real
     verdict = dict((n, ok) for n, _, ok in diffusion_nft.compare(stored["theirs"], broken))
     assert not verdict["loss"] and not verdict["grad"]
+
+
+@pytest.mark.parametrize("scope", ["micro_batch", "row"])
+def test_grpo_guards_normalised_ratio_loss_and_update_are_the_authors_to_round_off(scope):
+    """tests/data/algo_diff/grpo_guard.pt: GRPO-Guard's own ratio and loss lines (scripts/train_sd3_GRPO_Guard.py, run
+    by tools/algo_diff/grpo_guard.py) on their SDE step's tensors at four noise levels: on a micro-batch of four rows
+    (the scope micro_batch, their code's) and on micro-batches of one row (the scope row, their paper's)."""
+    import grpo_guard
+
+    stored = torch.load(REPO / "tests/data/algo_diff/grpo_guard.pt", weights_only=True)
+    assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
+    stepped, per_row = grpo_guard.with_mean(stored["stepped"]), scope == "row"
+    rows = grpo_guard.compare(stored["theirs"][scope], grpo_guard.project_side(stored["inputs"], stepped, per_row))
+    assert [name for name, *_ in rows] == ["ratio", "loss", "grad", "updated"]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: the other scope's terms, and the ratio without its mean-shift term, are caught.
+    other = grpo_guard.project_side(stored["inputs"], stepped, not per_row)
+    assert not dict((n, ok) for n, _, ok in grpo_guard.compare(stored["theirs"][scope], other))["grad"]
+    from videogrpo.grpo import loss
+
+    real = loss.guard_log_ratio
+    try:
+        loss.guard_log_ratio = lambda lp, old, m, om, std, mask=None, per_row=True: (lp - old.detach()) * std
+        broken = grpo_guard.project_side(stored["inputs"], stepped, per_row)
+    finally:
+        loss.guard_log_ratio = real
+    verdict = dict((n, ok) for n, _, ok in grpo_guard.compare(stored["theirs"][scope], broken))
+    assert not verdict["ratio"] and not verdict["loss"]

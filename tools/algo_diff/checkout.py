@@ -1,4 +1,5 @@
-"""Reading an authors' file from a checkout: a clone, a bare mirror or a plain tree (never copied into this project)."""
+"""Reading an authors' file from a checkout: a clone, a bare mirror or a plain tree (never copied into this project);
+and the comparison every algo_diff tool prints."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ def block_source(text: str, first: str, last: str) -> str:
     if end is None:
         raise OSError(f"no line containing {last!r} after {first!r}")
     return textwrap.dedent("\n".join(lines[start : end + 1]))
+
+
+def relative_differences(theirs: dict, ours: dict, tolerance: float) -> list[tuple[str, float, bool]]:
+    """(name, largest difference relative to the largest magnitude, within `tolerance`) per output of `ours`."""
+    rows = []
+    for name, mine in ours.items():
+        scale = max(float(theirs[name].abs().max()), 1e-12)
+        worst = float((mine.double() - theirs[name].double()).abs().max()) / scale
+        rows.append((name, worst, worst <= tolerance))
+    return rows

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import block_source, function_source, read_source
+from checkout import block_source, function_source, read_source, relative_differences
 
 TRAIN_FILE = "scripts/train_nft_sd3.py"
 LOSS_FROM, LOSS_TO = "# Policy Gradient Loss", 'loss_terms["total_loss"] = loss.detach()'
@@ -161,12 +161,7 @@ def project_side(data: dict) -> dict:
 
 def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
     """(name, largest difference relative to the largest magnitude, within TOLERANCE) per compared output."""
-    rows = []
-    for name, mine in ours.items():
-        scale = max(float(theirs[name].abs().max()), 1e-12)
-        worst = float((mine.double() - theirs[name].double()).abs().max()) / scale
-        rows.append((name, worst, worst <= TOLERANCE))
-    return rows
+    return relative_differences(theirs, ours, TOLERANCE)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from checkout import read_source
+from checkout import read_source, relative_differences
 
 STEP_FILE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
 STEPS, SHIFT, CPS_NOISE, SDE_NOISE = 10, 3.0, 0.8, 0.7
@@ -103,12 +103,7 @@ def project_side(data: dict) -> dict:
 
 def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
     """(name, largest difference relative to the largest magnitude, within TOLERANCE) per compared output."""
-    rows = []
-    for name, mine in ours.items():
-        scale = max(float(theirs[name].abs().max()), 1e-12)
-        worst = float((mine - theirs[name]).abs().max()) / scale
-        rows.append((name, worst, worst <= TOLERANCE))
-    return rows
+    return relative_differences(theirs, ours, TOLERANCE)
 
 
 def main(argv: list[str] | None = None) -> int:

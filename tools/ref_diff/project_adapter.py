@@ -51,7 +51,7 @@ from common import (
 from videogrpo.config import Config
 from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
 from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
-from videogrpo.grpo import replay
+from videogrpo.grpo import objectives, replay
 from videogrpo.grpo import trainer as trainer_module
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.rollout import seeded_normal, seeded_uniform, trained_timesteps
@@ -263,7 +263,7 @@ def run_trainer(d: dict, model: Path, run_dir: Path, traj: str = "float32") -> d
 
     tr.prepare, tr.update = prepare_recorded, update_recorded
     policy_modules = [e.module for e in experts.values()]
-    replay_log_prob = trainer_module.replay_log_prob
+    replay_log_prob = objectives.replay_log_prob  # patched where the update's objective reads it
 
     def replay_recorded(model_, transformer, *a, **k):
         r = replay_log_prob(model_, transformer, *a, **k)
@@ -272,12 +272,12 @@ def run_trainer(d: dict, model: Path, run_dir: Path, traj: str = "float32") -> d
             new_lp.append(r.log_prob.detach().float().clone())
         return r
 
-    trainer_module.replay_log_prob = replay_recorded
+    objectives.replay_log_prob = replay_recorded
     t0 = time.time()
     try:
         tr.run()
     finally:
-        trainer_module.replay_log_prob = replay_log_prob
+        objectives.replay_log_prob = replay_log_prob
     record = dict(
         side="videogrpo" + ("-traj-bf16" if traj == "bfloat16" else ""),
         set=s,

@@ -24,6 +24,7 @@ CHOICES = {
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "euler"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "grpo.sde_window_mode": ("random", "sliding"),
+    "grpo.grpo_guard_scope": ("micro_batch", "row"),
     "train.lora_base_dtype": ("compute", "float32"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
     "model.condition_dtype": ("bfloat16", "float32"),

@@ -358,7 +358,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
     ({"grpo.vae_tile_size": None}, ()),
-    ({"grpo.grpo_guard": False}, ()),
+    ({"grpo.grpo_guard": False}, ("grpo.grpo_guard_scope",)),
     (
         {"grpo.algorithm": "grpo"},
         (

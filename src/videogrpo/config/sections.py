@@ -242,6 +242,9 @@ class GRPOConfig:
     """GRPO-Guard (docs/options.md#grpo-guard): each replayed step's log-ratio normalised by its transition std (the
     mean-shift term added back), and the step's loss divided by sigma - sigma'; Gaussian samplers (dancegrpo,
     flowgrpo) only. Off: the reference's ratio."""
+    grpo_guard_scope: str = "micro_batch"
+    """What GRPO-Guard's mean-shift term and std are taken over: `micro_batch`, the rows of one replay forward (its
+    authors' code: their mean over the micro-batch), or `row`, each row's own (their paper's derivation)."""
     sde_window_size: int = 0
     """SDE window (docs/options.md#sde-window): sample with the SDE on this many consecutive denoising steps and with
     the Euler ODE elsewhere, and train only those steps; 0: off, SDE on every step (the reference)."""

@@ -39,15 +39,20 @@ def guard_log_ratio(
     mean_old: torch.Tensor,
     std: torch.Tensor,
     frame_mask: torch.Tensor | None = None,
+    per_row: bool = True,
 ) -> torch.Tensor:
     """GRPO-Guard's normalised log-ratio of a Gaussian step, per row: (log p_new - log p_old + mean((mu_new -
     mu_old)^2) / (2 s^2)) x s, the mean-shift term (always <= 0) added back and the step's std s taken out; it equals
     mean(eps (mu_new - mu_old)) with eps = (x' - mu_old) / s the rollout's noise, whatever the noise level. `std`:
-    the transition's std, a number or one per row; means over the frames of `frame_mask` as the log-probability's."""
+    the transition's std, a number or one per row; means over the frames of `frame_mask` as the log-probability's.
+    `per_row` false: the mean-shift term and the std are the means over all rows (grpo.grpo_guard_scope micro_batch,
+    as its authors' code computes them over a micro-batch)."""
     from videogrpo.grpo.samplers import masked_mean
 
     s = torch.as_tensor(std, dtype=torch.float32, device=mean_new.device).flatten()
     shift = masked_mean((mean_new.float() - mean_old.float().detach()) ** 2, frame_mask)
+    if not per_row:
+        s, shift = s.mean(), shift.mean()
     return (logp_new - logp_old.detach() + shift / (2 * s**2)) * s
 
 

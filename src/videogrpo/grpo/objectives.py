@@ -24,7 +24,10 @@ def grpo_terms(trainer, chunk, at: list[int], index: int, embeds, condition, cli
     new = replay_log_prob(trainer.model, policy, step, 0, sigmas, g.sampler, embeds, g.guidance_scale, condition)
     mask = frame_mask(new.mean.shape[2], new.mean.device, trainer.model.pins_first_frame)
     if g.grpo_guard:  # the normalised ratio, and the step's loss reweighted by 1 / (sigma - sigma')
-        log_ratio = guard_log_ratio(new.log_prob, step.log_probs[:, 0], new.mean, step.means[:, 0], new.std, mask)
+        per_row = g.grpo_guard_scope == "row"  # else over the replay forward's rows, as its authors' code
+        log_ratio = guard_log_ratio(
+            new.log_prob, step.log_probs[:, 0], new.mean, step.means[:, 0], new.std, mask, per_row=per_row
+        )
         loss, stats = ppo_loss(log_ratio, torch.zeros_like(log_ratio), chunk.advantages[at], clip, g.clip_range_high)
         loss = loss / float(sigmas[0] - sigmas[1])
     else:
