@@ -260,6 +260,7 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
         {"grpo": {"vae_tile_size": 64}},
         {"grpo": {"sde_window_size": 2}},
         {"grpo": {"grpo_guard": True, "sampler": "dancegrpo", "eta": 0.3}},
+        {"grpo": {"algorithm": "nft", "sampler": "euler", "share_group_noise": False, "delayed_replay": False}},
         {"reward": {"terms": {"vbvr_rule": 1.0}}},
         {"train": {"lora_rank": 4}},
         {"train": {"validate_every": 2}},
@@ -298,6 +299,12 @@ def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, m
         "sde_window_shift_every": 5,
         "validate_prompts": 2,
         "validate_sampler": "unipc",
+        "grpo_guard_scope": "row",
+        "nft_beta": 0.5,
+        "nft_adv_clip": 2.0,
+        "nft_old_decay_rate": 0.01,
+        "nft_old_decay_max": 0.3,
+        "nft_old_decay_after": 3,
     }
     for switches, dependents in config.identity.OPTION_GROUPS:
         if switch not in switches:
