@@ -352,7 +352,7 @@ def test_the_tiny_default_with_lora_and_validation_runs_to_its_report(demo, work
 def test_cli_commands_of_the_readme(demo, workdir):
     out = run(["videogrpo", "--help"], workdir)
     shown = re.findall(r"^    (\S+)", out.stdout, re.M)  # what a person runs; the rules' commands under `stage`
-    assert shown == ["config", "simulate", "plan", "schema", "verify", "diff", "trace", "stage"], out.stdout
+    assert shown == ["config", "simulate", "plan", "schema", "verify", "diff", "compare", "trace", "stage"], out.stdout
     out = run(["videogrpo", "stage", "--help"], workdir)
     for rule in RULES:
         assert rule.replace("_", "-") in out.stdout

@@ -171,6 +171,23 @@ def _diff_command(args: argparse.Namespace) -> int:
     return diff_runs(*args.runs)
 
 
+def _compare_command(args: argparse.Namespace) -> int:
+    from videogrpo import atomic
+    from videogrpo.evaluation import comparison
+    from videogrpo.preflight.plan_assumptions import Assumptions
+
+    if len(args.runs) < 2:
+        raise VideoGRPOError(f"compare takes two or more run directories; given {len(args.runs)}")
+    assume = Assumptions(gpu=args.gpu, mfu=args.mfu)
+    runs = [comparison.load_run(run) for run in args.runs]
+    peak = assume.peak_flops
+    assumption = f"{assume.gpu} at its dense bf16 peak of {peak / 1e12:,.0f} TFLOP/s and MFU {assume.mfu:g}"
+    atomic.write_text(args.out, comparison.render_html(runs, peak, assume.mfu, assumption))
+    print("\n".join(comparison.summary_lines(runs, peak, assume.mfu)))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _trace_command(args: argparse.Namespace) -> int:
     from videogrpo.provenance.trace import tsv
     from videogrpo.provenance.verify import run_rows
@@ -294,6 +311,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     diff.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="the two run directories to compare")
     diff.set_defaults(handler=_diff_command)
+    compare = sub.add_parser(
+        "compare",
+        help="a page of several runs side by side: held-out changes, paired differences, reward per GPU-hour",
+        description="Write an HTML page comparing two or more complete runs (say, one per grpo.algorithm): what "
+        "they differ in, each run's held-out change against the base with its interval, the paired difference of "
+        "each run from the first under every sampler all their matrices share, reward per update and per modelled "
+        "GPU-hour (the FLOPs the metrics record at --gpu's peak and --mfu), and wall time per update. Every file read "
+        "is checked against its manifest's digest.",
+    )
+    compare.add_argument(
+        "runs", type=Path, nargs="+", metavar="RUN_DIR", help="the run directories, the first the baseline"
+    )
+    compare.add_argument("--out", type=Path, default=Path("comparison.html"), help="the page to write")
+    compare.add_argument("--gpu", default="h100", help="GPU whose bf16 peak models the GPU-hours (as for plan)")
+    compare.add_argument("--mfu", type=float, default=0.30, help="share of the peak assumed reached (as for plan)")
+    compare.set_defaults(handler=_compare_command)
     trace = sub.add_parser(
         "trace",
         help="every stage job of a run as TSV: name, SLURM job id, state, host, start, end, wall, CPU-h, GPUs, GPU-h",

@@ -1,0 +1,62 @@
+"""The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO), an SDE
+window and DiffusionNFT, each trained end to end to its report by snakemake on the tiny default, then one comparison
+page of the three (`videogrpo compare`)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from demo import first_run_id, jobs_run, run
+
+pytestmark = pytest.mark.e2e
+
+WINDOW = "grpo={sde_window_size: 2, sde_window_range: [0, 4]}"
+NFT = "grpo={algorithm: nft, sampler: euler, share_group_noise: false, delayed_replay: false}"
+NEW_RUN_JOBS = {"preflight": 1, "train": 1, "generate_cell": 3, "score_cell": 3, "matrix": 1, "report": 1, "all": 1}
+
+
+def new_run(workdir, overrides: str) -> str:
+    before = {p.name for p in (workdir / "results/runs").iterdir()}
+    out = run(["snakemake", "--cores", "2", "--config", overrides], workdir)
+    assert jobs_run(out.stdout + out.stderr) == NEW_RUN_JOBS
+    (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
+    assert (workdir / "results/runs" / made / "report/report.html").is_file()
+    return made
+
+
+def test_three_algorithms_train_to_their_reports_and_compare_on_one_page(demo, workdir):
+    grpo = first_run_id(workdir)
+    window, nft = new_run(workdir, WINDOW), new_run(workdir, NFT)
+    runs = [f"results/runs/{name}" for name in (grpo, window, nft)]
+    nft_page = (workdir / runs[2] / "report/report.html").read_text()
+    assert "grpo.algorithm = nft" in nft_page
+
+    out = run(["videogrpo", "compare", *runs, "--out", "comparison.html"], workdir)
+    lines = out.stdout.splitlines()
+    # Each run's held-out check under its own training sampler, with its paired interval.
+    for name, sampler in ((grpo, "flowcps-0.7"), (window, "flowcps-0.7"), (nft, "euler")):
+        line = rf"{name}: held-out trained - base [+-]\d\.\d{{4}} \[.+\] \({sampler}\)$"
+        assert any(re.match(line, x) for x in lines), lines
+    # The paired difference from the first run under each of the three samplers every matrix evaluated.
+    paired = [x for x in lines if f" - {grpo} (" in x]
+    assert len(paired) == 6, lines
+    assert {re.search(r"\((\S+)\)", x).group(1) for x in paired} == {"unipc", "euler", "flowcps-0.7"}
+    assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 3
+    page = (workdir / "comparison.html").read_text()
+    for section in ("What differs", "Held-out change against the base model", "Paired difference between the runs",
+                    "Reward per update and per modelled GPU-hour"):  # fmt: skip
+        assert section in page
+    assert "grpo.algorithm" in page and "grpo.sde_window_size" in page and "data:image/png;base64," in page
+
+    # A file changed since its manifest recorded it is named, and no page is written.
+    metrics = workdir / runs[1] / "train/metrics.jsonl"
+    kept = metrics.read_bytes()
+    try:
+        metrics.write_bytes(kept + b"\n")
+        out = run(["videogrpo", "compare", *runs, "--out", "changed.html"], workdir, check=False)
+    finally:
+        metrics.write_bytes(kept)
+    assert out.returncode != 0, out.stdout
+    assert f"{runs[1]}/train/metrics.jsonl" in out.stderr and "sha256" in out.stderr, out.stderr
+    assert not (workdir / "changed.html").exists()
