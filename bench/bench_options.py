@@ -12,7 +12,9 @@ against the same run with every option off:
   against an update's;
 - `parallel.offload_optimizer` and `offload_gradients` (optimizer and gradient offload): the optimizer step
   (`Experts.step`, timed around each call: gradient reduction, clipping, parking the gradients, AdamW);
-- `grpo.skip_zero_variance_groups` and `grpo.clip_range_high: 0.02` together (expected: no change).
+- `grpo.skip_zero_variance_groups` and `grpo.clip_range_high: 0.02` together (expected: no change);
+- the algorithms (GRPO-Guard on DanceGRPO, an SDE window of 2 steps, DiffusionNFT on the Euler sampler): their
+  replayed steps and modelled FLOPs per update against off's, and the rollout and replay seconds.
 Seconds per update are the metrics' `time_step_s` (rollout, reward wait, replay), per run the median over the
 updates after the first (warm-up), then the median over runs. Every configuration runs `--repeats` times,
 interleaved, so the spread between identical runs is printed next to every ratio: a ratio within the off run's
@@ -45,13 +47,23 @@ OPTIONS = {
     "skip_zero_variance_groups + clip_range_high": {
         "grpo": {"skip_zero_variance_groups": True, "clip_range_high": 0.02}
     },
+    "GRPO-Guard": {"grpo": {"grpo_guard": True, "sampler": "dancegrpo", "eta": 0.3}},
+    "SDE window": {"grpo": {"sde_window_size": 2, "sde_window_range": [0, 4]}},
+    "DiffusionNFT": {
+        "grpo": {"algorithm": "nft", "sampler": "euler", "share_group_noise": False, "delayed_replay": False}
+    },
 }
+ALGORITHMS = ("GRPO-Guard", "SDE window", "DiffusionNFT")
+"""The configurations that change what an update trains: their own cost is their replayed steps and FLOPs."""
 FIELDS = {
     "off (the reference)": "every option off",
     "LoRA": "train.lora_rank: 4",
     "validation during training": "train.validate_every: 1",
     "optimizer and gradient offload": "parallel.offload_optimizer, offload_gradients: true",
     "skip_zero_variance_groups + clip_range_high": "grpo.skip_zero_variance_groups: true, clip_range_high: 0.02",
+    "GRPO-Guard": "grpo.grpo_guard: true, sampler: dancegrpo, eta: 0.3",
+    "SDE window": "grpo.sde_window_size: 2, sde_window_range: [0, 4]",
+    "DiffusionNFT": "grpo.algorithm: nft, sampler: euler, share_group_noise: false, delayed_replay: false",
 }
 
 
@@ -121,6 +133,17 @@ def per_run(runs: list[dict], key: str) -> list[float]:
     return [steady([m[key] for m in run["updates"]]) for run in runs]
 
 
+def _trained_cost(run: dict, off: dict) -> str:
+    """Replayed steps and modelled FLOPs per update (the metrics' count, grpo/flops.py) against off's."""
+    first, base = run["updates"][0], off["updates"][0]
+    flops = first["model_flops_per_update"] + first["inference_flops_per_update"]
+    flops_off = base["model_flops_per_update"] + base["inference_flops_per_update"]
+    return (
+        f"{first['trained_timesteps']} steps replayed against off's {base['trained_timesteps']}; modelled FLOPs per "
+        f"update x{flops / flops_off:.2f} off's"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=6, help="optimizer updates per run")
@@ -186,6 +209,8 @@ def main() -> None:
             )
         elif name == "optimizer and gradient offload":
             own = f"optimizer step x{statistics.median(step) / statistics.median(step_off):.2f} off's"
+        elif name in ALGORITHMS:
+            own = _trained_cost(option_runs[0], off[0])
         elif name == "off (the reference)":
             own = f"trainable {trainable_off:,}; export {file_off} {bytes_off:,} B"
         else:
