@@ -82,3 +82,19 @@ def test_grpo_guards_normalised_ratio_loss_and_update_are_the_authors_to_round_o
         loss.guard_log_ratio = real
     verdict = dict((n, ok) for n, _, ok in grpo_guard.compare(stored["theirs"][scope], broken))
     assert not verdict["ratio"] and not verdict["loss"]
+
+
+def test_the_sliding_window_is_mixgrpos_schedule_end_of_sweep_included():
+    """tests/data/algo_diff/mixgrpo_window.pt: the steps MixGRPO's GRPOTrainingStates (their MixGRPO script's
+    settings, run by tools/algo_diff/mixgrpo_window.py) trains at each of 700 iterations, windows cut at the end of
+    the range and empty ones among them; the sliding window's per batch must be the same."""
+    import mixgrpo_window
+
+    stored = torch.load(REPO / "tests/data/algo_diff/mixgrpo_window.pt", weights_only=True)
+    assert stored["commit"] == "e5cdd6a427778d8c8b2e7a48ce16972141adbe7c"
+    theirs = stored["theirs"]
+    assert sum(not w for w in theirs) == 25 and len(theirs) == mixgrpo_window.ITERATIONS
+    assert mixgrpo_window.compare(theirs, mixgrpo_window.our_windows()) == []
+    # The comparison can fail: restarting once a whole window would leave the range (no cut windows) is caught.
+    restarted = [w if len(w) == mixgrpo_window.SIZE else list(range(4)) for w in mixgrpo_window.our_windows()]
+    assert mixgrpo_window.compare(theirs, restarted)

@@ -49,12 +49,16 @@ def test_a_random_window_is_drawn_per_batch_from_the_range_alike_on_every_call()
     )
 
 
-def test_a_sliding_window_moves_by_its_stride_and_starts_over_past_the_range():
-    g = grpo(sde_window_mode="sliding", sde_window_size=2, sde_window_range=[1, 8], sde_window_stride=2)
-    g.sde_window_shift_every = 3
-    starts = [sde_window.window(g, 0, batch)[0] for batch in range(15)]
-    # starts 1, 3, 5 fit [1, 8) with 2 steps (7 would not: 7 + 2 > 8), then back to 1
-    assert starts == [1, 1, 1, 3, 3, 3, 5, 5, 5, 1, 1, 1, 3, 3, 3]
+def test_a_sliding_window_moves_by_its_stride_is_cut_at_the_range_end_and_starts_over_as_mixgrpo():
+    g = grpo(sde_window_mode="sliding", sde_window_size=3, sde_window_range=[1, 8], sde_window_stride=2)
+    g.sde_window_shift_every = 2
+    windows = [sde_window.window(g, 0, batch) for batch in range(20)]
+    # starts 1, 3, 5, 7 (up to 8, as MixGRPO's schedule: a start past 8 rolls back), the window cut at 8
+    assert windows[::2] == [(1, 4), (3, 6), (5, 8), (7, 8), (1, 4), (3, 6), (5, 8), (7, 8), (1, 4), (3, 6)]
+    assert windows[1::2] == windows[::2]
+    g.sde_window_stride = 1  # at the start 8 the window holds no step (their empty list of timesteps)
+    assert [sde_window.window(g, 0, batch) for batch in range(12, 18, 2)] == [(7, 8), (8, 8), (1, 4)]
+    assert sde_window.replayed_steps(g, 0, 14, 1) == []
 
 
 def test_without_a_window_the_reference_steps_are_trained():
@@ -133,3 +137,15 @@ def test_simulate_accepts_a_window_at_the_5b_recipes_world_size(repo):
     out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "world 128" in out.stdout and "1 ranks of 128 checked" in out.stdout
+
+
+def test_a_sliding_windows_empty_tail_trains_nothing_and_says_so(tiny_model, dataset, tmp_path, capfd):
+    """Starts 0, 2, 4 of the range [0, 4): the third batch's window starts at 4 and holds no step (MixGRPO's
+    schedule), so its update replays nothing and steps no optimizer; the run goes on."""
+    grpo = {"sde_window_size": 2, "sde_window_range": [0, 4], "sde_window_mode": "sliding", "sde_window_stride": 2,
+            "sde_window_shift_every": 1, "delayed_replay": False}  # fmt: skip
+    rows = metrics(train_in_process(solo_config(train={"max_steps": 4, "save_steps": 4}, grpo=grpo), tmp_path,
+                                    tiny_model, dataset))  # fmt: skip
+    assert [m["trained_timesteps"] for m in rows] == [2, 2, 0, 2]
+    assert rows[2]["grad_norm"] == 0.0 and rows[2]["policy_loss"] == 0.0 and rows[3]["grad_norm"] > 0
+    assert "update 3: batch 2's SDE window holds no step; nothing trained" in capfd.readouterr().err

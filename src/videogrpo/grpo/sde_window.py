@@ -8,7 +8,8 @@ them):
 - `random` (Flow-GRPO-Fast): a start drawn uniformly from `lo .. hi - size` of grpo.sde_window_range, keyed by the
   run's seed and the batch, so every rank, resume and delayed replay sees the same window;
 - `sliding` (MixGRPO): the window starts at `lo` and moves `sde_window_stride` steps every `sde_window_shift_every`
-  batches, back to `lo` once it would leave the range.
+  batches; as MixGRPO's schedule, it is cut at `hi` near the end of the range (down to no step at all when it starts
+  at `hi`) and starts again at `lo` once its start would pass `hi`.
 
 DiffusionNFT (grpo.algorithm nft, docs/options.md#diffusionnft) trains noise levels rather than transitions: its
 subset is `nft_count` of all T sampling sigmas, drawn afresh per update and shared by every row (so an A14B's rows
@@ -46,9 +47,10 @@ def window(g, seed: int, batch: int) -> tuple[int, int] | None:
         from videogrpo.grpo.rollout import counter_seed
 
         start = lo + int(np.random.default_rng(counter_seed(seed, WINDOW_TAG, batch)).integers(starts))
-    else:  # the positions lo, lo + stride, ... that fit, in turn, then back to lo
-        positions = (starts - 1) // g.sde_window_stride + 1
+    else:  # MixGRPO's schedule: starts lo, lo + stride, ... up to hi, the window cut at hi, then back to lo
+        positions = (hi - lo) // g.sde_window_stride + 1
         start = lo + (batch // g.sde_window_shift_every) % positions * g.sde_window_stride
+        return start, min(start + size, hi)
     return start, start + size
 
 
@@ -60,7 +62,7 @@ def describe(g) -> str:
     where = (
         f"a start drawn per batch from {lo}..{hi - g.sde_window_size}"
         if g.sde_window_mode == "random"
-        else f"sliding from {lo} by {g.sde_window_stride} every {g.sde_window_shift_every} batches"
+        else f"sliding from {lo} by {g.sde_window_stride} every {g.sde_window_shift_every} batches, cut at {hi}"
     )
     return (
         f"SDE window: {g.sde_window_size} of {g.sampling_steps} denoising steps sampled with {g.sampler} and "
@@ -81,8 +83,8 @@ def nft_count(steps: int, fraction: float) -> int:
 
 
 def trained_steps(g) -> int:
-    """Denoising steps replayed per update: the window's size, else the reference's fraction of the first T - 1
-    (DiffusionNFT: its fraction of all T)."""
+    """Denoising steps replayed per update: the window's size (at most: a sliding window is cut at the end of its
+    range), else the reference's fraction of the first T - 1 (DiffusionNFT: its fraction of all T)."""
     if g.algorithm == "nft":
         return nft_count(g.sampling_steps, g.timestep_fraction)
     return g.sde_window_size or fraction_count(g.sampling_steps, g.timestep_fraction)

@@ -328,9 +328,11 @@ class Trainer:
         # FSDP and the all-reduce average gradients over the data replicas (the ranks, or under TP the TP pairs,
         # whose peers compute one replica's loss together), hence the replica count.
         normalizer = len(timesteps) * g.group_size * g.prompts_per_step
-        grad_scale = self.experts.replicas(self.ctx.world_size) / normalizer
+        if not timesteps:  # a sliding window at the end of its sweep (MixGRPO's schedule): this update trains nothing
+            self._log(f"update {action.update}: batch {prepared.batch}'s SDE window holds no step; nothing trained")
+        grad_scale = self.experts.replicas(self.ctx.world_size) / normalizer if normalizer else 0.0
         skipped = gathered["skipped"]
-        if skipped is not None:  # the loss is a mean over the kept groups' terms only (0 if none is kept)
+        if skipped is not None and timesteps:  # the loss is a mean over the kept groups' terms only (0 if none is kept)
             kept = g.prompts_per_step - int(skipped.sum())
             grad_scale = (
                 self.experts.replicas(self.ctx.world_size) / (normalizer // g.prompts_per_step * kept) if kept else 0.0
@@ -359,7 +361,7 @@ class Trainer:
                 for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()), *terms.items()):
                     sums[key] += value * rows
         lr = learning_rate(action.update - 1, cfg.train.warmup_steps, self.total, cfg.train.lr)
-        grad_norm = self.experts.step(lr, cfg.train.max_grad_norm)
+        grad_norm = self.experts.step(lr, cfg.train.max_grad_norm) if timesteps else 0.0
         if self.nft_old is not None:  # after the update, as DiffusionNFT's authors: old <- d old + (1 - d) new
             self.nft_old.mix(
                 nft.old_decay(action.update, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after)
@@ -367,7 +369,7 @@ class Trainer:
         t2 = time.monotonic()
         # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
         reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
-        means = {key: total / normalizer for key, total in zip(sums, reduced)}
+        means = {key: total / max(normalizer, 1) for key, total in zip(sums, reduced)}
         [ratio_abs_max] = process_groups.reduce_floats([ratio_abs_max], self.ctx.device, op="max")
         phases = self.memory.phase_peaks()
         peaks = [float(self.memory.peak()), *(float(phases.get(p, 0)) for p in ("rollout", "replay"))]
