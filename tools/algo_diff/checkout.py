@@ -3,6 +3,7 @@ and the comparison every algo_diff tool prints."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import textwrap
@@ -53,3 +54,30 @@ def relative_differences(theirs: dict, ours: dict, tolerance: float) -> list[tup
         worst = float((mine.double() - theirs[name].double()).abs().max()) / scale
         rows.append((name, worst, worst <= tolerance))
     return rows
+
+
+def arguments(doc: str, repository: str, argv: list[str] | None) -> argparse.Namespace:
+    """A tool's command line: the checkout (`args.checkout`), --commit and --store."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("checkout", type=Path, help=f"a {repository} checkout, git directory or plain tree")
+    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
+    parser.add_argument("--store", type=Path, help="write the inputs and the authors' outputs to this file")
+    return parser.parse_args(argv)
+
+
+def print_rows(rows: list[tuple[str, float, bool]], indent: str = "  ") -> bool:
+    """Print each comparison's verdict; whether every one is within round-off."""
+    for name, worst, ok in rows:
+        print(f"{indent}{name:14s} largest relative difference {worst:.2e}  {'PASS' if ok else 'FAIL'}")
+    return all(ok for *_, ok in rows)
+
+
+def store(path: Path | None, stored: dict) -> None:
+    """With --store: the inputs and the authors' outputs, for tests/test_algo_diff.py."""
+    if path is None:
+        return
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(stored, path)
+    print(f"stored the inputs and their outputs in {path}")

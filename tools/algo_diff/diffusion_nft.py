@@ -20,13 +20,11 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import block_source, function_source, read_source, relative_differences
+from checkout import arguments, block_source, function_source, print_rows, read_source, relative_differences, store
 
 TRAIN_FILE = "scripts/train_nft_sd3.py"
 LOSS_FROM, LOSS_TO = "# Policy Gradient Loss", 'loss_terms["total_loss"] = loss.detach()'
@@ -165,27 +163,18 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("diffusion_nft", type=Path, help="a DiffusionNFT checkout, git directory or plain tree")
-    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
-    parser.add_argument("--store", type=Path, help="write the inputs and the authors' outputs to this file")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "DiffusionNFT", argv)
     try:
-        text, commit = read_source(args.diffusion_nft.resolve(), args.commit, TRAIN_FILE)
+        text, commit = read_source(args.checkout.resolve(), args.commit, TRAIN_FILE)
         data = inputs()
         theirs = authors_side(text, data)
     except OSError as err:
-        print(f"diffusion_nft: could not run {TRAIN_FILE} of {args.diffusion_nft}: {err}", file=sys.stderr)
+        print(f"diffusion_nft: could not run {TRAIN_FILE} of {args.checkout}: {err}", file=sys.stderr)
         return 2
-    rows = compare(theirs, project_side(data))
     print(f"DiffusionNFT at {commit}: {TRAIN_FILE}, beta {BETAS}, decay types {sorted(DECAY_TYPES)}")
-    for name, worst, ok in rows:
-        print(f"  {name:8s} largest relative difference {worst:.2e}  {'PASS' if ok else 'FAIL'}")
-    if args.store:
-        args.store.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"commit": commit, "inputs": data, "theirs": theirs}, args.store)
-        print(f"stored the inputs and their outputs in {args.store}")
-    return 0 if all(ok for *_, ok in rows) else 1
+    ok = print_rows(compare(theirs, project_side(data)))
+    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -18,14 +18,13 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from checkout import read_source, relative_differences
+from checkout import arguments, print_rows, read_source, relative_differences, store
 
 STEP_FILE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
 STEPS, SHIFT, CPS_NOISE, SDE_NOISE = 10, 3.0, 0.8, 0.7
@@ -107,27 +106,18 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("flow_grpo", type=Path, help="a flow_grpo checkout, git directory or plain tree")
-    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
-    parser.add_argument("--store", type=Path, help="write the inputs and the authors' outputs to this file")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "flow_grpo", argv)
     try:
-        step_function, commit = load_step_function(args.flow_grpo.resolve(), args.commit)
+        step_function, commit = load_step_function(args.checkout.resolve(), args.commit)
     except OSError as err:
-        print(f"flow_grpo_steps: could not load {STEP_FILE} from {args.flow_grpo}: {err}", file=sys.stderr)
+        print(f"flow_grpo_steps: could not load {STEP_FILE} from {args.checkout}: {err}", file=sys.stderr)
         return 2
     data = inputs()
     theirs = authors_side(step_function, data)
-    rows = compare(theirs, project_side(data))
     print(f"flow_grpo at {commit}: {STEP_FILE}, {STEPS} steps, shift {SHIFT}")
-    for name, worst, ok in rows:
-        print(f"  {name:14s} largest relative difference {worst:.2e}  {'PASS' if ok else 'FAIL'}")
-    if args.store:
-        args.store.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"commit": commit, "inputs": data, "theirs": theirs}, args.store)
-        print(f"stored the inputs and their outputs in {args.store}")
-    return 0 if all(ok for *_, ok in rows) else 1
+    ok = print_rows(compare(theirs, project_side(data)))
+    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -21,13 +21,11 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import block_source, read_source, relative_differences
+from checkout import arguments, block_source, print_rows, read_source, relative_differences, store
 from flow_grpo_steps import load_step_function
 
 TRAIN_FILE = "scripts/train_sd3_GRPO_Guard.py"
@@ -197,16 +195,12 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("flow_grpo", type=Path, help="a flow_grpo checkout, git directory or plain tree")
-    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
-    parser.add_argument("--store", type=Path, help="write the inputs and the authors' outputs to this file")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "flow_grpo", argv)
     try:
-        text, commit = read_source(args.flow_grpo.resolve(), args.commit, TRAIN_FILE)
-        step_function, _ = load_step_function(args.flow_grpo.resolve(), commit)
+        text, commit = read_source(args.checkout.resolve(), args.commit, TRAIN_FILE)
+        step_function, _ = load_step_function(args.checkout.resolve(), commit)
     except OSError as err:
-        print(f"grpo_guard: could not read {TRAIN_FILE} of {args.flow_grpo}: {err}", file=sys.stderr)
+        print(f"grpo_guard: could not read {TRAIN_FILE} of {args.checkout}: {err}", file=sys.stderr)
         return 2
     data = inputs()
     stepped = gaussian_steps(step_function, data)
@@ -214,15 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GRPO-Guard at {commit}: {TRAIN_FILE}, steps {INDICES} of {STEPS}")
     ok = True
     for scope, rows in SCOPES.items():
-        ours = project_side(data, with_mean(stepped), per_row=scope == "row")
         print(f"  grpo.grpo_guard_scope {scope} against their micro-batches of {rows} row(s):")
-        for name, worst, within in compare(theirs[scope], ours):
-            print(f"    {name:8s} largest relative difference {worst:.2e}  {'PASS' if within else 'FAIL'}")
-            ok &= within
-    if args.store:
-        args.store.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"commit": commit, "inputs": data, "stepped": stepped, "theirs": theirs}, args.store)
-        print(f"stored the inputs and their outputs in {args.store}")
+        ours = project_side(data, with_mean(stepped), per_row=scope == "row")
+        ok &= print_rows(compare(theirs[scope], ours), indent="    ")
+    store(args.store, {"commit": commit, "inputs": data, "stepped": stepped, "theirs": theirs})
     return 0 if ok else 1
 
 

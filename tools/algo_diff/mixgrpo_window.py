@@ -19,15 +19,13 @@ before the sweep starts over.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-from checkout import read_source
+from checkout import arguments, read_source, store
 
 STATES_FILE = "fastvideo/utils/grpo_states.py"
 SAMPLING_STEPS, SIZE, OVERLAP_STEP, ITERS_PER_GROUP, ITERATIONS = 25, 4, 1, 25, 700
@@ -82,28 +80,20 @@ def compare(theirs: list[list[int]], ours: list[list[int]]) -> list[tuple[int, l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mixgrpo", type=Path, help="a MixGRPO checkout, git directory or plain tree")
-    parser.add_argument("--commit", default="HEAD", help="the commit of a clone or mirror (default HEAD)")
-    parser.add_argument("--store", type=Path, help="write their windows to this file")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "MixGRPO", argv)
     try:
-        theirs, commit = their_windows(args.mixgrpo.resolve(), args.commit)
+        theirs, commit = their_windows(args.checkout.resolve(), args.commit)
     except OSError as err:
-        print(f"mixgrpo_window: could not load {STATES_FILE} from {args.mixgrpo}: {err}", file=sys.stderr)
+        print(f"mixgrpo_window: could not load {STATES_FILE} from {args.checkout}: {err}", file=sys.stderr)
         return 2
-    ours = our_windows()
-    differ = compare(theirs, ours)
-    cut = sum(len(w) < SIZE for w in theirs)
+    differ = compare(theirs, our_windows())
+    cut, empty = sum(len(w) < SIZE for w in theirs), sum(not w for w in theirs)
     print(f"MixGRPO at {commit}: {STATES_FILE}, {ITERATIONS} iterations, window {SIZE} of {SAMPLING_STEPS} steps")
-    print(f"  windows equal: {ITERATIONS - len(differ)} of {ITERATIONS} ({cut} cut at the range's end, "
-          f"{sum(not w for w in theirs)} empty)  {'PASS' if not differ else 'FAIL'}")  # fmt: skip
+    verdict = "PASS" if not differ else "FAIL"
+    print(f"  windows equal: {ITERATIONS - len(differ)} of {ITERATIONS} ({cut} cut, {empty} empty)  {verdict}")
     for i, t, o in differ[:10]:
         print(f"    iteration {i}: theirs {t}, ours {o}")
-    if args.store:
-        args.store.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"commit": commit, "theirs": theirs}, args.store)
-        print(f"stored their windows in {args.store}")
+    store(args.store, {"commit": commit, "theirs": theirs})
     return 0 if not differ else 1
 
 
