@@ -3,6 +3,10 @@ the 1 / (sigma - sigma') reweight, and a run that trains with it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -92,3 +96,13 @@ def test_the_memory_plan_holds_the_transition_means_of_every_step(tiny_model):
     }
     # the tiny default: 4 rows held (no offload), 8 steps of a [48, 5, 4, 4] latent in float32
     assert held[True] - held[False] == 4 * 8 * 48 * 5 * 4 * 4 * 4
+
+
+def test_simulate_accepts_grpo_guard_at_the_5b_recipes_world_size(repo):
+    """The recipe's 128 ranks with GRPO-Guard on DanceGRPO: the config checks, rank 0's shards, and a rollout and
+    replay step on fake tensors."""
+    argv = [str(Path(sys.executable).parent / "videogrpo"), "simulate", "--configfile", "config/recipes/rl_5b_cps.yaml"]
+    argv += ["--set", "grpo.grpo_guard=true", "grpo.sampler=dancegrpo", "grpo.eta=0.3", "--ranks", "0"]
+    out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "world 128" in out.stdout and "rollout + replay at step 0" in out.stdout

@@ -315,7 +315,7 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
     from videogrpo.grpo import nft, offload, rollout
     from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.flops import video_tokens
-    from videogrpo.grpo.loss import ppo_objective
+    from videogrpo.grpo.loss import guard_log_ratio, ppo_objective
 
     device = torch.device("cpu")
     routed = cfg.model.kind == "i2v_a14b"
@@ -360,6 +360,7 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
             etas,
             lambda i: torch.randn(rows, *latent),
             g.guidance_scale,
+            keep_means=g.grpo_guard,
         )
         if old is not None:  # DiffusionNFT: the clean latent noised at the step's sigma, the old policy beside
             x = nft.noised(trajectory.latents[:, -1], pair[0], torch.randn(rows, *latent))
@@ -373,7 +374,12 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
                 model, experts.policy, trajectory, 0, pair, g.sampler, embeds, g.guidance_scale,
                 condition if routed else None,
             )  # fmt: skip
-            loss, _, _ = ppo_objective(new.log_prob, trajectory.log_probs[:, 0], torch.randn(rows), g.clip_range)
+            new_lp, old_lp = new.log_prob, trajectory.log_probs[:, 0]
+            if g.grpo_guard:  # the normalised ratio on the recorded transition means
+                per_row = g.grpo_guard_scope == "row"
+                new_lp = guard_log_ratio(new_lp, old_lp, new.mean, trajectory.means[:, 0], new.std, per_row=per_row)
+                old_lp = torch.zeros_like(new_lp)
+            loss, _, _ = ppo_objective(new_lp, old_lp, torch.randn(rows), g.clip_range)
         loss.backward()
         which = f" ({schedule[index]} expert)" if routed else ""
         what = "NFT" if old else "replay"
