@@ -36,7 +36,7 @@ NFT = {"algorithm": "nft", "sampler": "euler", "share_group_noise": False, "dela
 )
 def test_what_cannot_work_with_nft_is_refused_with_the_reason(grpo, message):
     with pytest.raises(ConfigError, match=message):
-        config.from_dict({"grpo": grpo}, partial=True)
+        config.from_dict({"grpo": grpo, "train": {}}, partial=True)  # the sections the rules read
 
 
 def test_nft_is_a_new_run_and_its_fields_count_only_then():
@@ -153,3 +153,16 @@ def test_nft_costs_an_old_policy_forward_per_replay_and_a_copy_of_the_trained_sh
     plain, with_old = flops.step_flops(*args), flops.step_flops(*args, old_policy=True)
     assert with_old.train == plain.train
     assert with_old.inference - plain.inference == 16 * 4 * 2
+
+
+@pytest.mark.parametrize(
+    "algorithm", [NFT, {"grpo_guard": True, "sampler": "dancegrpo", "eta": 0.3}], ids=["nft", "guard"]
+)
+def test_every_stage_loads_its_view_of_an_algorithm_run(algorithm):
+    """A stage receives only the fields it reads (the report: the training sampler, not grpo.algorithm); a rule across
+    fields must not refuse a view that lacks some of them."""
+    from videogrpo.config.identity import STAGE_SECTIONS
+
+    cfg = config.from_dict(trainer_config(grpo=algorithm))
+    for stage in STAGE_SECTIONS:
+        config.from_dict(config.stage_view(cfg, stage), partial=True)

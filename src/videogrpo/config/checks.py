@@ -354,7 +354,6 @@ def _grpo_problems(cfg: Config) -> list[str]:
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
     found += _sde_window_problems(g)
-    found += _nft_problems(g)
     if g.grpo_guard and g.sampler == "flowcps":
         found.append(
             "grpo.grpo_guard = true with grpo.sampler = 'flowcps': GRPO-Guard normalises a Gaussian log-ratio by the "
@@ -570,6 +569,9 @@ CHECKS = (
     (("reward",), _terms_problems),
     (("video",), _video_problems),
     (("grpo",), _grpo_problems),
+    # DiffusionNFT's rules read grpo fields beyond those a stage that names the training sampler receives (the
+    # report's view: sampler and eta); the stages that receive the whole grpo section receive train too.
+    (("grpo", "train"), lambda cfg: _nft_problems(cfg.grpo)),
     (("matrix", "data"), _evaluation_set_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),
