@@ -1,6 +1,6 @@
 """The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO), an SDE
-window and DiffusionNFT, each trained end to end to its report by snakemake on the tiny default, then one comparison
-page of the three (`videogrpo compare`)."""
+window, DiffusionNFT and GRPO-Guard, each trained end to end to its report by snakemake on the tiny default, then one
+comparison page of them all (`videogrpo compare`)."""
 
 from __future__ import annotations
 
@@ -13,41 +13,47 @@ pytestmark = pytest.mark.e2e
 
 WINDOW = "grpo={sde_window_size: 2, sde_window_range: [0, 4]}"
 NFT = "grpo={algorithm: nft, sampler: euler, share_group_noise: false, delayed_replay: false}"
+GUARD = "grpo={grpo_guard: true, sampler: dancegrpo, eta: 0.3}"
 NEW_RUN_JOBS = {"preflight": 1, "train": 1, "generate_cell": 3, "score_cell": 3, "matrix": 1, "report": 1, "all": 1}
 
 
-def new_run(workdir, overrides: str) -> str:
+def new_run(workdir, overrides: str, cells: int = 3) -> str:
+    """A run of the tiny default with `overrides`: its stages and its `cells` new matrix cells (the trained model
+    under the matrix's three samplers; a training sampler outside them adds the held-out check's two)."""
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     out = run(["snakemake", "--cores", "2", "--config", overrides], workdir)
-    assert jobs_run(out.stdout + out.stderr) == NEW_RUN_JOBS
+    assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, generate_cell=cells, score_cell=cells)
     (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     assert (workdir / "results/runs" / made / "report/report.html").is_file()
     return made
 
 
-def test_three_algorithms_train_to_their_reports_and_compare_on_one_page(demo, workdir):
+def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, workdir):
     grpo = first_run_id(workdir)
-    window, nft = new_run(workdir, WINDOW), new_run(workdir, NFT)
-    runs = [f"results/runs/{name}" for name in (grpo, window, nft)]
-    nft_page = (workdir / runs[2] / "report/report.html").read_text()
-    assert "grpo.algorithm = nft" in nft_page
+    window, nft, guard = new_run(workdir, WINDOW), new_run(workdir, NFT), new_run(workdir, GUARD, cells=5)
+    runs = [f"results/runs/{name}" for name in (grpo, window, nft, guard)]
+    for run_dir, option in zip(runs[1:], ("grpo.sde_window_size = 2", "grpo.algorithm = &quot;nft&quot;",
+                                          "grpo.grpo_guard = true")):  # fmt: skip
+        assert f"options {option}" in (workdir / run_dir / "report/report.html").read_text()
 
     out = run(["videogrpo", "compare", *runs, "--out", "comparison.html"], workdir)
     lines = out.stdout.splitlines()
     # Each run's held-out check under its own training sampler, with its paired interval.
-    for name, sampler in ((grpo, "flowcps-0.7"), (window, "flowcps-0.7"), (nft, "euler")):
+    for name, sampler in ((grpo, "flowcps-0.7"), (window, "flowcps-0.7"), (nft, "euler"), (guard, "dancegrpo-0.3")):
         line = rf"{name}: held-out trained - base [+-]\d\.\d{{4}} \[.+\] \({sampler}\)$"
         assert any(re.match(line, x) for x in lines), lines
     # The paired difference from the first run under each of the three samplers every matrix evaluated.
     paired = [x for x in lines if f" - {grpo} (" in x]
-    assert len(paired) == 6, lines
+    assert len(paired) == 9, lines
     assert {re.search(r"\((\S+)\)", x).group(1) for x in paired} == {"unipc", "euler", "flowcps-0.7"}
-    assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 3
+    assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 4
     page = (workdir / "comparison.html").read_text()
     for section in ("What differs", "Held-out change against the base model", "Paired difference between the runs",
                     "Reward per update and per modelled GPU-hour"):  # fmt: skip
         assert section in page
-    assert "grpo.algorithm" in page and "grpo.sde_window_size" in page and "data:image/png;base64," in page
+    for field in ("grpo.algorithm", "grpo.sde_window_size", "grpo.grpo_guard", "grpo.sampler"):
+        assert f"<th>{field}</th>" in page
+    assert "data:image/png;base64," in page
 
     # A file changed since its manifest recorded it is named, and no page is written.
     metrics = workdir / runs[1] / "train/metrics.jsonl"
