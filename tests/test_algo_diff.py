@@ -56,28 +56,31 @@ def test_diffusion_nft_objective_update_and_old_policy_are_the_authors_to_round_
     assert not verdict["loss"] and not verdict["grad"]
 
 
-@pytest.mark.parametrize("scope", ["micro_batch", "row"])
-def test_grpo_guards_normalised_ratio_loss_and_update_are_the_authors_to_round_off(scope):
-    """tests/data/algo_diff/grpo_guard.pt: GRPO-Guard's own ratio and loss lines (scripts/train_sd3_GRPO_Guard.py, run
-    by tools/algo_diff/grpo_guard.py) on their SDE step's tensors at four noise levels: on a micro-batch of four rows
-    (the scope micro_batch, their code's) and on micro-batches of one row (the scope row, their paper's)."""
+@pytest.mark.parametrize("scope", ["micro_batch", "row", "off"])
+def test_grpo_guards_and_the_plain_ratio_loss_and_update_are_flow_grpos_to_round_off(scope):
+    """tests/data/algo_diff/grpo_guard.pt: Flow-GRPO's own ratio and loss lines (run by tools/algo_diff/grpo_guard.py)
+    on their SDE step's tensors at four noise levels: GRPO-Guard's (scripts/train_sd3_GRPO_Guard.py) on a micro-batch
+    of four rows (the scope micro_batch, their code's) and of one row (the scope row, their paper's), and the plain
+    PPO loss of Flow-GRPO-Fast's script (scripts/train_sd3_fast.py: GRPO-Guard off)."""
     import grpo_guard
 
     stored = torch.load(REPO / "tests/data/algo_diff/grpo_guard.pt", weights_only=True)
     assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
-    stepped, per_row = grpo_guard.with_mean(stored["stepped"]), scope == "row"
-    rows = grpo_guard.compare(stored["theirs"][scope], grpo_guard.project_side(stored["inputs"], stepped, per_row))
+    stepped = grpo_guard.with_mean(stored["stepped"])
+    rows = grpo_guard.compare(stored["theirs"][scope], grpo_guard.project_side(stored["inputs"], stepped, scope))
     assert [name for name, *_ in rows] == ["ratio", "loss", "grad", "updated"]
     assert all(ok for *_, ok in rows), rows
-    # The comparison can fail: the other scope's terms, and the ratio without its mean-shift term, are caught.
-    other = grpo_guard.project_side(stored["inputs"], stepped, not per_row)
+    # The comparison can fail: another scope's terms are caught.
+    other = grpo_guard.project_side(stored["inputs"], stepped, "row" if scope != "row" else "micro_batch")
     assert not dict((n, ok) for n, _, ok in grpo_guard.compare(stored["theirs"][scope], other))["grad"]
+    if scope == "off":
+        return
     from videogrpo.grpo import loss
 
-    real = loss.guard_log_ratio
+    real = loss.guard_log_ratio  # and the normalised ratio without its mean-shift term
     try:
         loss.guard_log_ratio = lambda lp, old, m, om, std, mask=None, per_row=True: (lp - old.detach()) * std
-        broken = grpo_guard.project_side(stored["inputs"], stepped, per_row)
+        broken = grpo_guard.project_side(stored["inputs"], stepped, scope)
     finally:
         loss.guard_log_ratio = real
     verdict = dict((n, ok) for n, _, ok in grpo_guard.compare(stored["theirs"][scope], broken))

@@ -12,8 +12,10 @@ old log-probabilities and means, and the advantages. At four noise levels of a 1
 - the normalised ratio, the loss (reweighted by 1 / (sigma - sigma')) and its gradient with respect to the velocity;
 - one optimizer update of the velocity from that gradient (AdamW with gradient clipping, the same on both sides);
 each for their code on a micro-batch of four rows against grpo.grpo_guard_scope micro_batch over the same four rows
-(their mean-shift term and std are the micro-batch's), and for their code on micro-batches of one row against the
-scope `row` (each row's own, as their paper derives it).
+(their mean-shift term and std are the micro-batch's), for their code on micro-batches of one row against the
+scope `row` (each row's own, as their paper derives it), and, as `off`, for the plain ratio and PPO loss of
+Flow-GRPO-Fast's script (scripts/train_sd3_fast.py, what an SDE window's steps train on) against this project's
+with GRPO-Guard off, at their default clip range 1e-4.
 
 --store FILE writes the inputs and their outputs (what tests/test_algo_diff.py compares against without the
 checkout). Exit status: 0 when every comparison is within round-off, 1 when one is not, 2 when it could not run.
@@ -29,15 +31,21 @@ from checkout import arguments, block_source, print_rows, read_source, relative_
 from flow_grpo_steps import load_step_function
 
 TRAIN_FILE = "scripts/train_sd3_GRPO_Guard.py"
-BLOCK_FROM, BLOCK_TO = "# grpo logic", "policy_loss = policy_loss / (sqrt_dt.mean()**2)"
+FAST_FILE = "scripts/train_sd3_fast.py"
+"""Flow-GRPO-Fast's training script (the SDE window's): its plain PPO loss, what grpo.grpo_guard off replays."""
+BLOCK_FROM = "# grpo logic"
+BLOCK_TO = {TRAIN_FILE: "policy_loss = policy_loss / (sqrt_dt.mean()**2)", FAST_FILE: "policy_loss = torch.mean("}
 STEPS, SHIFT, NOISE = 10, 3.0, 0.7
 INDICES = (0, 3, 6, 8)
 """The schedule's steps compared (their SDE's std vanishes at the last)."""
 SHAPE = (4, 4, 6, 6)  # [B, C, H, W]: an image latent; this project's video latent is [B, C, F, h, w] with F = 1
 CLIP_RANGE, ADV_CLIP, LR, WEIGHT_DECAY, MAX_GRAD_NORM, ADAM_EPS = 2e-6, 5.0, 3e-4, 1e-4, 1.0, 1e-8
 """Their GRPO-Guard config's clip range; their other training values."""
-SCOPES = {"micro_batch": SHAPE[0], "row": 1}
-"""Each grpo.grpo_guard_scope and the rows of the micro-batches their code is run on for it."""
+PLAIN_CLIP = 1e-4
+"""Their default clip range, for the plain ratio."""
+SCOPES = {"micro_batch": (TRAIN_FILE, SHAPE[0]), "row": (TRAIN_FILE, 1), "off": (FAST_FILE, SHAPE[0])}
+"""Each grpo.grpo_guard_scope (`off`: grpo.grpo_guard false), the script whose loss lines are run for it and the rows
+of their micro-batches."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
 
@@ -87,11 +95,13 @@ def _their_step(step_function, data: dict, k: int, rows: slice, velocity: torch.
     return old_next, old_logp, old_mean, logp, mean, std_dev_t, sqrt_dt
 
 
-def authors_side(text: str, step_function, data: dict, rows_per_batch: int = 1) -> dict:
-    """Their loss block on their step's tensors, per step and micro-batch of `rows_per_batch` rows: the ratio, the
-    loss averaged over the micro-batches, its gradient to the velocity, and the velocity after one AdamW step."""
-    block = compile(block_source(text, BLOCK_FROM, BLOCK_TO), TRAIN_FILE, "exec")
-    config = SimpleNamespace(rationorm=True, train=SimpleNamespace(adv_clip_max=ADV_CLIP, clip_range=CLIP_RANGE))
+def authors_side(texts: dict[str, str], step_function, data: dict, scope: str) -> dict:
+    """Their loss block of `scope` on their step's tensors, per step and micro-batch: the ratio, the loss averaged
+    over the micro-batches, its gradient to the velocity, and the velocity after one AdamW step."""
+    path, rows_per_batch = SCOPES[scope]
+    block = compile(block_source(texts[path], BLOCK_FROM, BLOCK_TO[path]), path, "exec")
+    clip = PLAIN_CLIP if scope == "off" else CLIP_RANGE
+    config = SimpleNamespace(rationorm=True, train=SimpleNamespace(adv_clip_max=ADV_CLIP, clip_range=clip))
     out = {k: [] for k in ("ratio", "loss", "grad", "updated")}
     for k in range(len(INDICES)):
         velocity = data["velocity"][k].clone().requires_grad_(True)
@@ -126,9 +136,10 @@ def _one_update(velocity: torch.Tensor) -> torch.Tensor:
     return velocity.detach().clone()
 
 
-def project_side(data: dict, stepped: dict, per_row: bool) -> dict:
-    """This project's guard_log_ratio, PPO loss and reweighting on the same Gaussian steps (`stepped`: per step, the
-    rollout's next latent, old mean and std, and the current mean as a function of the velocity)."""
+def project_side(data: dict, stepped: dict, scope: str) -> dict:
+    """This project's guard_log_ratio, PPO loss and reweighting of grpo.grpo_guard_scope `scope` on the same Gaussian
+    steps (`stepped`: per step, the rollout's next latent, old mean and std, and the current mean as a function of the
+    velocity); `off`: the plain ratio and PPO loss (grpo.grpo_guard false)."""
     from videogrpo.grpo import loss as guard
     from videogrpo.grpo import samplers
 
@@ -140,10 +151,14 @@ def project_side(data: dict, stepped: dict, per_row: bool) -> dict:
         mean = stepped["mean_of"](k, velocity).unsqueeze(2)
         old_logp = samplers.log_prob("dancegrpo", old_next, old_mean, std)
         logp = samplers.log_prob("dancegrpo", old_next, mean, std)
-        log_ratio = guard.guard_log_ratio(logp, old_logp, mean, old_mean, std, per_row=per_row)
         advantages = torch.clamp(data["advantages"], -ADV_CLIP, ADV_CLIP)
-        loss, _ = guard.ppo_loss(log_ratio, torch.zeros_like(log_ratio), advantages, CLIP_RANGE)
-        loss = loss / float(data["sigmas"][index] - data["sigmas"][index + 1])
+        if scope == "off":
+            log_ratio = logp - old_logp
+            loss, _ = guard.ppo_loss(logp, old_logp, advantages, PLAIN_CLIP)
+        else:
+            log_ratio = guard.guard_log_ratio(logp, old_logp, mean, old_mean, std, per_row=scope == "row")
+            loss, _ = guard.ppo_loss(log_ratio, torch.zeros_like(log_ratio), advantages, CLIP_RANGE)
+            loss = loss / float(data["sigmas"][index] - data["sigmas"][index + 1])
         loss.backward()
         out["ratio"].append(torch.exp(log_ratio).detach())
         out["loss"].append(loss.detach())
@@ -197,19 +212,21 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(__doc__, "flow_grpo", argv)
     try:
-        text, commit = read_source(args.checkout.resolve(), args.commit, TRAIN_FILE)
+        texts = {}
+        for path in (TRAIN_FILE, FAST_FILE):
+            texts[path], commit = read_source(args.checkout.resolve(), args.commit, path)
         step_function, _ = load_step_function(args.checkout.resolve(), commit)
     except OSError as err:
         print(f"grpo_guard: could not read {TRAIN_FILE} of {args.checkout}: {err}", file=sys.stderr)
         return 2
     data = inputs()
     stepped = gaussian_steps(step_function, data)
-    theirs = {scope: authors_side(text, step_function, data, rows) for scope, rows in SCOPES.items()}
-    print(f"GRPO-Guard at {commit}: {TRAIN_FILE}, steps {INDICES} of {STEPS}")
+    theirs = {scope: authors_side(texts, step_function, data, scope) for scope in SCOPES}
+    print(f"flow_grpo at {commit}: {TRAIN_FILE} and {FAST_FILE}, steps {INDICES} of {STEPS}")
     ok = True
-    for scope, rows in SCOPES.items():
-        print(f"  grpo.grpo_guard_scope {scope} against their micro-batches of {rows} row(s):")
-        ours = project_side(data, with_mean(stepped), per_row=scope == "row")
+    for scope, (path, rows) in SCOPES.items():
+        print(f"  grpo.grpo_guard_scope {scope} against {path} on micro-batches of {rows} row(s):")
+        ours = project_side(data, with_mean(stepped), scope)
         ok &= print_rows(compare(theirs[scope], ours), indent="    ")
     store(args.store, {"commit": commit, "inputs": data, "stepped": stepped, "theirs": theirs})
     return 0 if ok else 1
