@@ -127,7 +127,7 @@ class Tracker:
             speed += f" | MFU {100 * metrics['time_mfu']:.1f} %"
         if "ppo_ratio_mean" in metrics:
             objective = f" | ratio {metrics['ppo_ratio_mean']:.6f}"
-        else:  # DiffusionNFT: no ratio; its two implicit policies' losses (equal while the old policy is the trained one)
+        else:  # DiffusionNFT: no ratio; its implicit policies' losses (equal while the old policy is the trained one)
             objective = f" | L+ {metrics['nft_positive_loss']:.5f} L- {metrics['nft_negative_loss']:.5f}"
         log(
             f"step {metrics['step']}/{self.total} | reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f}"
