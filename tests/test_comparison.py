@@ -1,6 +1,6 @@
 """`videogrpo compare`'s numbers on made-up runs (evaluation/comparison.py): the paired difference between runs, the
 held-out rows, the modelled GPU-hours, and the refusals. The whole command on real runs:
-tests/test_algorithms_workflow.py."""
+tests/test_workflow_algorithms.py."""
 
 from __future__ import annotations
 

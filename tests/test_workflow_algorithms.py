@@ -1,6 +1,7 @@
 """The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO), an SDE
 window, DiffusionNFT and GRPO-Guard, each trained end to end to its report by snakemake on the tiny default, then one
-comparison page of them all (`videogrpo compare`)."""
+comparison page of them all (`videogrpo compare`). After tests/test_workflow.py, whose tests read the demo's run as the
+only one."""
 
 from __future__ import annotations
 
