@@ -101,7 +101,7 @@ def test_the_trainer_clips_each_replay_with_the_configured_upper_bound(tiny_mode
     """Under delayed replay an update replays a batch rolled out before the previous update, so its ratios leave
     1 +- 1e-6: the replay's objective gets clip_range_high as its upper bound (its arithmetic is pinned above), and
     clip_range_high equal to the clip range is the symmetric run, bit for bit."""
-    from videogrpo.grpo import trainer as trainer_module
+    from videogrpo.grpo import objectives  # where the update's objective reads ppo_loss
 
     seen = []
 
@@ -115,7 +115,7 @@ def test_the_trainer_clips_each_replay_with_the_configured_upper_bound(tiny_mode
     same = run_lr(tmp_path / "same", tiny_model, dataset, lr, **clip, clip_range_high=1e-6)
     assert weights(same) == weights(symmetric)
     assert max(m["ppo_clip_fraction"] for m in metrics(symmetric)) > 0  # ratios outside the clip range
-    monkeypatch.setattr(trainer_module, "ppo_loss", recording)
+    monkeypatch.setattr(objectives, "ppo_loss", recording)
     run_lr(tmp_path / "wide", tiny_model, dataset, lr, **clip, clip_range_high=0.5)
     assert seen and set(seen) == {(1e-6, 0.5)}
 
