@@ -182,8 +182,9 @@ def _compare_command(args: argparse.Namespace) -> int:
     runs = [comparison.load_run(run) for run in args.runs]
     peak = assume.peak_flops
     assumption = f"{assume.gpu} at its dense bf16 peak of {peak / 1e12:,.0f} TFLOP/s and MFU {assume.mfu:g}"
-    atomic.write_text(args.out, comparison.render_html(runs, peak, assume.mfu, assumption))
-    print("\n".join(comparison.summary_lines(runs, peak, assume.mfu)))
+    found = comparison.tables(runs, peak, assume.mfu)
+    atomic.write_text(args.out, comparison.render_html(runs, found, peak, assume.mfu, assumption))
+    print("\n".join(comparison.summary_lines(found)))
     print(f"wrote {args.out}")
     return 0
 

@@ -119,14 +119,23 @@ def differing_fields(runs: list[RunRecord]) -> list[dict[str, str]]:
     return [{k: f.get(k, "-") for k in keys} for f in flat]
 
 
+def _update_flops(run: RunRecord) -> np.ndarray:
+    """Every FLOP each update's metrics record: its replay with gradients and its forwards without."""
+    return np.array([r.get("model_flops_per_update", 0) + r.get("inference_flops_per_update", 0) for r in run.metrics])
+
+
+def _gpu_hours(flops: np.ndarray | float, peak_flops: float, mfu: float) -> np.ndarray | float:
+    return flops / (peak_flops * mfu) / 3600
+
+
 def training_summary(run: RunRecord, peak_flops: float, mfu: float) -> dict[str, Any]:
     """Updates, reward, FLOPs, the modelled GPU-hours (every FLOP the run's updates record, at `mfu` of
     `peak_flops`) and the measured wall time per update."""
     rows = run.metrics
     if not rows:
         raise VideoGRPOError(f"{run.run_dir}: its training metrics hold no update")
-    flops = [r.get("model_flops_per_update", 0) + r.get("inference_flops_per_update", 0) for r in rows]
-    hours = float(np.sum(flops)) / (peak_flops * mfu) / 3600
+    flops = _update_flops(run)
+    hours = float(_gpu_hours(flops.sum(), peak_flops, mfu))
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
     return {
         "run": run.name,
@@ -205,18 +214,30 @@ def paired_rows(runs: list[RunRecord]) -> list[dict[str, Any]]:
     return found
 
 
-def summary_lines(runs: list[RunRecord], peak_flops: float, mfu: float) -> list[str]:
+@dataclass
+class Tables:
+    """The page's numbers, computed once for the page and the printed summary."""
+
+    heldout: list[dict[str, Any]]
+    paired: list[dict[str, Any]]
+    training: list[dict[str, Any]]
+
+
+def tables(runs: list[RunRecord], peak_flops: float, mfu: float) -> Tables:
+    return Tables(heldout_rows(runs), paired_rows(runs), [training_summary(r, peak_flops, mfu) for r in runs])
+
+
+def summary_lines(found: Tables) -> list[str]:
     """The page's numbers as text: held-out changes, paired differences, training."""
     lines = [
         f"{r['run']}: held-out trained - base {r['trained - base']:+.4f} {r['95 % interval']} ({r['sampler']})"
-        for r in heldout_rows(runs)
+        for r in found.heldout
     ]
     lines += [
         f"{r['run']} - {r['against']} ({r['sampler']}): {r['mean difference']:+.4f} {r['95 % interval']}"
-        for r in paired_rows(runs)
+        for r in found.paired
     ]
-    for run in runs:
-        t = training_summary(run, peak_flops, mfu)
+    for t in found.training:
         lines.append(
             f"{t['run']}: {t['updates']} updates, reward {t['reward first']:.4f} -> {t['reward last']:.4f}, "
             f"{t['modelled GPU-h']:.3g} modelled GPU-h, {t['wall s per update']:.2f} s per update ({t['hardware']})"
@@ -230,10 +251,9 @@ def curves_png(runs: list[RunRecord], peak_flops: float, mfu: float) -> str:
     fig, (by_update, by_hours) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=100)
     for run in runs:
         rewards = [r["reward_mean"] for r in run.metrics]
-        flops = np.cumsum([r.get("model_flops_per_update", 0) + r.get("inference_flops_per_update", 0)
-                           for r in run.metrics])  # fmt: skip
+        hours = _gpu_hours(np.cumsum(_update_flops(run)), peak_flops, mfu)
         by_update.plot([r["step"] for r in run.metrics], rewards, marker="o", markersize=3, label=run.name)
-        by_hours.plot(flops / (peak_flops * mfu) / 3600, rewards, marker="o", markersize=3, label=run.name)
+        by_hours.plot(hours, rewards, marker="o", markersize=3, label=run.name)
     by_update.set_xlabel("optimizer update")
     by_hours.set_xlabel("modelled GPU-hours")
     report_page._updates_axis(by_update)
@@ -245,13 +265,11 @@ def curves_png(runs: list[RunRecord], peak_flops: float, mfu: float) -> str:
     return report_page._figure_png(fig)
 
 
-def render_html(runs: list[RunRecord], peak_flops: float, mfu: float, assumption: str) -> str:
+def render_html(runs: list[RunRecord], found: Tables, peak_flops: float, mfu: float, assumption: str) -> str:
     differs = differing_fields(runs)
     fields = sorted({k for d in differs for k in d})
     what = [{"run": r.name, **d} for r, d in zip(runs, differs)]
-    training = [training_summary(r, peak_flops, mfu) for r in runs]
-    paired = paired_rows(runs)
-    heldout = heldout_rows(runs)
+    heldout, paired, training = found.heldout, found.paired, found.training
     first = html.escape(runs[0].name)
     curves = curves_png(runs, peak_flops, mfu)
     parts = [
