@@ -297,7 +297,8 @@ def load(
     if not (path / MARKER).is_file():
         raise VideoGRPOError(f"{path}: not a complete checkpoint (no {MARKER} marker)")
     parts = _parts(model, optimizer)
-    saved = read_state(path).get("parts", ["transformer"])
+    state = read_state(path)
+    saved = state.get("parts", ["transformer"])
     if sorted(parts) != saved:
         raise VideoGRPOError(
             f"{path}: holds the trainable parts {saved}, this run trains {sorted(parts)} (model.kind or "
@@ -306,11 +307,11 @@ def load(
     with_optim = any(opt is not None for _, opt in parts.values())
     # Weights only: a checkpoint also holding optimizer state loads partially.
     loaded = dcp_state(parts, with_optim)
-    held = read_state(path).get("extra", [])
+    held = state.get("extra", [])
     loaded.update({key: tensors for key, tensors in (extra or {}).items() if key in held})
     dcp.load(loaded, checkpoint_id=str(path / "dcp"))
     _set_state(parts, loaded, with_optim)
     rng_file = path / "rng" / f"rank-{rank:05d}.pt"
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
-    return read_state(path)
+    return state
