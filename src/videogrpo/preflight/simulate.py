@@ -368,7 +368,8 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
             with torch.no_grad(), old.swapped_in():
                 v_old = rollout.velocity(model, experts.policy, x.to(model.trajectory_dtype), pair[0], *guided)
             v = rollout.velocity(model, experts.policy, x.to(model.trajectory_dtype), pair[0], *guided)
-            loss, *_ = nft.nft_objective(v, v_old, x, trajectory.latents[:, -1], pair[0], torch.randn(rows), 1.0, 5.0)
+            x0, advantages = trajectory.latents[:, -1], torch.randn(rows)
+            loss, *_ = nft.nft_objective(v, v_old, x, x0, pair[0], advantages, g.nft_beta, g.nft_adv_clip)
         else:
             new = rollout.replay_log_prob(
                 model, experts.policy, trajectory, 0, pair, g.sampler, embeds, g.guidance_scale,
