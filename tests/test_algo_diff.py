@@ -101,3 +101,34 @@ def test_the_sliding_window_is_mixgrpos_schedule_end_of_sweep_included():
     # The comparison can fail: restarting once a whole window would leave the range (no cut windows) is caught.
     restarted = [w if len(w) == mixgrpo_window.SIZE else list(range(4)) for w in mixgrpo_window.our_windows()]
     assert mixgrpo_window.compare(theirs, restarted)
+
+
+def test_the_dpm_solver_tail_is_mixgrpo_flashs_to_round_off():
+    """tests/data/algo_diff/mixgrpo_tail.pt: MixGRPO-Flash's sampling loop (their `run_sample_step`, `post`
+    DPM-Solver++ 2M, run by tools/algo_diff/mixgrpo_tail.py) over a stand-in transformer, for every window of their
+    sweep at Flash's and Flash*'s ratios: the noise levels and the final latent of this project's rollout with the
+    dpm_solver tail must agree to round-off, the tails of one noise level (ending above 0) included."""
+    import mixgrpo_tail
+
+    stored = torch.load(REPO / "tests/data/algo_diff/mixgrpo_tail.pt", weights_only=True)
+    assert stored["commit"] == "e5cdd6a427778d8c8b2e7a48ce16972141adbe7c"
+    theirs = stored["theirs"]
+    assert len(theirs) == 2 * len(mixgrpo_tail.windows()) == 46
+    # A tail of one noise level ends the sample above 0: windows ending at 22 or later (Flash), 17 or later (Flash*).
+    assert sum(float(case["sigmas"][-1]) > 0 for case in theirs.values()) == 5 + 10
+    rows = mixgrpo_tail.compare(theirs, mixgrpo_tail.our_samples(stored["inputs"]))
+    assert len(rows) == 92 and all(ok for *_, ok in rows), [r for r in rows if not r[2]]
+    # The comparison can fail: a first-order tail (no history), or the Euler tail on every remaining step.
+    from videogrpo.grpo import samplers, sde_window
+
+    real_step, real_tail = samplers.dpm_solver_step, sde_window.tail
+    try:
+        samplers.dpm_solver_step = lambda x, x0, s, s_next, before, dtype: real_step(x, x0, s, s_next, None, dtype)
+        first_order = mixgrpo_tail.compare(theirs, mixgrpo_tail.our_samples(stored["inputs"]))
+        samplers.dpm_solver_step = real_step
+        sde_window.tail = lambda g, shift, steps: None
+        euler = mixgrpo_tail.compare(theirs, mixgrpo_tail.our_samples(stored["inputs"]))
+    finally:
+        samplers.dpm_solver_step, sde_window.tail = real_step, real_tail
+    assert sum(not ok for *_, ok in first_order) >= 20
+    assert sum(not ok for *_, ok in euler) >= 30

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from videogrpo.grpo import flops, tracking
+from videogrpo.grpo import flops, sde_window, tracking
 from videogrpo.models.shapes import SMALL_I2V_EXPERT, SMALL_TI2V, TINY_TI2V, WAN_I2V_A14B_EXPERT, WAN_TI2V_5B
 
 from harness import metrics, solo_config, trainer_in_process
@@ -86,11 +86,13 @@ def test_the_peak_is_the_devices_known_dense_bf16_or_none():
     assert flops.device_peak_flops(torch.device("cpu")) is None
 
 
-def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("window", [{}, {"sde_window_size": 2, "sde_window_tail": "dpm_solver"}], ids=["all", "tail"])
+def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(window, tiny_model, dataset, tmp_path, monkeypatch, capsys):
     """Every transformer forward of a delayed-replay run with guidance, KL reference and checkpointing is
-    counted (by its real shapes) and set against the metrics line of the update it belongs to."""
+    counted (by its real shapes) and set against the metrics line of the update it belongs to; with an SDE window's
+    DPM-Solver tail, whose rollouts take fewer forwards, their count per batch."""
     cfg = solo_config(
-        grpo={"delayed_replay": True, "kl_coeff": 0.1, "guidance_scale": 2.0},
+        grpo={"delayed_replay": True, "kl_coeff": 0.1, "guidance_scale": 2.0, **window},
         train={"max_steps": 3, "save_steps": 0, "gradient_checkpointing": True},
     )
     trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset)
@@ -121,7 +123,10 @@ def test_the_trainer_logs_the_flops_of_the_forwards_it_runs(tiny_model, dataset,
     # that rolls out nothing.
     assert [m["rolled_out_batches"] for m in lines] == [[0, 1], [2], []]
     per = flops.forward_flops(config, lines[0]["video_tokens_per_sample"], trainer.model.max_text_tokens)
-    rollout = 1 * 4 * cfg["grpo"]["sampling_steps"] * 2 * per.total  # prompts x group x steps x guidance
+    g = trainer.cfg.grpo
+    forwards = sde_window.rollout_forwards(g, sde_window.window(g, trainer.cfg.train.seed, 0))
+    assert (forwards < g.sampling_steps) == bool(window)
+    rollout = 1 * 4 * forwards * 2 * per.total  # prompts x group x steps x guidance
     assert per_update[0] == lines[0]["model_flops_per_update"] + lines[0]["inference_flops_per_update"] + rollout
     for seen, line in zip(per_update[1:], lines[1:]):
         assert seen == line["model_flops_per_update"] + line["inference_flops_per_update"]

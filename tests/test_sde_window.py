@@ -30,6 +30,8 @@ def grpo(**fields) -> SimpleNamespace:
         sde_window_mode="random",
         sde_window_stride=1,
         sde_window_shift_every=25,
+        sde_window_tail="euler",
+        sde_window_tail_ratio=0.4,
     )
     return SimpleNamespace(**{**base, **fields})
 
@@ -105,6 +107,69 @@ def test_the_rollout_samples_the_window_with_the_sde_and_every_other_step_with_t
     assert not torch.equal(out.latents[:, 1], whole.latents[:, 1])  # step 0 is an SDE step only without the window
 
 
+def test_after_the_window_the_dpm_solver_tail_takes_fewer_re_spaced_steps_and_keeps_only_its_end():
+    """MixGRPO-Flash's tail: the steps after a window ending at 4 (of 10) become int(7 x 0.4) = 2 noise levels from
+    sigma_4 to 0 (at 0.7: 4). The solver's history starts with the window's last x0 (second order from the tail's
+    first step); its last step, to 0, lands on x0. Only the final state is kept; the steps up to the window's end are
+    the Euler tail's rollout's."""
+    sigmas = samplers.sigma_schedule(10, 3.0)
+    init = torch.randn(2, 4, 2, 3, 3, generator=torch.Generator().manual_seed(0))
+    noise = [torch.randn_like(init) for _ in range(10)]
+    etas, field, calls = torch.full((2,), 0.7), Field(), []
+
+    class Counted(Field):
+        def velocity(self, transformer, x, sigma, embeds, guidance_scale, condition=None):
+            calls.append(sigma)
+            return super().velocity(transformer, x, sigma, embeds, guidance_scale, condition)
+
+    def sample(model, tail=None):
+        step_noise = noise.__getitem__
+        return rollout(model, None, None, None, init, sigmas, "dancegrpo", etas, step_noise, window=(2, 4), tail=tail)
+
+    def by_hand(tail, before):
+        x = euler.latents[:, 4]
+        for s, s_next in zip(tail[:-1].tolist(), tail[1:].tolist()):
+            x0 = x - s * field.velocity(None, x, s, None, 1.0)
+            x, before = samplers.dpm_solver_step(x, x0, s, s_next, before, torch.float32), (x0, s)
+        assert torch.equal(x, x0)  # the last step lands on x0
+        return x
+
+    euler = sample(field)
+    x3, s3 = euler.latents[:, 3], float(sigmas[3])
+    window_x0 = (x3 - s3 * field.velocity(None, x3, s3, None, 1.0), s3)
+    g = grpo(sampling_steps=10, sde_window_size=2, sde_window_tail="dpm_solver")
+    for ratio, levels in ((0.4, 2), (0.7, 4)):
+        g.sde_window_tail_ratio = ratio
+        tail = sde_window.tail(g, 3.0, (2, 4))
+        assert len(tail) == sde_window.tail_points(g, 4) == levels
+        assert float(tail[0]) == float(sigmas[4]) and float(tail[-1]) == 0.0
+        calls.clear()
+        out = sample(Counted(), tail)
+        assert len(calls) == sde_window.rollout_forwards(g, (2, 4)) == 4 + levels - 1
+        assert calls[4:] == tail[:-1].tolist()
+        assert torch.equal(out.latents[:, :5], euler.latents[:, :5]) and torch.equal(out.log_probs, euler.log_probs)
+        assert torch.isnan(out.latents[:, 5:-1]).all()  # on no step of the schedule: never replayed
+        assert torch.equal(out.latents[:, -1], by_hand(tail, window_x0))
+        # The history is used, except where the tail's one step is its last (to 0: first order).
+        assert torch.equal(out.latents[:, -1], by_hand(tail, None)) == (levels == 2)
+    # A window reaching the last step has no tail; a tail of one level ends at the window's end, as theirs.
+    assert sde_window.tail(g, 3.0, (8, 10)) is None and sde_window.rollout_forwards(g, (8, 10)) == 10
+    g.sde_window_tail_ratio = 0.2
+    one = sde_window.tail(g, 3.0, (2, 4))
+    assert len(one) == 1 and sde_window.rollout_forwards(g, (2, 4)) == 4
+    assert torch.equal(sample(field, one).latents[:, -1], euler.latents[:, 4])
+
+
+def test_the_tails_mean_forwards_follow_where_the_window_may_sit():
+    g = grpo(sampling_steps=10, sde_window_size=2, sde_window_range=[0, 4], sde_window_tail="euler")
+    assert sde_window.mean_rollout_forwards(g) == 10
+    g.sde_window_tail, g.sde_window_tail_ratio = "dpm_solver", 0.4
+    # random: ends 2, 3, 4 -> 2 + int(3.6) - 1, 3 + int(3.2) - 1, 4 + int(2.8) - 1
+    assert sde_window.mean_rollout_forwards(g) == (4 + 5 + 5) / 3
+    g.sde_window_mode, g.sde_window_stride = "sliding", 2  # starts 0, 2, 4: ends 2, 4, 4 (cut, then empty)
+    assert sde_window.mean_rollout_forwards(g) == (4 + 5 + 5) / 3
+
+
 def test_the_window_is_an_option_refused_where_it_cannot_fit():
     with pytest.raises(ConfigError, match=r"grpo.sde_window_size = 9: larger than its range \[0, 8\)"):
         config.from_dict({"grpo": {"sde_window_size": 9, "sampling_steps": 8}}, partial=True)
@@ -112,17 +177,31 @@ def test_the_window_is_an_option_refused_where_it_cannot_fit():
         config.from_dict({"grpo": {"sde_window_size": 1, "sde_window_range": [3, 2]}}, partial=True)
     with pytest.raises(ConfigError, match="grpo.sde_window_mode = 'fixed': must be one of random, sliding"):
         config.from_dict({"grpo": {"sde_window_size": 1, "sde_window_mode": "fixed"}}, partial=True)
+    with pytest.raises(ConfigError, match="grpo.sde_window_tail = 'dpm_solver' with grpo.sde_window_size = 0"):
+        config.from_dict({"grpo": {"sde_window_tail": "dpm_solver"}}, partial=True)
+    with pytest.raises(ConfigError, match=r"grpo.sde_window_tail_ratio = 1.5: must be in \(0, 1\]"):
+        config.from_dict({"grpo": {"sde_window_size": 1, "sde_window_tail_ratio": 1.5}}, partial=True)
+    with pytest.raises(ConfigError, match="grpo.sde_window_tail = 'heun': must be one of euler, dpm_solver"):
+        config.from_dict({"grpo": {"sde_window_size": 1, "sde_window_tail": "heun"}}, partial=True)
 
 
-@pytest.mark.parametrize("delayed", [False, True], ids=["synchronous", "delayed replay"])
-def test_a_run_with_a_window_replays_its_steps_only_on_policy_first(delayed, tiny_model, dataset, tmp_path):
+@pytest.mark.parametrize(
+    ("delayed", "tail"),
+    [(False, "euler"), (True, "euler"), (False, "dpm_solver")],
+    ids=["synchronous", "delayed replay", "dpm-solver tail"],
+)
+def test_a_run_with_a_window_replays_its_steps_only_on_policy_first(delayed, tail, tiny_model, dataset, tmp_path,
+                                                                    capfd):  # fmt: skip
     """Two steps of eight trained per update (the reference's fraction would train four); the first update replays
-    its window on-policy (ratio exactly 1); the window makes a new run."""
+    its window on-policy (ratio exactly 1); the window makes a new run. The DPM-Solver tail rolls out fewer steps
+    after the window, and the replay of the window is the same."""
     cfg = solo_config(
         train={"max_steps": 2, "save_steps": 1},
-        grpo={"sde_window_size": 2, "sde_window_range": [0, 4], "delayed_replay": delayed},
+        grpo={"sde_window_size": 2, "sde_window_range": [0, 4], "delayed_replay": delayed, "sde_window_tail": tail},
     )
     rows = metrics(train_in_process(cfg, tmp_path, tiny_model, dataset))
+    said = capfd.readouterr().err
+    assert ("taken by DPM-Solver++ (2M)" in said) == (tail == "dpm_solver"), said[-2000:]
     assert [m["trained_timesteps"] for m in rows] == [2, 2]
     first = rows[0]
     assert first["ppo_ratio_mean"] == 1.0 and first["ppo_ratio_abs_max"] == 0.0

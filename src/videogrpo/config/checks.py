@@ -24,6 +24,7 @@ CHOICES = {
     "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "euler"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "grpo.sde_window_mode": ("random", "sliding"),
+    "grpo.sde_window_tail": ("euler", "dpm_solver"),
     "grpo.grpo_guard_scope": ("micro_batch", "row"),
     "train.lora_base_dtype": ("compute", "float32"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
@@ -280,6 +281,11 @@ def _sde_window_problems(g) -> list[str]:
     if size < 0:
         return [f"grpo.sde_window_size = {size}: must be >= 0 (0: off, SDE on every step)"]
     if not size:
+        if g.sde_window_tail != "euler":
+            return [
+                f"grpo.sde_window_tail = {g.sde_window_tail!r} with grpo.sde_window_size = 0: the tail is what follows "
+                "an SDE window; set a window size, or the tail back to 'euler'"
+            ]
         return []
     if g.sde_window_range is None:
         lo, hi = 0, g.sampling_steps
@@ -292,6 +298,11 @@ def _sde_window_problems(g) -> list[str]:
         lo, hi = g.sde_window_range
     if size > hi - lo:
         return [f"grpo.sde_window_size = {size}: larger than its range [{lo}, {hi}) (grpo.sde_window_range)"]
+    if not 0 < g.sde_window_tail_ratio <= 1:
+        return [
+            f"grpo.sde_window_tail_ratio = {g.sde_window_tail_ratio}: must be in (0, 1] (the share of the steps after "
+            "the window the DPM-Solver tail keeps)"
+        ]
     return []
 
 

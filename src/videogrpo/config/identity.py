@@ -373,6 +373,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
         {"grpo.sde_window_size": 0},
         ("grpo.sde_window_range", "grpo.sde_window_mode", "grpo.sde_window_stride", "grpo.sde_window_shift_every"),
     ),
+    ({"grpo.sde_window_tail": "euler"}, ("grpo.sde_window_tail_ratio",)),
     ({"reward.terms": {}}, ()),
     (
         {"train.lora_rank": 0},

@@ -257,6 +257,12 @@ class GRPOConfig:
     """Steps a sliding window moves at a time."""
     sde_window_shift_every: int = 25
     """Batches between a sliding window's moves."""
+    sde_window_tail: str = "euler"
+    """The ODE after the window: `euler`, the Euler step on every remaining step; `dpm_solver`, MixGRPO-Flash's
+    tail: the remaining steps re-spaced to fewer (sde_window_tail_ratio) and taken by DPM-Solver++ (2M)."""
+    sde_window_tail_ratio: float = 0.4
+    """dpm_solver: the tail's noise levels are int(max(ratio x (T - end + 1), 1)) from the window's end down to 0
+    (MixGRPO-Flash 0.4, Flash* 0.2); one alone ends the sample at the window's end, as their code does."""
     nft_beta: float = 1.0
     """DiffusionNFT's strength: its implicit policies are v_old +- nft_beta (v - v_old)."""
     nft_adv_clip: float = 5.0

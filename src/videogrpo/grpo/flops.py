@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from videogrpo.grpo.sde_window import rollout_forwards, window
+
 
 @dataclass(frozen=True)
 class ForwardFlops:
@@ -225,7 +227,7 @@ def step_flops(
     tokens_per_sample: int,
     samples: int,
     trained_timesteps: int,
-    sampling_steps: int,
+    sampling_steps: float,
     rolled_out: bool,
     guidance: bool,
     reference: bool,
@@ -234,7 +236,8 @@ def step_flops(
 ) -> StepFlops:
     """The trainer's transformer evaluations of one step: `samples` (prompts per step x group size) each
     replayed at `trained_timesteps` with gradients (and by the reference model without, when the KL weight
-    is > 0), and, when the step rolled out a batch, denoised over `sampling_steps`; classifier-free
+    is > 0), and, when the step rolled out a batch, denoised over `sampling_steps` forwards (fewer with a
+    DPM-Solver tail: sde_window.rollout_forwards, or its mean over windows in the planner); classifier-free
     guidance doubles every evaluation (an unconditional forward beside the conditional one). `old_policy`: every
     replay also asks the old policy, without gradients (DiffusionNFT)."""
     branches = 2 if guidance else 1
@@ -284,11 +287,11 @@ def device_peak_flops(device: torch.device) -> float | None:
     return peak_bf16_flops(props.name, props.multi_processor_count)
 
 
-def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
+def update_metrics(trainer, metrics: dict, rolled_out: int | None) -> dict:
     """The speed fields of one update's metrics line (`trainer`: a grpo.trainer.Trainer after the update).
 
-    FLOPs and tokens are of the step `time_step_s` measures: the replay of this update and, when
-    `rolled_out`, the rollout of the batch this step prepared (a prefill's rollout belongs to no update).
+    FLOPs and tokens are of the step `time_step_s` measures: the replay of this update and, when `rolled_out` is a
+    batch, the rollout this step prepared of it (a prefill's rollout belongs to no update).
     Wall-clock fields carry the `time_` prefix, which every comparison of metrics leaves out.
     """
     cfg, model = trainer.cfg, trainer.model
@@ -301,8 +304,8 @@ def update_metrics(trainer, metrics: dict, rolled_out: bool) -> dict:
         tokens,
         cfg.grpo.prompts_per_step * cfg.grpo.group_size,
         metrics["trained_timesteps"],
-        len(trainer.sigmas) - 1,
-        rolled_out,
+        rollout_forwards(cfg.grpo, None if rolled_out is None else window(cfg.grpo, cfg.train.seed, rolled_out)),
+        rolled_out is not None,
         cfg.grpo.guidance_scale > 1.0,
         trainer.experts.reference is not None,
         cfg.train.gradient_checkpointing,

@@ -49,7 +49,9 @@ def velocity(model, transformer, x, sigma: float, embeds, guidance_scale: float,
 @dataclass
 class Trajectory:
     latents: torch.Tensor
-    """x_0 (noise) .. x_T (clean), [N, T + 1, C, F, h, w] in the trajectory dtype (bf16 in the reference)."""
+    """x_0 (noise) .. x_T (clean), [N, T + 1, C, F, h, w] in the trajectory dtype (bf16 in the reference). After a
+    window's DPM-Solver tail (grpo.sde_window_tail), which runs on its own noise levels, the states between the
+    window's end and x_T are NaN: they are on no step of the schedule, and nothing replays them."""
     log_probs: torch.Tensor
     """log p of each recorded transition, float32 [N, T]."""
     etas: torch.Tensor
@@ -72,6 +74,7 @@ def rollout(
     guidance_scale: float = 1.0,
     window: tuple[int, int] | None = None,
     keep_means: bool = False,
+    tail: torch.Tensor | None = None,
 ) -> Trajectory:
     """Denoise init_noise [N, C, F, h, w]: TI2V's conditioned on latent frame 0 = condition [N, C, 1, h, w]
     (pinned), I2V's on its condition [N, 4 + C, F, h, w] (mask and first-frame latent; nothing pinned).
@@ -80,7 +83,8 @@ def rollout(
     model's trajectory dtype, as replay will see them. With an SDE `window` [start, end) only its steps sample
     with the sampler; the others take the deterministic Euler step, draw no noise and record log p 0 (never
     replayed: grpo.sde_window_size); the `euler` sampler takes it on every step (DiffusionNFT). `keep_means`: record
-    each step's transition mean (GRPO-Guard).
+    each step's transition mean (GRPO-Guard). `tail`: the noise levels from the window's end down
+    (samplers.respaced_tail), which the DPM-Solver takes after the window instead of the Euler steps.
     """
     pinned = model.pins_first_frame
     mask = frame_mask(init_noise.shape[2], init_noise.device, pinned)
@@ -90,9 +94,13 @@ def rollout(
         condition = condition.to(dtype)
         x[:, :, :1] = condition
     states, log_probs, means = [x], [], []
-    for i in range(len(sigmas) - 1):
+    steps = len(sigmas) - 1
+    end = window[1] if tail is not None and window[1] < steps else steps
+    for i in range(end):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
+        if end < steps:  # the solver's history: the tail's first step takes the window's last x0
+            x0 = x.float() - sigma * v.float()
         if sampler != "euler" and (window is None or window[0] <= i < window[1]):
             x, mean, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
         else:
@@ -104,6 +112,18 @@ def rollout(
             x[:, :, :1] = condition
         states.append(x)
         log_probs.append(logp)
+    if end < steps:  # the DPM-Solver tail: its own noise levels; only its final state is kept (x_T)
+        before = (x0, float(sigmas[end - 1])) if end > 0 else None
+        for k in range(len(tail) - 1):
+            sigma, sigma_next = float(tail[k]), float(tail[k + 1])
+            v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
+            x0 = x.float() - sigma * v.float()
+            x, before = samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), (x0, sigma)
+            if pinned:
+                x[:, :, :1] = condition
+        states += [torch.full_like(x, float("nan"))] * (steps - end - 1) + [x]
+        log_probs += [torch.zeros(x.shape[0], device=x.device)] * (steps - end)
+        means += [torch.full_like(x, float("nan"), dtype=torch.float32)] * (steps - end) if keep_means else []
     kept = torch.stack(means, dim=1) if keep_means else None
     return Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), etas, kept)
 

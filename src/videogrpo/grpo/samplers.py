@@ -100,6 +100,48 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float
     return (x.float() + (sigma_next - sigma) * v.float()).to(dtype)
 
 
+def respaced_tail(steps: int, shift: float, end: int, points: int) -> torch.Tensor:
+    """MixGRPO-Flash's schedule after an SDE window ending at step `end`: `points` noise levels from sigma_end down to
+    0, evenly spaced in the unshifted time t and then shifted as `sigma_schedule` (float64). Its first is exactly
+    sigma_end; one point alone is sigma_end itself, and the sample ends there, at a noise level above 0, as their
+    code does (docs/fidelity.md)."""
+    t_end = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)[end]
+    t = torch.linspace(float(t_end), 0.0, points, dtype=torch.float64)
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def _log_snr(sigma: float) -> torch.Tensor:
+    """lambda = log(alpha) - log(sigma) with alpha = 1 - sigma (float64; +inf at sigma 0, -inf at sigma 1)."""
+    s = torch.tensor(sigma, dtype=torch.float64)
+    return torch.log1p(-s) - torch.log(s)
+
+
+def dpm_solver_step(
+    x: torch.Tensor,
+    x0: torch.Tensor,
+    sigma: float,
+    sigma_next: float,
+    before: tuple[torch.Tensor, float] | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """One deterministic DPM-Solver++ step (the data-prediction multistep solver, MixGRPO-Flash's tail) from x at
+    sigma to sigma_next, given this step's x0 = x - sigma v. `before`: the previous step's (x0, sigma), which makes it
+    the second-order midpoint update; None, or a step to sigma 0 (the solver's last, as theirs), takes the first
+    order. Coefficients in float64, the update in float32, stored in `dtype`."""
+    x, x0 = x.float(), x0.float()
+    lam_s, lam_t = _log_snr(sigma), _log_snr(sigma_next)
+    h = lam_t - lam_s
+    # -alpha_t (e^-h - 1); at sigma_next 0 it is 1 and sigma_next / sigma is 0: the step lands on x0.
+    c = float(-(1 - sigma_next) * torch.expm1(-h))
+    ratio = sigma_next / sigma
+    if before is None or sigma_next == 0:
+        return (ratio * x + c * x0).to(dtype)
+    x0_before, sigma_before = before
+    r = float((lam_s - _log_snr(sigma_before)) / h)
+    d1 = (x0 - x0_before.float()) / r
+    return (ratio * x + c * x0 + 0.5 * c * d1).to(dtype)
+
+
 def step(
     sampler: str,
     x: torch.Tensor,

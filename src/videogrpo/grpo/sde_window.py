@@ -11,6 +11,9 @@ them):
   batches; as MixGRPO's schedule, it is cut at `hi` near the end of the range (down to no step at all when it starts
   at `hi`) and starts again at `lo` once its start would pass `hi`.
 
+After the window the rollout takes the Euler ODE on every remaining step, or (grpo.sde_window_tail dpm_solver,
+MixGRPO-Flash) DPM-Solver++ on fewer steps re-spaced from the window's end (`tail`).
+
 DiffusionNFT (grpo.algorithm nft, docs/options.md#diffusionnft) trains noise levels rather than transitions: its
 subset is `nft_count` of all T sampling sigmas, drawn afresh per update and shared by every row (so an A14B's rows
 all route to the same expert at each step).
@@ -54,6 +57,44 @@ def window(g, seed: int, batch: int) -> tuple[int, int] | None:
     return start, start + size
 
 
+def tail_points(g, end: int) -> int:
+    """The DPM-Solver tail's noise levels after a window ending at `end` (grpo.sde_window_tail dpm_solver), as
+    MixGRPO-Flash counts them: int(max((T - end + 1) x ratio, 1)), the window's end included."""
+    return int(max((g.sampling_steps - end + 1) * g.sde_window_tail_ratio, 1))
+
+
+def tail(g, shift: float, steps: tuple[int, int] | None):
+    """The noise levels the rollout takes after window `steps` with the DPM-Solver (samplers.respaced_tail, float64
+    torch); None with the Euler tail, without a window, or when the window reaches the last step."""
+    if g.sde_window_tail != "dpm_solver" or steps is None or steps[1] >= g.sampling_steps:
+        return None
+    from videogrpo.grpo.samplers import respaced_tail
+
+    return respaced_tail(g.sampling_steps, shift, steps[1], tail_points(g, steps[1]))
+
+
+def rollout_forwards(g, steps: tuple[int, int] | None) -> int:
+    """Transformer evaluations of one rollout whose window is `steps`: every denoising step, or with the DPM-Solver
+    tail the steps up to the window's end and then the tail's."""
+    if g.sde_window_tail != "dpm_solver" or steps is None or steps[1] >= g.sampling_steps:
+        return g.sampling_steps
+    return steps[1] + tail_points(g, steps[1]) - 1
+
+
+def mean_rollout_forwards(g) -> float:
+    """`rollout_forwards` averaged over where the window may sit: every start of the range equally (random), every
+    position of a sweep once (sliding)."""
+    if not g.sde_window_size:
+        return float(g.sampling_steps)
+    lo, hi = window_range(g)
+    if g.sde_window_mode == "random":
+        ends = [start + g.sde_window_size for start in range(lo, hi - g.sde_window_size + 1)]
+    else:
+        starts = range(lo, lo + ((hi - lo) // g.sde_window_stride + 1) * g.sde_window_stride, g.sde_window_stride)
+        ends = [min(start + g.sde_window_size, hi) for start in starts]
+    return sum(rollout_forwards(g, (0, end)) for end in ends) / len(ends)
+
+
 def describe(g) -> str:
     """The trainer's line for the window ("" when it is off)."""
     if not g.sde_window_size:
@@ -64,9 +105,18 @@ def describe(g) -> str:
         if g.sde_window_mode == "random"
         else f"sliding from {lo} by {g.sde_window_stride} every {g.sde_window_shift_every} batches, cut at {hi}"
     )
+    after = "the other steps take the Euler ODE"
+    if g.sde_window_tail == "dpm_solver":
+        after = (
+            f"the steps before it take the Euler ODE, the steps after it are re-spaced to {g.sde_window_tail_ratio} "
+            "of their count and taken by DPM-Solver++ (2M)"
+        )
+        short = next((end for end in range(1, g.sampling_steps) if tail_points(g, end) == 1), hi)
+        if short < hi:  # MixGRPO-Flash's count leaves these tails one noise level: no step to 0
+            after += f"; a window ending at step {short} or later leaves its sample at that noise level, above 0"
     return (
         f"SDE window: {g.sde_window_size} of {g.sampling_steps} denoising steps sampled with {g.sampler} and "
-        f"trained, {where}; the other steps take the Euler ODE"
+        f"trained, {where}; {after}"
     )
 
 

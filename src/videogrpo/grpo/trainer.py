@@ -246,6 +246,7 @@ class Trainer:
             )
 
         sampling = self.nft_old.swapped_in() if self.nft_old is not None else contextlib.nullcontext()
+        window = sde_window.window(cfg.grpo, seed, b)
         with torch.no_grad(), sampling:
             return rollout(
                 self.model,
@@ -258,8 +259,9 @@ class Trainer:
                 etas,
                 step_noise,
                 cfg.grpo.guidance_scale,
-                sde_window.window(cfg.grpo, seed, b),
+                window,
                 keep_means=cfg.grpo.grpo_guard,
+                tail=sde_window.tail(cfg.grpo, self.shift, window),
             )
 
     def prepare(self, batch_index: int) -> Prepared:
@@ -564,7 +566,7 @@ class Trainer:
                     time_step_s=time.monotonic() - t0,
                     time_rollout_s=fresh.time_rollout_s if fresh else 0.0,
                 )
-                metrics.update(flops.update_metrics(self, metrics, fresh is not None))
+                metrics.update(flops.update_metrics(self, metrics, fresh.batch if fresh else None))
                 self.rolled_out = []
                 self.tracker.record(metrics)
                 if validation.due(self.cfg, action.update, self.total):  # before the checkpoint: resumes neither

@@ -222,7 +222,7 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         tokens,
         g.prompts_per_step * g.group_size,
         timesteps,
-        g.sampling_steps,
+        sde_window.mean_rollout_forwards(g),
         True,
         guidance,
         g.kl_coeff > 0,
@@ -236,7 +236,7 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
     chunks = sum(len(offload.rollout_chunks(w, g.sample_batch_size)) for w in rank_waves)
     rows = max(len(c) for w in rank_waves for c in offload.rollout_chunks(w, g.sample_batch_size))
     branches = 2 if guidance else 1
-    rollout_forwards = chunks * g.sampling_steps
+    rollout_forwards = chunks * sde_window.mean_rollout_forwards(g)  # fewer with a DPM-Solver tail
     # DiffusionNFT asks the old policy too: one more forward, without gradients, per replayed chunk and step.
     replay_forwards = chunks * timesteps * ((2 if cfg.train.gradient_checkpointing else 1) + (g.algorithm == "nft"))
     backwards = chunks * timesteps
