@@ -187,14 +187,21 @@ def runtime_contract(cfg: Config) -> dict[str, str]:
 
 
 def reward_kinds(cfg: Config) -> tuple[str, ...]:
-    """The reward kinds a run scores with, whose runtimes it starts and checks: reward.terms' kinds (several
-    rewards), or reward.kind alone (terms empty)."""
+    """The reward kinds a run scores with, whose runtimes it starts and checks: the training reward's
+    (`training_reward_kinds`) and the gold rewards that score its validation points (train.validate_rewards)."""
+    return kinds_in(cfg.reward.kind, cfg.reward.terms, cfg.train.validate_rewards)
+
+
+def training_reward_kinds(cfg: Config) -> tuple[str, ...]:
+    """The reward kinds the policy is trained on: reward.terms' kinds (several rewards), or reward.kind alone."""
     return kinds_in(cfg.reward.kind, cfg.reward.terms)
 
 
-def kinds_in(kind: str, terms: dict[str, float] | None) -> tuple[str, ...]:
-    """`reward_kinds` of a reward section's values, as a stage recorded them in its params (no Config there)."""
-    return tuple(sorted(terms)) if terms else (kind,)
+def kinds_in(kind: str, terms: dict[str, float] | None, gold: list[str] | None = None) -> tuple[str, ...]:
+    """`reward_kinds` of the reward section's values and train.validate_rewards, as a stage recorded them in its
+    params (no Config there)."""
+    trained = tuple(sorted(terms)) if terms else (kind,)
+    return trained + tuple(sorted(set(gold or ()) - set(trained)))
 
 
 def _terms_problems(cfg: Config) -> list[str]:
@@ -469,6 +476,48 @@ def _validation_problems(cfg: Config) -> list[str]:
     return found
 
 
+def _gold_problems(cfg: Config) -> list[str]:
+    """Gold rewards (train.validate_rewards) score validation points with rewards the policy is not trained on."""
+    t, known = cfg.train, CHOICES["reward.kind"]
+    if not t.validate_rewards:
+        return []
+    validating = t.validate_every > 0 or t.validate_before_training
+    found = [
+        f"train.validate_rewards: unknown reward kind {kind!r}; the kinds are {', '.join(known)}"
+        for kind in t.validate_rewards
+        if kind not in known
+    ]
+    if len(set(t.validate_rewards)) != len(t.validate_rewards):
+        found.append(f"train.validate_rewards = {t.validate_rewards}: a reward is listed twice")
+    if not validating:
+        found.append(
+            f"train.validate_rewards = {t.validate_rewards}: gold rewards score the validation points, and this run "
+            f"validates never; set train.validate_every (and/or train.validate_before_training: true)"
+        )
+    if t.divergence_points < 1:
+        found.append(f"train.divergence_points = {t.divergence_points}: must be >= 1 (points back to compare with)")
+    if not math.isfinite(t.divergence_sigmas) or t.divergence_sigmas < 0:
+        found.append(f"train.divergence_sigmas = {t.divergence_sigmas}: must be a finite number >= 0")
+    if t.validate_prompts < 2:
+        found.append(
+            f"train.validate_prompts = {t.validate_prompts} with gold rewards: the divergence alarm takes the standard "
+            f"error of a change over the prompts, which needs 2 or more"
+        )
+    return found
+
+
+def _gold_overlap_problems(cfg: Config) -> list[str]:
+    """A gold reward is none of the rewards the policy trains on."""
+    t = cfg.train
+    if trained := sorted(set(t.validate_rewards) & set(training_reward_kinds(cfg))):
+        return [
+            f"train.validate_rewards = {t.validate_rewards}: {', '.join(trained)} is a training reward (reward.kind "
+            f"or reward.terms), so the policy is trained on it and it cannot show the training reward being gamed; "
+            f"list rewards the run does not train on"
+        ]
+    return []
+
+
 TRACKERS = ("wandb", "mlflow", "none")
 
 
@@ -590,6 +639,8 @@ CHECKS = (
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
     (("parallel", "train"), _lora_problems),
     (("train", "data"), _validation_problems),
+    (("train",), _gold_problems),
+    (("train", "reward"), _gold_overlap_problems),
 )
 
 

@@ -128,6 +128,10 @@ _FIELD_CLASSES = {
             "validate_before_training",
             "validate_prompts",
             "validate_sampler",
+            "validate_rewards",
+            "validate_rewards_fail_on_error",
+            "divergence_points",
+            "divergence_sigmas",
         )
     },
     # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
@@ -388,6 +392,10 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     (
         {"train.validate_every": 0, "train.validate_before_training": False},
         ("train.validate_prompts", "train.validate_sampler"),
+    ),
+    (
+        {"train.validate_rewards": []},
+        ("train.validate_rewards_fail_on_error", "train.divergence_points", "train.divergence_sigmas"),
     ),
 )
 

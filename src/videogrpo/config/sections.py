@@ -370,6 +370,18 @@ class TrainConfig:
     (data.heldout_per_task), dealt over the data replicas."""
     validate_sampler: str = "euler"
     """Sampler of the validation rollouts, a matrix sampler name (`euler`, `unipc`, `flowcps-<eta>`, ...)."""
+    validate_rewards: list[str] = field(default_factory=list)
+    """Gold rewards (docs/options.md#gold-rewards-and-the-divergence-alarm): reward kinds (vbvr_rule, vbvr_vlm) that
+    also score each validation point's videos, logged as `val/<kind>/*`, and never trained on (none of them may be a
+    training reward). Empty: off."""
+    validate_rewards_fail_on_error: bool = False
+    """A gold reward's failure (a sample it cannot score, or its scorer down) stops training: true; false leaves the
+    failed samples out of its numbers (counted in `val/<kind>/reward_errors`) and training goes on."""
+    divergence_points: int = 2
+    """The divergence alarm compares each validation point with the one this many points earlier."""
+    divergence_sigmas: float = 1.0
+    """The alarm fires where, between the two points, the training reward rose and a gold reward fell by more than
+    this many standard errors of its paired change (overall, or within any one task)."""
 
 
 @dataclass

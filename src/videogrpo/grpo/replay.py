@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from videogrpo.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Action:
@@ -113,3 +115,17 @@ def describe(actions: list[Action], batches_per_epoch: int, epochs: int, max_ste
             f"before a checkpoint or an epoch end, so {len(actions)} batches make {total} updates"
         )
     return f"{total} updates in {len(actions)} batches ({mode}): {why}"
+
+
+def check_position(actions: list[Action], source, state: dict) -> None:
+    """A checkpoint's position (`state`, read from `source`) is a flushed update of this run's replay plan `actions`
+    (same number, same batch); ConfigError otherwise."""
+    after = state.get("next_action", 0) - 1
+    action = actions[after] if 0 <= after < len(actions) else None
+    if action is None or not action.flush or action.update != state.get("update"):
+        where = f"update {action.update} (flush: {action.flush})" if action else "no action"
+        raise ConfigError(
+            f"{source}: written after update {state.get('update')} at batch {after}, where this run's replay "
+            f"plan has {where} (train.epochs, save_steps, max_steps or grpo.delayed_replay differ); set "
+            f"train.reset_dataloader: true to take its weights only"
+        )

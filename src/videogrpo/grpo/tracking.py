@@ -16,7 +16,6 @@ from videogrpo.grpo import mlflow_run
 from videogrpo.provenance.metric_rows import VALIDATION_PREFIX
 
 VALIDATED = VALIDATION_PREFIX + "reward_mean"
-PER_TASK = VALIDATION_PREFIX + "reward_per_task"
 VALIDATION_STEP = VALIDATION_PREFIX + "step"
 """W&B's x-axis of the validation points: the update each follows (0 before training)."""
 
@@ -143,7 +142,9 @@ class Tracker:
             return
         step = metrics["step"]
         flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
-        flat.update({f"{VALIDATION_PREFIX}reward/{t}": v for t, v in metrics[PER_TASK].items()})
+        for key, per_task in metrics.items():  # `val/reward/<task>`, and a gold reward's `val/<kind>/reward/<task>`
+            if key.endswith("reward_per_task") and isinstance(per_task, dict):
+                flat.update({f"{key.removesuffix('reward_per_task')}reward/{t}": v for t, v in per_task.items()})
         if self.wandb is not None and step > self._wandb_validated_upto:
             self.wandb.log({**flat, VALIDATION_STEP: step})
         if self.mlflow is not None and step > self._mlflow_validated_upto:
@@ -154,7 +155,7 @@ class Tracker:
             f"validation at update {step}/{self.total} | reward {metrics[VALIDATED]:.4f} ± "
             f"{metrics[VALIDATION_PREFIX + 'reward_std']:.4f} over {metrics[VALIDATION_PREFIX + 'prompts']} held-out "
             f"prompts | {metrics[VALIDATION_PREFIX + 'reward_errors']} scoring errors | "
-            f"{metrics[VALIDATION_PREFIX + 'time_s']:.2f} s"
+            f"{metrics[VALIDATION_PREFIX + 'time_s']:.2f} s" + "".join(gold_lines(metrics))
         )
 
     def close(self) -> None:
@@ -164,6 +165,21 @@ class Tracker:
             # A run that stops short of its last update (an error; a SIGKILL never gets here) is FAILED until a
             # resume sets it RUNNING again.
             self.mlflow.set_status("FINISHED" if self._last >= self.total else "FAILED")
+
+
+def gold_lines(metrics: dict) -> list[str]:
+    """A validation point's gold rewards (train.validate_rewards) as the progress line says them."""
+    found = []
+    for key in sorted(k for k in metrics if k.startswith(VALIDATION_PREFIX) and k.count("/") == 2):
+        kind, field = key[len(VALIDATION_PREFIX) :].split("/")
+        if field == "failed":
+            found.append(f" | {kind} FAILED: {metrics[key]}")
+        elif field == "reward_mean" and metrics[key] is not None:
+            stderr = metrics.get(f"{VALIDATION_PREFIX}{kind}/reward_stderr")
+            spread = f" ± {stderr:.4f} (s.e.)" if stderr is not None else ""
+            errors = metrics.get(f"{VALIDATION_PREFIX}{kind}/reward_errors", 0)
+            found.append(f" | {kind} {metrics[key]:.4f}{spread}" + (f", {errors} unscored" if errors else ""))
+    return found
 
 
 def log(message: str) -> None:

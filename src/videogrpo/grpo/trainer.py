@@ -33,6 +33,7 @@ from videogrpo.grpo import (
     assignment,
     checkpoint,
     flops,
+    gold_rewards,
     lora,
     nft,
     objectives,
@@ -59,9 +60,8 @@ from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
 from videogrpo.parallel import process_groups
 from videogrpo.rewards import NoScorer
-from videogrpo.rewards.judge import JudgeScorer
-from videogrpo.rewards.rule import RuleScorer, score_request
-from videogrpo.rewards.terms import WeightedScorer, term_means
+from videogrpo.rewards.rule import score_request
+from videogrpo.rewards.terms import term_means, training_scorer
 
 PPO_SUMS = ("ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl")
 NFT_SUMS = ("nft_positive_loss", "nft_negative_loss", "nft_optimality_mean")
@@ -174,13 +174,13 @@ class Trainer:
             self.scorer = scorer
         elif not self.scores:
             self.scorer = NoScorer()
-        elif cfg.reward.terms:  # several rewards, weighted
-            self.scorer = WeightedScorer.for_config(cfg, paths.evalkit, sorted({s.task for s in self.order}))
-        elif cfg.reward.kind == "vbvr_vlm":
-            tasks = sorted({sample.task for sample in self.order})
-            self.scorer = JudgeScorer.for_config(cfg, tasks)
         else:
-            self.scorer = RuleScorer.for_config(cfg, paths.evalkit)
+            self.scorer = training_scorer(cfg, paths.evalkit, sorted({s.task for s in self.order}))
+        self.gold_scorers = {}  # train.validate_rewards: scorers of the validation points only
+        if self.scores and cfg.train.validate_rewards:
+            tasks = sorted({s.task for s in validation.prompts(cfg, paths.dataset)})
+            self.gold_scorers = gold_rewards.start_scorers(cfg, paths.evalkit, tasks)
+        self.watch = gold_rewards.Watch.for_config(cfg)
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
         self.topology = assignment.dataloader_topology(cfg, ctx.world_size, self.order)
@@ -423,9 +423,11 @@ class Trainer:
                     f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
                     f"the run over instead, remove {self.paths.checkpoints}."
                 )
-            self._check_plan_position(latest, checkpoint.read_state(latest))
+            replay.check_position(self.actions, latest, checkpoint.read_state(latest))
             state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
+            if self.watch:  # the alarm's points up to the checkpoint, and whether it fired
+                self.watch.restore(state.get("divergence_watch"), state["update"])
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
@@ -468,19 +470,7 @@ class Trainer:
                 f"{json.dumps(self.topology, sort_keys=True)}. Run with the checkpoint's topology, or set "
                 f"train.reset_dataloader: true to take its weights only."
             )
-        self._check_plan_position(source, saved)
-
-    def _check_plan_position(self, source: Path, state: dict) -> None:
-        """The checkpoint's position is a flushed update of this run's replay plan (same number, same batch)."""
-        after = state.get("next_action", 0) - 1
-        action = self.actions[after] if 0 <= after < len(self.actions) else None
-        if action is None or not action.flush or action.update != state.get("update"):
-            where = f"update {action.update} (flush: {action.flush})" if action else "no action"
-            raise ConfigError(
-                f"{source}: written after update {state.get('update')} at batch {after}, where this run's replay "
-                f"plan has {where} (train.epochs, save_steps, max_steps or grpo.delayed_replay differ); set "
-                f"train.reset_dataloader: true to take its weights only"
-            )
+        replay.check_position(self.actions, source, saved)
 
     def _log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -498,6 +488,7 @@ class Trainer:
                 "run_id": self.run_id,
                 "guard": self.guard,
                 "topology": self.topology,
+                **({"divergence_watch": self.watch.state()} if self.watch else {}),
             },
             self.ctx.rank,
             self.cfg.train.keep_checkpoints,
@@ -507,13 +498,16 @@ class Trainer:
     def run(self) -> None:
         """Train, then export. The scorer pool is closed on every way out: a refused resume included; on an
         error or Ctrl-C its scorer processes are abandoned, not waited for."""
+        scorers = [self.scorer, *self.gold_scorers.values()]
         try:
             self._train()
         except BaseException:
-            self.scorer.close(kill=True)
+            for scorer in scorers:
+                scorer.close(kill=True)
             raise
         finally:
-            self.scorer.close()
+            for scorer in scorers:
+                scorer.close()
         self._export()
 
     def _train(self) -> None:
@@ -544,7 +538,7 @@ class Trainer:
         slot: Prepared | None = None
         try:
             if validation.before_training(self.cfg, start):
-                self.tracker.record_validation(validation.validate(self, 0))
+                self._validate(0)
             for index in range(start, len(self.actions)):
                 action = self.actions[index]
                 t0 = time.monotonic()
@@ -570,11 +564,17 @@ class Trainer:
                 self.rolled_out = []
                 self.tracker.record(metrics)
                 if validation.due(self.cfg, action.update, self.total):  # before the checkpoint: resumes neither
-                    self.tracker.record_validation(validation.validate(self, action.update))  # redo nor skip it
+                    self._validate(action.update)  # redo nor skip it
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
                     self._checkpoint(index, action.update)
         finally:
             self.tracker.close()
+
+    def _validate(self, update: int) -> None:
+        record = validation.validate(self, update)
+        for line in self.watch.observe(record) if self.watch else []:  # the divergence alarm (gold rewards)
+            self._log(line)
+        self.tracker.record_validation(record)
 
     def _export(self) -> None:
         """Write the declared outputs: the final transformer(s) (Diffusers format: `transformer`, and for I2V-A14B

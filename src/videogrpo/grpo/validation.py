@@ -1,6 +1,7 @@
 """Validation during training (train.validate_every, train.validate_before_training; docs/options.md): the policy
 samples the first train.validate_prompts prompts of the held-out split (data.heldout_per_task keeps them out of
-training), one video each, and the training reward scores them.
+training), one video each, and the training reward scores them (and the gold rewards beside it, train.validate_rewards:
+grpo/gold_rewards.py).
 
 Every validation point samples the same prompts from the same noise: x_T, each SDE step's eps and a drawn noise
 level are keyed by (train.seed, `assignment.VALIDATION_STREAM`, prompt, step), never drawn from a generator's state,
@@ -26,7 +27,7 @@ import torch
 from videogrpo.config.cells import parse_sampler
 from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, denoise, offload
+from videogrpo.grpo import assignment, denoise, gold_rewards, offload
 from videogrpo.grpo.rollout import seeded_normal, seeded_uniform
 from videogrpo.parallel import process_groups
 from videogrpo.provenance.metric_rows import VALIDATION_PREFIX as VAL
@@ -123,13 +124,12 @@ def _sample_and_submit(trainer, samples: list[SampleRef], share: list[int]) -> l
     real = [k for k, i in enumerate(share) if i >= 0]
     trainer.placement.enter("decode")
     videos = offload.decode_in_batches(model.decode, torch.cat(latents)[real], cfg.grpo.decode_batch_size)
-    return [
-        (
-            share[k],
-            trainer.scorer.submit(score_request(cfg.evalkit, v.fps, video, chosen[k].task, str(chosen[k].directory))),
-        )
-        for k, video in zip(real, videos)
-    ]
+    submitted = []
+    for k, video in zip(real, videos):
+        request = score_request(cfg.evalkit, v.fps, video, chosen[k].task, str(chosen[k].directory))
+        gold = {kind: scorer.submit(request) for kind, scorer in trainer.gold_scorers.items()}
+        submitted.append((share[k], trainer.scorer.submit(request), gold))
+    return submitted
 
 
 def validate(trainer, update: int) -> dict:
@@ -154,24 +154,46 @@ def validate(trainer, update: int) -> dict:
             for module, mode in zip(modules, modes):
                 module.train(mode)
             trainer.placement.enter(phase)  # where the update left the frozen models (replay: on the host)
-    results = trainer.scorer.collect([future for _, future in submitted])
-    mine = [(i, float(r["score"]), samples[i].task, bool(r.get("error"))) for (i, _), r in zip(submitted, results)]
-    everyone = sorted(row for part in process_groups.all_gather_objects(mine) for row in part)
+    results = trainer.scorer.collect([future for _, future, _ in submitted])
+    gold = gold_rewards.collect(
+        trainer.gold_scorers,
+        {kind: [futures[kind] for *_, futures in submitted] for kind in trainer.gold_scorers},
+        cfg.train.validate_rewards_fail_on_error,
+    )
+    mine = [
+        (i, float(r["score"]), samples[i].task, bool(r.get("error")), {k: g if isinstance(g, str) else g[n]
+                                                                        for k, g in gold.items()})
+        for n, ((i, *_), r) in enumerate(zip(submitted, results))
+    ]  # fmt: skip
+    everyone = sorted((row for part in process_groups.all_gather_objects(mine) for row in part), key=lambda r: r[0])
     if [i for i, *_ in everyone] != list(range(len(samples))):
         raise RuntimeError(
             f"validation at update {update}: scores of prompts {[i for i, *_ in everyone]}, not each of "
             f"0..{len(samples) - 1} once (the replicas' shares and the scoring ranks disagree)"
         )
-    scores = np.array([score for _, score, _, _ in everyone], dtype=np.float64)
+    scores = np.array([score for _, score, *_ in everyone], dtype=np.float64)
     per_task: dict[str, list[float]] = {}
-    for _, score, task, _ in everyone:
+    for _, score, task, *_ in everyone:
         per_task.setdefault(task, []).append(score)
-    return {
+    record = {
         "step": update,
         f"{VAL}reward_mean": float(scores.mean()),
         f"{VAL}reward_std": float(scores.std()),  # over the prompts (population: one prompt has 0, not NaN)
         f"{VAL}reward_per_task": {task: float(np.mean(values)) for task, values in sorted(per_task.items())},
-        f"{VAL}reward_errors": sum(error for *_, error in everyone),
+        f"{VAL}reward_errors": sum(row[3] for row in everyone),
         f"{VAL}prompts": len(samples),
-        f"{VAL}time_s": time.monotonic() - t0,
     }
+    if cfg.train.validate_rewards:  # the gold rewards, and the training reward's per-prompt scores the alarm pairs
+        tasks = [task for _, _, task, *_ in everyone]
+        trained = [None if error else score for _, score, _, error, _ in everyone]
+        record.update({key: value for key, value in gold_rewards.summary(VAL, trained, tasks).items()
+                       if key in (f"{VAL}reward_stderr", f"{VAL}{gold_rewards.SCORES}")})  # fmt: skip
+        record[f"{VAL}{gold_rewards.TASKS}"] = tasks
+        for kind in cfg.train.validate_rewards:
+            failed = sorted({row[4][kind] for row in everyone if isinstance(row[4][kind], str)})
+            if failed:  # its scorer failed on some rank: this point has no numbers of it
+                record[f"{VAL}{kind}/failed"] = "; ".join(failed)
+            else:
+                record.update(gold_rewards.summary(f"{VAL}{kind}/", [row[4][kind] for row in everyone], tasks))
+    record[f"{VAL}time_s"] = time.monotonic() - t0
+    return record

@@ -27,9 +27,10 @@ def _params(manifest: dict[str, Any], section: str) -> dict[str, Any]:
 
 
 def _kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The reward kinds the stage's run scored with (reward.terms' kinds, or reward.kind), from its params."""
+    """The reward kinds the stage's run scored with (reward.terms' kinds, or reward.kind, and its gold rewards), from
+    its params."""
     reward = _params(manifest, "reward")
-    return kinds_in(reward.get("kind", ""), reward.get("terms"))
+    return kinds_in(reward.get("kind", ""), reward.get("terms"), _params(manifest, "train").get("validate_rewards"))
 
 
 def _checkout(path: str, moved_to: str | None) -> Path:

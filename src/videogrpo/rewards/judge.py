@@ -165,8 +165,9 @@ class JudgeScorer:
         self.warned: set[str] = set()
 
     @classmethod
-    def for_config(cls, cfg, tasks: list[str]) -> JudgeScorer:
-        """The judge the `reward` section describes: its endpoint, or the service on this node's judge_port."""
+    def for_config(cls, cfg, tasks: list[str], fail_on_error: bool | None = None) -> JudgeScorer:
+        """The judge the `reward` section describes: its endpoint, or the service on this node's judge_port
+        (`fail_on_error` overrides reward.judge_fail_on_error)."""
         r = cfg.reward
         settings = JudgeSettings(
             endpoint=endpoint_of(cfg),
@@ -179,7 +180,8 @@ class JudgeScorer:
         )
         protocol = load_protocol(r.judge_protocol, r.judge_protocol_digest)
         rubrics = load_rubrics(r.judge_prompts, r.judge_prompts_digest, tasks)
-        return cls(settings, protocol, rubrics, r.judge_concurrency, r.judge_fail_on_error)
+        fail = r.judge_fail_on_error if fail_on_error is None else fail_on_error
+        return cls(settings, protocol, rubrics, r.judge_concurrency, fail)
 
     def submit(self, request) -> Future:
         """`request`: a request.ScoreRequest (frames, task, sample directory)."""

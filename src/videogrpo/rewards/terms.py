@@ -13,7 +13,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from pathlib import Path
 
-from videogrpo.config import reward_kinds
+from videogrpo.config import training_reward_kinds
 from videogrpo.rewards.judge import JudgeError, JudgeScorer
 from videogrpo.rewards.rule import EvaluatorError, RuleScorer
 
@@ -39,7 +39,7 @@ class WeightedScorer:
         fail_on_error); the ones started are closed if a later one cannot start."""
         scorers: dict = {}
         try:
-            for kind in reward_kinds(cfg):
+            for kind in training_reward_kinds(cfg):
                 if kind == "vbvr_vlm":
                     scorers[kind] = JudgeScorer.for_config(cfg, tasks)
                 else:
@@ -92,6 +92,16 @@ class WeightedScorer:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(kill=exc_type is not None)
+
+
+def training_scorer(cfg, evalkit_path: str | Path | None, tasks: list[str]):
+    """The scorer of the reward the policy trains on: the weighted terms (reward.terms), the judge or the rule
+    reward (reward.kind)."""
+    if cfg.reward.terms:
+        return WeightedScorer.for_config(cfg, evalkit_path, tasks)
+    if cfg.reward.kind == "vbvr_vlm":
+        return JudgeScorer.for_config(cfg, tasks)
+    return RuleScorer.for_config(cfg, evalkit_path)
 
 
 def term_means(term_scores: list[dict[str, float] | None]) -> dict[str, float]:

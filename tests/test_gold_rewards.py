@@ -1,0 +1,207 @@
+"""Gold rewards and the divergence alarm (train.validate_rewards): the alarm's rule on validation points, its state
+through a checkpoint, a gold reward's failures, the config rules, and the tiny trainer in this process trained on
+the rule reward (the stand-in EvalKit) with the VLM judge (tests/judge_server.py, real HTTP) scoring its validation
+points beside it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from judge_server import JudgeServer
+
+from videogrpo import config
+from videogrpo.errors import ConfigError
+from videogrpo.grpo import gold_rewards
+from videogrpo.grpo.gold_rewards import Point, Watch, divergence
+
+from conftest import PROTOCOL_FILE, RUBRIC_FILE
+from harness import metrics, solo_config, train_in_process, trainer_in_process, weights
+
+TASKS = ["G-1", "G-1", "G-1", "G-2", "G-2", "G-2"]
+
+
+def point(update: int, train: list, gold: list | None) -> Point:
+    return Point(update, TASKS, train, {"vbvr_vlm": gold})
+
+
+def test_the_alarm_fires_where_the_training_reward_rises_and_a_gold_reward_falls_beyond_its_standard_error():
+    then = point(2, [0.5] * 6, [0.6] * 6)
+    # The training reward rises; the gold reward falls 0.10 on every prompt but one (paired standard error 0.017).
+    now = point(4, [0.6] * 6, [0.5, 0.5, 0.5, 0.5, 0.5, 0.6])
+    (overall, g1, g2) = divergence(now, then, sigmas=1.0)
+    assert (overall.task, g1.task, g2.task) == (None, "G-1", "G-2") and overall.since == 2
+    changes = np.array([-0.1] * 5 + [0.0])
+    assert overall.gold_change == pytest.approx(changes.mean()) and overall.prompts == 6
+    assert overall.gold_stderr == pytest.approx(changes.std(ddof=1) / 6**0.5)
+    assert overall.train_change == pytest.approx(0.1)
+    # More sigmas than the fall: G-2 (one prompt unchanged) no longer counts; G-1 fell with no spread, so it does.
+    assert [s.task for s in divergence(now, then, sigmas=3.0)] == [None, "G-1"]
+    # No alarm while the training reward does not rise, or where the gold reward does not fall.
+    assert divergence(point(4, [0.5] * 6, now.gold["vbvr_vlm"]), then, 1.0) == []
+    assert divergence(point(4, [0.6] * 6, [0.7] * 6), then, 1.0) == []
+    # One task alone can fire it: G-2 falls, G-1 rises as much, so the whole is flat.
+    mixed = point(4, [0.6] * 6, [0.7, 0.7, 0.7, 0.5, 0.5, 0.5])
+    assert [s.task for s in divergence(mixed, then, 1.0)] == ["G-2"]
+    # Prompts a reward could not score at either point are left out; a scope needs two pairs; a failed scorer none.
+    gaps = point(4, [0.6] * 6, [0.5, None, None, 0.5, 0.5, 0.5])
+    assert [(s.task, s.prompts) for s in divergence(gaps, then, 1.0)] == [(None, 4), ("G-2", 3)]
+    assert divergence(point(4, [0.6] * 6, None), then, 1.0) == []
+
+
+def record(update: int, train: list, gold: list | None) -> dict:
+    """A validation point's metrics record as grpo/validation.py writes it with one gold reward."""
+    found = {"step": update, "val/reward_scores": train, "val/prompt_tasks": TASKS}
+    if gold is None:
+        found["val/vbvr_vlm/failed"] = "JudgeError: the judge is down"
+    else:
+        found["val/vbvr_vlm/reward_scores"] = gold
+    return found
+
+
+def test_the_watch_compares_with_the_point_k_back_keeps_its_first_firing_and_resumes_it():
+    """The training reward rises 0.1 a point, the gold falls 0.1 a point, on every prompt; the gold scorer failed at
+    point 1. With k = 2: no comparison before point 2; point 2 against 0 fires; 3 against 1 has no gold pair; 4
+    against 2 fires again (the alarm's first update stays 2)."""
+    watch = Watch(["vbvr_vlm"], points=2, sigmas=1.0)
+    rows, said = [], []
+    for i in range(4):
+        rows.append(record(i, [0.1 * i] * 6, [0.9 - 0.1 * i] * 6 if i != 1 else None))
+        said.append(watch.observe(rows[-1]))
+    assert [r["val/divergence_alarm"] for r in rows] == [0, 0, 1, 0]
+    assert [s["task"] for s in rows[2]["val/divergence"]] == [None, "G-1", "G-2"]
+    assert said[2][0].startswith("DIVERGENCE ALARM at update 2: vbvr_vlm fell -0.2000") and said[3] == []
+    assert watch.fired_at == 2 and rows[3]["val/divergence_first_update"] == 2
+    saved = json.loads(json.dumps(watch.state()))  # as a checkpoint after update 3 holds it
+    rows.append(record(4, [0.4] * 6, [0.5] * 6))
+    fourth = watch.observe(rows[-1])
+    assert rows[-1]["val/divergence_alarm"] == 1 and fourth[0].startswith("divergence at update 4 (the alarm first")
+    # A resume from the checkpoint after update 3 redoes point 4 exactly.
+    resumed = Watch(["vbvr_vlm"], points=2, sigmas=1.0)
+    resumed.restore(saved, upto=3)
+    again = record(4, [0.4] * 6, [0.5] * 6)
+    assert resumed.observe(again) == fourth and again == rows[-1]
+    # Points (and a first firing) after the checkpoint a run resumes from are dropped.
+    early = Watch(["vbvr_vlm"], points=2, sigmas=1.0)
+    early.restore(watch.state(), upto=1)
+    assert [p.update for p in early.history] == [0, 1] and early.fired_at is None
+
+
+class Results:
+    """A scorer at the interface grpo/validation.py drives: `collect` gives these results, or raises."""
+
+    def __init__(self, results=None, raises=None):
+        self.results, self.raises = results, raises
+
+    def collect(self, futures):
+        if self.raises:
+            raise self.raises
+        return self.results
+
+
+def test_a_gold_rewards_failures_are_left_out_and_stop_training_only_when_asked():
+    scorers = {
+        "vbvr_rule": Results([{"score": 0.5}, {"score": 0.0, "error": "evaluator failed", "sample": "s1"}]),
+        "vbvr_vlm": Results(raises=ConnectionError("the judge is down")),
+    }
+    found = gold_rewards.collect(scorers, {"vbvr_rule": [1, 2], "vbvr_vlm": [1, 2]}, fail=False)
+    assert found == {"vbvr_rule": [0.5, None], "vbvr_vlm": "ConnectionError: the judge is down"}
+    summary = gold_rewards.summary("val/vbvr_rule/", found["vbvr_rule"], ["G-1", "G-2"])
+    assert summary["val/vbvr_rule/reward_mean"] == 0.5 and summary["val/vbvr_rule/reward_errors"] == 1
+    assert summary["val/vbvr_rule/reward_per_task"] == {"G-1": 0.5}  # not a 0 for the failed sample
+    with pytest.raises(gold_rewards.GoldRewardFailed, match="gold reward vbvr_rule .* could not score s1"):
+        gold_rewards.collect({"vbvr_rule": scorers["vbvr_rule"]}, {"vbvr_rule": [1, 2]}, fail=True)
+    with pytest.raises(gold_rewards.GoldRewardFailed, match="gold reward vbvr_vlm .*the judge is down"):
+        gold_rewards.collect({"vbvr_vlm": scorers["vbvr_vlm"]}, {"vbvr_vlm": [1, 2]}, fail=True)
+
+
+def test_the_config_refuses_a_gold_reward_it_cannot_use():
+    def refused(train: dict, reward: dict | None = None) -> str:
+        with pytest.raises(ConfigError) as err:
+            config.from_dict({"train": train, "reward": reward or {}, "data": {"heldout_per_task": 1}}, partial=True)
+        return str(err.value)
+
+    on = {"validate_every": 1, "validate_prompts": 4}
+    assert "vbvr_rule is a training reward" in refused(dict(on, validate_rewards=["vbvr_rule"]))
+    assert "vbvr_vlm is a training reward" in refused(
+        dict(on, validate_rewards=["vbvr_vlm"]), {"kind": "vbvr_rule", "terms": {"vbvr_rule": 1.0, "vbvr_vlm": 0.5}}
+    )
+    assert "unknown reward kind 'hps'" in refused(dict(on, validate_rewards=["hps"]))
+    assert "this run validates never" in refused({"validate_rewards": ["vbvr_vlm"]})
+    assert "needs 2 or more" in refused(dict(on, validate_rewards=["vbvr_vlm"], validate_prompts=1))
+    assert "train.divergence_points = 0" in refused(dict(on, validate_rewards=["vbvr_vlm"], divergence_points=0))
+
+
+def gold_config(server: JudgeServer, **train) -> dict:
+    """The solo tiny trainer on the rule reward, validating the 3 held-out prompts before training and after each of its
+    2 updates, the judge stand-in at `server` as its gold reward."""
+    cfg = solo_config(
+        train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3, "validate_every": 1,
+               "validate_before_training": True, "validate_prompts": 3, "validate_rewards": ["vbvr_vlm"], **train},
+    )  # fmt: skip
+    cfg["reward"].update(
+        judge_endpoint=server.endpoint,
+        judge_prompts=str(RUBRIC_FILE),
+        judge_protocol=str(PROTOCOL_FILE),
+        judge_max_retries=0,
+    )
+    return cfg
+
+
+def test_a_run_on_the_rule_reward_logs_the_judge_as_gold_and_trains_as_without_it(
+    tiny_model, dataset, tmp_path_factory, capfd
+):
+    with JudgeServer() as server:
+        cfg = gold_config(server)
+        gold = train_in_process(cfg, tmp_path_factory.mktemp("gold"), tiny_model, dataset)
+        assert server.counts == {"answered": 3 * 3}  # the validation points' videos, never a rollout's
+    said = capfd.readouterr().err
+    plain_cfg = json.loads(json.dumps(cfg))
+    plain_cfg["train"]["validate_rewards"] = []
+    plain = train_in_process(plain_cfg, tmp_path_factory.mktemp("plain"), tiny_model, dataset)
+    assert weights(gold) == weights(plain)  # scored by a reward the policy never trains on
+    points = [m for m in metrics(gold) if "val/reward_mean" in m]
+    assert [m["step"] for m in points] == [0, 1, 2]
+    for m in points:
+        assert 0 <= m["val/vbvr_vlm/reward_mean"] <= 1 and m["val/vbvr_vlm/reward_errors"] == 0
+        assert len(m["val/vbvr_vlm/reward_scores"]) == len(m["val/reward_scores"]) == 3
+        assert set(m["val/vbvr_vlm/reward_per_task"]) == set(m["val/reward_per_task"])
+        assert m["val/divergence_alarm"] in (0, 1) and "val/divergence" in m
+    assert said.count("| vbvr_vlm ") == 3, said[-3000:]
+    # The training reward's own numbers are those of the run without gold rewards.
+    plain_points = [m for m in metrics(plain) if "val/reward_mean" in m]
+    assert [m["val/reward_mean"] for m in points] == [m["val/reward_mean"] for m in plain_points]
+    state = json.loads((gold / "checkpoints/step-00000002/state.json").read_text())
+    assert [p["update"] for p in state["divergence_watch"]["history"]] == [0, 1, 2]
+
+
+def test_a_resumed_run_keeps_the_alarms_points(tiny_model, dataset, tmp_path_factory, monkeypatch):
+    """A crash inside point 2 (after update 2's row, before its checkpoint): the resumed run from update 1 has the
+    alarm's points 0 and 1 from the checkpoint and logs point 2 exactly as the uninterrupted run."""
+    from videogrpo.grpo import validation
+
+    with JudgeServer() as server:
+        whole = train_in_process(gold_config(server), tmp_path_factory.mktemp("whole"), tiny_model, dataset)
+        out = tmp_path_factory.mktemp("crashed")
+        trainer = trainer_in_process(gold_config(server), out, tiny_model, dataset)
+        real = validation.validate
+
+        def crash(trainer, update):
+            if update == 2:
+                raise KeyboardInterrupt("crash in point 2")
+            return real(trainer, update)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(validation, "validate", crash)
+            with pytest.raises(KeyboardInterrupt):
+                trainer.run()
+        resumed = trainer_in_process(gold_config(server), out, tiny_model, dataset)
+        assert [p.update for p in resumed.watch.history] == []  # restored when the run starts
+        resumed.run()
+        assert [p.update for p in resumed.watch.history] == [0, 1, 2]
+
+    def timeless(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "val/time_s"} for r in rows]
+
+    assert timeless(metrics(out)) == timeless(metrics(whole))
