@@ -266,6 +266,7 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
         {"train": {"lora_rank": 4}},
         {"train": {"validate_every": 2}},
         {"train": {"validate_before_training": True}},
+        {"train": {"validate_rewards": ["vbvr_vlm"], "validate_before_training": True}},
     ],
     ids=lambda change: ".".join(next(iter(change.items()))[1]),
 )
@@ -299,6 +300,9 @@ def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, m
         "sde_window_stride": 2,
         "sde_window_shift_every": 5,
         "sde_window_tail_ratio": 0.2,
+        "validate_rewards_fail_on_error": True,
+        "divergence_points": 3,
+        "divergence_sigmas": 2.0,
         "validate_prompts": 2,
         "validate_sampler": "unipc",
         "grpo_guard_scope": "row",

@@ -16,7 +16,7 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import gold_rewards
 from videogrpo.grpo.gold_rewards import Point, Watch, divergence
 
-from conftest import PROTOCOL_FILE, RUBRIC_FILE
+from conftest import PROTOCOL_FILE, REPO, RUBRIC_FILE
 from harness import metrics, solo_config, train_in_process, trainer_in_process, weights
 
 TASKS = ["G-1", "G-1", "G-1", "G-2", "G-2", "G-2"]
@@ -205,3 +205,67 @@ def test_a_resumed_run_keeps_the_alarms_points(tiny_model, dataset, tmp_path_fac
         return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "val/time_s"} for r in rows]
 
     assert timeless(metrics(out)) == timeless(metrics(whole))
+
+
+# ---- the gold rewards' runtimes ----------------------------------------------------------------------------------
+
+
+def demo_config(reward: dict | None = None, **train):
+    """config/config.yaml (the demo) with held-out prompts validated before training, and `train` on top."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["train"].update(validate_before_training=True, validate_prompts=2, **train)
+    cfg["reward"].update(reward or {})
+    return config.from_dict(cfg)
+
+
+def test_every_runtime_decision_sees_the_gold_rewards(dataset, tmp_path):
+    """A gold reward is a reward the run scores with: its kind is in reward_kinds (the workflow's stages, preflight,
+    verify's pins and the node's judge service read it), not among the rewards the policy trains on."""
+    from videogrpo.config import reward_kinds, training_reward_kinds
+    from videogrpo.preflight.checks import reward_checks
+    from videogrpo.provenance.digest import evalkit_source_digest
+    from videogrpo.provenance.pins import judge_problems
+    from videogrpo.rewards.judge_service import co_hosted
+
+    gold = demo_config(validate_rewards=["vbvr_vlm"])
+    assert reward_kinds(gold) == ("vbvr_rule", "vbvr_vlm") and training_reward_kinds(gold) == ("vbvr_rule",)
+    judged = demo_config({"kind": "vbvr_vlm"}, validate_rewards=["vbvr_rule"])
+    assert reward_kinds(judged) == ("vbvr_vlm", "vbvr_rule") and training_reward_kinds(judged) == ("vbvr_vlm",)
+    gold.parallel.device = "cuda"
+    assert co_hosted(gold)  # the node starts the judge for the gold reward alone
+    gold.reward.judge_prompts, gold.reward.judge_protocol = str(RUBRIC_FILE), str(PROTOCOL_FILE)
+    gold.evalkit.path = str(REPO / gold.evalkit.path)
+    fingerprint = tmp_path / "fingerprint.json"
+    fingerprint.write_text(json.dumps({"source_sha256": evalkit_source_digest(gold.evalkit.path)}))
+    checks = reward_checks(gold, fingerprint, dataset)
+    assert [c.name for c in checks] == ["evalkit_digest", "evalkit_tasks", "judge_rubrics"]
+    rubric = tmp_path / "eval_prompts.py"
+    rubric.write_text("EVAL_PROMPTS = {}\n")
+    reward = {"kind": "vbvr_rule", "judge_prompts": str(rubric), "judge_prompts_digest": "0" * 64}
+    manifests = {tmp_path / "m.json": {"stage": "train", "params": {"reward": reward, "train": {}}}}
+    assert judge_problems(manifests) == (0, [])
+    manifests[tmp_path / "m.json"]["params"]["train"]["validate_rewards"] = ["vbvr_vlm"]
+    assert judge_problems(manifests)[0] == 1  # verify checks the judge files the gold reward read
+
+
+@pytest.mark.parametrize(
+    ("overrides", "stages"),
+    [
+        ({"train": {"validate_rewards": ["vbvr_vlm"]}}, {"fetch_judge", "fingerprint_evalkit"}),
+        ({"reward": {"kind": "vbvr_vlm"}, "train": {"validate_rewards": ["vbvr_rule"]}}, {"fingerprint_evalkit"}),
+    ],
+    ids=["judge gold", "rule gold"],
+)
+def test_the_dag_holds_the_stages_a_gold_reward_needs(tmp_path, overrides, stages):
+    import yaml
+    from demo import copy_checkout, jobs_run, run
+
+    checkout = copy_checkout(tmp_path / "checkout")
+    on = {"data": {"heldout_per_task": 1}, "train": {"validate_before_training": True, "validate_prompts": 2}}
+    for section, values in overrides.items():
+        on.setdefault(section, {}).update(values)
+    (checkout / "gold.yaml").write_text(yaml.safe_dump(on))
+    out = run(["snakemake", "-n", "train", "--configfile", "gold.yaml"], checkout)
+    assert stages | {"preflight", "train"} <= set(jobs_run(out.stdout + out.stderr))
