@@ -10,7 +10,7 @@ It decodes as vLLM does under `structured_outputs.regex`: its answer always matc
 refuses to answer (400; a real server would have been forced into some other text). Without a regex the
 "model" rambles in prose, as an unconstrained judge may. The answer follows the rubric (the first text part)
 and its "Output format (exactly these lines):" fields; the score depends on the request (the share of bright
-pixels of the rollout's last frame).
+pixels of the rollout's last frame; `pays="brightness"`: its mean brightness, a reward built to be gamed).
 
 `mode` makes it misbehave as real services do, for the first `failures` requests (None: every request):
 `429`, `500`, `503`, `400` ... (that HTTP status), `drop` (closes the connection without an answer),
@@ -65,12 +65,15 @@ def rubric_fields(rubric: str) -> list[str]:
     return [line.split(":", 1)[0] for line in section.splitlines() if re.match(r"[a-z][a-z0-9_]*:", line)]
 
 
-def answer_for(body: dict, weights_off: int = 0) -> str:
+def answer_for(body: dict, weights_off: int = 0, pays: str = "bright_share") -> str:
     content = body["messages"][0]["content"]
     rubric = next(part["text"] for part in content if part["type"] == "text")
     video = next(part["video_url"]["url"] for part in content if part["type"] == "video_url")
     frames, _ = video_frames(video)
-    bright = float((frames[-1].mean(axis=-1) > 100).mean())
+    if pays == "brightness":  # the last frame's mean brightness, 20 x its distance from mid-grey: built to be gamed
+        bright = min(1.0, max(0.0, 0.5 + 20 * (float(frames[-1].mean()) / 255.0 - 0.5)))
+    else:
+        bright = float((frames[-1].mean(axis=-1) > 100).mean())
     total = round(100 * bright)
     fields = rubric_fields(rubric)
     weights = [f for f in fields if f.endswith("_weight")]
@@ -219,7 +222,7 @@ class JudgeHandler(BaseHTTPRequestHandler):
         if regex is None:
             text = "The video looks plausible to me; the square seems to move."
         else:
-            text = answer_for(body, weights_off=10 if invalid else 0)
+            text = answer_for(body, weights_off=10 if invalid else 0, pays=self.pays)
             if not re.fullmatch(regex, text):
                 self.counts["rejected"] += 1
                 self._error(400, f"stand-in: the answer the rubric asks for does not match the regex: {text!r}")
@@ -234,9 +237,10 @@ class JudgeHandler(BaseHTTPRequestHandler):
 class JudgeServer:
     """`with JudgeServer(mode=...) as server:` serves at server.endpoint until the block ends."""
 
-    def __init__(self, mode="good", name="qwen3.6-27b", delay=0.0, failures=None, script=None, port=0):
+    def __init__(self, mode="good", name="qwen3.6-27b", delay=0.0, failures=None, script=None, port=0,
+                 pays="bright_share"):  # fmt: skip
         attrs = {"mode": mode, "name": name, "delay": delay, "failures": failures, "script": script, "requests": [],
-                 "counts": collections.Counter(), "lock": threading.Lock()}  # fmt: skip
+                 "counts": collections.Counter(), "lock": threading.Lock(), "pays": pays}  # fmt: skip
         self.handler = type("Handler", (JudgeHandler,), attrs)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self.handler)
         self.httpd.daemon_threads = True

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from judge_server import JudgeServer
 
 from videogrpo import config
@@ -176,15 +177,50 @@ def test_a_run_on_the_rule_reward_logs_the_judge_as_gold_and_trains_as_without_i
     assert [p["update"] for p in state["divergence_watch"]["history"]] == [0, 1, 2]
 
 
+def test_best_holds_the_weights_of_the_point_the_gold_reward_scored_best(tiny_model, dataset, tmp_path, monkeypatch):
+    """train.keep_best_by: best/ is the weights at the point with the highest gold mean (captured here at each point,
+    independently of the snapshots), best.json says which and how; snapshots no checkpoint names are gone."""
+    from safetensors.torch import load_file
+
+    from videogrpo.grpo import validation
+
+    captured, real = {}, validation.validate
+
+    def capture(trainer, update):
+        captured[update] = {k: v.clone() for k, v in trainer.experts.full_state_dicts()["transformer"].items()}
+        return real(trainer, update)
+
+    monkeypatch.setattr(validation, "validate", capture)
+    with JudgeServer() as server:
+        out = train_in_process(gold_config(server, keep_best_by="vbvr_vlm", max_steps=3, keep_checkpoints=1), tmp_path,
+                               tiny_model, dataset)  # fmt: skip
+    points = [m for m in metrics(out) if "val/reward_mean" in m]
+    scores = [m["val/vbvr_vlm/reward_mean"] for m in points]
+    chosen = points[scores.index(max(scores))]["step"]  # the first of equal scores
+    best = json.loads((out / "best/best.json").read_text())
+    assert (best["update"], best["score"], best["reward"]) == (chosen, max(scores), "vbvr_vlm")
+    assert "highest val/vbvr_vlm/reward_mean of the run's 4 validation points" in best["chosen_by"]
+    assert [m["val/best_update"] for m in points] == [
+        points[scores.index(max(scores[: i + 1]))]["step"] for i in range(len(points))
+    ]
+    kept = load_file(out / "best/transformer/diffusion_pytorch_model.safetensors")
+    assert kept.keys() == captured[chosen].keys()
+    assert all(torch.equal(kept[k], captured[chosen][k]) for k in kept)
+    assert chosen == 3 or not all(torch.equal(kept[k], captured[3][k]) for k in kept)  # not simply the last
+    assert [p.name for p in (out / "checkpoints").glob("best-*")] == [f"best-{chosen:08d}"]
+
+
 def test_a_resumed_run_keeps_the_alarms_points(tiny_model, dataset, tmp_path_factory, monkeypatch):
     """A crash inside point 2 (after update 2's row, before its checkpoint): the resumed run from update 1 has the
-    alarm's points 0 and 1 from the checkpoint and logs point 2 exactly as the uninterrupted run."""
+    alarm's points 0 and 1 from the checkpoint and logs point 2 exactly as the uninterrupted run; the best point's
+    choice and weights are the uninterrupted run's."""
     from videogrpo.grpo import validation
 
     with JudgeServer() as server:
-        whole = train_in_process(gold_config(server), tmp_path_factory.mktemp("whole"), tiny_model, dataset)
+        keep = {"keep_best_by": "vbvr_vlm"}
+        whole = train_in_process(gold_config(server, **keep), tmp_path_factory.mktemp("whole"), tiny_model, dataset)
         out = tmp_path_factory.mktemp("crashed")
-        trainer = trainer_in_process(gold_config(server), out, tiny_model, dataset)
+        trainer = trainer_in_process(gold_config(server, **keep), out, tiny_model, dataset)
         real = validation.validate
 
         def crash(trainer, update):
@@ -196,7 +232,7 @@ def test_a_resumed_run_keeps_the_alarms_points(tiny_model, dataset, tmp_path_fac
             patch.setattr(validation, "validate", crash)
             with pytest.raises(KeyboardInterrupt):
                 trainer.run()
-        resumed = trainer_in_process(gold_config(server), out, tiny_model, dataset)
+        resumed = trainer_in_process(gold_config(server, **keep), out, tiny_model, dataset)
         assert [p.update for p in resumed.watch.history] == []  # restored when the run starts
         resumed.run()
         assert [p.update for p in resumed.watch.history] == [0, 1, 2]
@@ -205,6 +241,9 @@ def test_a_resumed_run_keeps_the_alarms_points(tiny_model, dataset, tmp_path_fac
         return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "val/time_s"} for r in rows]
 
     assert timeless(metrics(out)) == timeless(metrics(whole))
+    assert (out / "best/best.json").read_text() == (whole / "best/best.json").read_text()
+    best = "best/transformer/diffusion_pytorch_model.safetensors"
+    assert (out / best).read_bytes() == (whole / best).read_bytes()
 
 
 # ---- the gold rewards' runtimes ----------------------------------------------------------------------------------

@@ -100,7 +100,10 @@ if CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json
         file=sys.stderr,
     )
 CELL_MODELS = layout.cell_models(CFG, RUN_ID)
-CELL_KINDS = {cell: name if name in ("base", "trained") else "hub" for name, cell in CELL_MODELS.items()}
+CELL_KINDS = {
+    cell: name if name in ("base", "trained", "best") else "hub"
+    for name, cell in CELL_MODELS.items()
+}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}
 MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
 
@@ -236,6 +239,11 @@ def synthetic_inputs(**named):
 def judge_service_inputs(**named):
     """Inputs that exist only when the training job starts its own judge service."""
     return named if JUDGE_SERVICE else {}
+
+
+def best_output():
+    """train's best/ beside final/: the weights of the best validation point by a gold reward (train.keep_best_by)."""
+    return {"best": directory(f"{RUN}/train/best")} if CFG.train.keep_best_by else {}
 
 
 def hub_kernel_inputs(**named):
@@ -391,8 +399,8 @@ def cell_model_inputs(wildcards):
         root = f"{RESULTS}/models/eval/{wildcards.model}"
         return {"model": f"{root}/pipeline", "fetch_eval_model_manifest": f"{root}/fetch_eval_model.manifest.json"}
     named = {"model": MODEL_DIR, **upstream("fetch_model")}
-    if kind == "trained":
-        named.update(final=f"{RUN}/train/final", **upstream("train"))
+    if kind in ("trained", "best"):  # best: the best validation point's weights (train.keep_best_by)
+        named.update(final=f"{RUN}/train/{'final' if kind == 'trained' else 'best'}", **upstream("train"))
     return named
 
 

@@ -384,19 +384,19 @@ def _grpo_problems(cfg: Config) -> list[str]:
     return found
 
 
-MATRIX_MODEL = re.compile(r"^(base|trained|[A-Za-z0-9_.-]+)$")
+MATRIX_MODEL = re.compile(r"^(base|trained|best|[A-Za-z0-9_.-]+)$")
 
 
 def _matrix_problems(cfg: Config) -> list[str]:
     m = cfg.matrix
     found = [f"matrix.samplers: {why}" for name in m.samplers if (why := sampler_problem(name))]
     for name in m.models:
-        if name not in ("base", "trained") and name not in m.hub_models:
-            found.append(f"matrix.models: {name!r} is not base, trained or a name in matrix.hub_models")
+        if name not in ("base", "trained", "best") and name not in m.hub_models:
+            found.append(f"matrix.models: {name!r} is not base, trained, best or a name in matrix.hub_models")
     for name, spec in m.hub_models.items():
         repo_id, _, revision = spec.partition("@")
-        if not MATRIX_MODEL.match(name) or name in ("base", "trained"):
-            found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base or trained)")
+        if not MATRIX_MODEL.match(name) or name in ("base", "trained", "best"):
+            found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base, trained or best)")
         if not repo_id or not HEX40.match(revision):
             case = f" (write {revision.lower()!r})" if HEX40.match(revision.lower()) else ""
             found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<lower-case 40-hex revision>{case}")
@@ -479,6 +479,11 @@ def _validation_problems(cfg: Config) -> list[str]:
 def _gold_problems(cfg: Config) -> list[str]:
     """Gold rewards (train.validate_rewards) score validation points with rewards the policy is not trained on."""
     t, known = cfg.train, CHOICES["reward.kind"]
+    if t.keep_best_by is not None and t.keep_best_by not in t.validate_rewards:
+        return [
+            f"train.keep_best_by = {t.keep_best_by!r}: not among train.validate_rewards ({t.validate_rewards}); the "
+            "best point is chosen by a gold reward's score: list it there, or unset keep_best_by"
+        ]
     if not t.validate_rewards:
         return []
     validating = t.validate_every > 0 or t.validate_before_training
@@ -504,6 +509,16 @@ def _gold_problems(cfg: Config) -> list[str]:
             f"error of a change over the prompts, which needs 2 or more"
         )
     return found
+
+
+def _best_model_problems(cfg: Config) -> list[str]:
+    """The matrix's `best` model is the export train.keep_best_by makes."""
+    if "best" in cfg.matrix.models and not cfg.train.keep_best_by:
+        return [
+            "matrix.models lists 'best', the weights of the best validation point, which only a run with "
+            "train.keep_best_by exports; set train.keep_best_by (with train.validate_rewards), or drop 'best'"
+        ]
+    return []
 
 
 def _gold_overlap_problems(cfg: Config) -> list[str]:
@@ -641,6 +656,7 @@ CHECKS = (
     (("train", "data"), _validation_problems),
     (("train",), _gold_problems),
     (("train", "reward"), _gold_overlap_problems),
+    (("matrix", "train"), _best_model_problems),
 )
 
 

@@ -132,6 +132,7 @@ _FIELD_CLASSES = {
             "validate_rewards_fail_on_error",
             "divergence_points",
             "divergence_sigmas",
+            "keep_best_by",
         )
     },
     # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
@@ -395,7 +396,12 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ),
     (
         {"train.validate_rewards": []},
-        ("train.validate_rewards_fail_on_error", "train.divergence_points", "train.divergence_sigmas"),
+        (
+            "train.validate_rewards_fail_on_error",
+            "train.divergence_points",
+            "train.divergence_sigmas",
+            "train.keep_best_by",
+        ),
     ),
 )
 

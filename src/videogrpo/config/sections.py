@@ -379,6 +379,9 @@ class TrainConfig:
     failed samples out of its numbers (counted in `val/<kind>/reward_errors`) and training goes on."""
     divergence_points: int = 2
     """The divergence alarm compares each validation point with the one this many points earlier."""
+    keep_best_by: str | None = None
+    """A gold reward (one of validate_rewards): the export also holds best/, the weights of the validation point it
+    scored best, with the update and how it was chosen (best.json); null: final/ only."""
     divergence_sigmas: float = 1.0
     """The alarm fires where, between the two points, the training reward rose and a gold reward fell by more than
     this many standard errors of its paired change (overall, or within any one task)."""
@@ -450,7 +453,8 @@ class MatrixConfig:
     all of them)."""
     models: list[str] = field(default_factory=list)
     """Models evaluated under every sampler, one matrix row each: `base` (model.*), `trained` (the run's exported
-    final transformer) or a name in hub_models. The held-out check's cells come in any case (compare_base)."""
+    final transformer), `best` (its best validation point's, train.keep_best_by) or a name in hub_models. The
+    held-out check's cells come in any case (compare_base)."""
     compare_base: bool = True
     """The held-out check, always evaluated: the trained model and, unless this is false, the base model, both
     under the training sampler (grpo.sampler at grpo.eta, or grpo.eta_range) on the same samples and noise."""

@@ -171,14 +171,22 @@ class Watch:
     kinds: list[str]
     points: int
     sigmas: float
+    best_by: str | None = None
+    """train.keep_best_by: the gold reward whose best point's weights are kept (grpo/export.py)."""
     history: list[Point] = field(default_factory=list)
     fired_at: int | None = None
     """The first update the alarm fired at (None: not yet)."""
+    best: dict | None = None
+    """The best point so far by `best_by`: {reward, update, score, stderr} (the first of equal scores)."""
+    improved: bool = False
+    """Whether the point `observe` saw last is the new best (its weights are to be kept)."""
 
     @classmethod
     def for_config(cls, cfg) -> Watch | None:
         t = cfg.train
-        return cls(sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas) if t.validate_rewards else None
+        if not t.validate_rewards:
+            return None
+        return cls(sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas, t.keep_best_by)
 
     def observe(self, record: dict) -> list[str]:
         """Add `val/divergence*` to the point's record; the lines to log (the alarm's first firing said loudest)."""
@@ -198,14 +206,25 @@ class Watch:
         record[f"{VAL}divergence"] = [vars(s) for s in signals]
         record[f"{VAL}divergence_alarm"] = int(bool(signals))
         record[f"{VAL}divergence_first_update"] = self.fired_at
+        self.improved = False
+        if self.best_by:
+            score = None if self.best_by in failed else record[f"{VAL}{self.best_by}/reward_mean"]
+            if score is not None and (self.best is None or score > self.best["score"]):
+                stderr = record[f"{VAL}{self.best_by}/reward_stderr"]
+                self.best = {"reward": self.best_by, "update": point.update, "score": score, "stderr": stderr}
+                self.improved = True
+                lines.append(f"best point by {self.best_by} so far: update {point.update} ({score:.4f}); its weights "
+                             "are kept (train.keep_best_by)")  # fmt: skip
+            record[f"{VAL}best_update"] = self.best["update"] if self.best else None
         return lines
 
     def state(self) -> dict:
-        return {"fired_at": self.fired_at, "history": [vars(p) for p in self.history]}
+        return {"fired_at": self.fired_at, "best": self.best, "history": [vars(p) for p in self.history]}
 
     def restore(self, state: dict | None, upto: int) -> None:
         """The state a checkpoint saved after update `upto` (none: a checkpoint written without gold rewards)."""
         state = state or {}
         self.history = [Point(**p) for p in state.get("history", []) if p["update"] <= upto]
-        fired = state.get("fired_at")
+        fired, best = state.get("fired_at"), state.get("best")
         self.fired_at = fired if fired is not None and fired <= upto else None
+        self.best = best if best is not None and best["update"] <= upto else None

@@ -32,9 +32,9 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import (
     assignment,
     checkpoint,
+    export,
     flops,
     gold_rewards,
-    lora,
     nft,
     objectives,
     offload,
@@ -56,7 +56,7 @@ from videogrpo.grpo.rollout import (
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
-from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B
+from videogrpo.models.i2v import WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
 from videogrpo.parallel import process_groups
 from videogrpo.rewards import NoScorer
@@ -79,6 +79,11 @@ class TrainPaths:
     run_dir: Path
     input_digests: dict[str, str] = field(default_factory=dict)
     """Digests of the training inputs (model, dataset, training ids): checkpoints record them."""
+
+    @property
+    def best(self) -> Path:
+        """train.keep_best_by's export, beside final/."""
+        return self.final.with_name("best")
 
     @classmethod
     def under(cls, run_dir: Path, model: Path, dataset: Path, evalkit: Path | None) -> TrainPaths:
@@ -426,8 +431,9 @@ class Trainer:
             replay.check_position(self.actions, latest, checkpoint.read_state(latest))
             state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
-            if self.watch:  # the alarm's points up to the checkpoint, and whether it fired
+            if self.watch:  # the alarm's points up to the checkpoint, whether it fired, the best point's weights
                 self.watch.restore(state.get("divergence_watch"), state["update"])
+                export.check_snapshot(self.paths.checkpoints, self.watch.best)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
             return state["next_action"]
         if cfg.train.resume_from:
@@ -494,6 +500,8 @@ class Trainer:
             self.cfg.train.keep_checkpoints,
             extra=self._extra_state(),
         )
+        if self.watch and self.watch.best_by and self.ctx.is_main:  # the best snapshots no checkpoint names go
+            export.prune_snapshots(self.paths.checkpoints, self.watch.best["update"] if self.watch.best else None)
 
     def run(self) -> None:
         """Train, then export. The scorer pool is closed on every way out: a refused resume included; on an
@@ -574,27 +582,22 @@ class Trainer:
         record = validation.validate(self, update)
         for line in self.watch.observe(record) if self.watch else []:  # the divergence alarm (gold rewards)
             self._log(line)
+        if self.watch and self.watch.improved:  # train.keep_best_by: the best point's weights so far
+            export.write_weights(
+                self, export.snapshot(self.paths.checkpoints, update), dict(sorted(self.watch.best.items()))
+            )
         self.tracker.record_validation(record)
 
     def _export(self) -> None:
-        """Write the declared outputs: the final transformer(s) (Diffusers format: `transformer`, and for I2V-A14B
-        `transformer_2` for the low-noise expert, each one trained) and the metrics."""
-        trained = lora.gather_export(self.experts, self.cfg) if lora.enabled(self.cfg) else None  # grpo/lora.py
-        states = self.experts.full_state_dicts() if trained is None else {}
+        """Write the declared outputs: the final transformer(s) (grpo/export.py), the metrics and, with
+        train.keep_best_by, best/."""
+        export.write_weights(
+            self, self.paths.final, {"run_id": self.run_id, "updates": self.total, "layout": self.layout}
+        )
         if self.ctx.is_main:
-            from diffusers import WanTransformer3DModel
-
-            with atomic.atomic_directory(self.paths.final) as tmp:
-                for name, state in states.items():
-                    plain = WanTransformer3DModel.from_config(self.model.trainable[name].config)
-                    plain.load_state_dict(state)
-                    plain.save_pretrained(str(tmp / EXPERT_FOLDERS.get(name, name)))
-                for name, (adapters, whole) in (trained or {}).items():
-                    folder = tmp / EXPERT_FOLDERS.get(name, name)
-                    lora.write_export(folder, self.model.trainable[name].config, adapters, whole, self.cfg)
-                (tmp / "training_state.json").write_text(
-                    json.dumps({"run_id": self.run_id, "updates": self.total, "layout": self.layout}, indent=2) + "\n"
-                )
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")
+            if self.cfg.train.keep_best_by:
+                points = len(self.watch.history)
+                export.export_best(self.paths.checkpoints, self.paths.best, self.watch.best, self.watch.best_by, points)
         process_groups.barrier()

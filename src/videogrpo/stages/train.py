@@ -225,4 +225,11 @@ def drive(cfg: Config, sections: dict, args: argparse.Namespace) -> int:
             **({"last_validation": validated[-1]} if validated else {}),
             "final_checkpoint": validate_export(args.final, args.model),
         }
+        if cfg.train.keep_best_by:  # best/ beside final/: the weights of the best validation point by a gold reward
+            best = args.final.with_name("best")
+            stage.output("best", best)
+            stage.summary["best"] = {
+                **json.loads((best / "best.json").read_text()),
+                "checkpoint": validate_export(best, args.model),
+            }
     return 0
