@@ -267,6 +267,8 @@ def test_every_field_has_exactly_one_class_and_the_identity_digests_the_contract
         {"train": {"validate_every": 2}},
         {"train": {"validate_before_training": True}},
         {"train": {"validate_rewards": ["vbvr_vlm"], "validate_before_training": True}},
+        {"train": {"keep_best_by": "vbvr_vlm", "validate_rewards": ["vbvr_vlm"], "validate_before_training": True}},
+        {"train": {"stop_on_divergence": True, "validate_rewards": ["vbvr_vlm"], "validate_before_training": True}},
     ],
     ids=lambda change: ".".join(next(iter(change.items()))[1]),
 )

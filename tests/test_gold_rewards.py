@@ -132,6 +132,13 @@ def test_the_config_refuses_a_gold_reward_it_cannot_use():
     assert "this run validates never" in refused({"validate_rewards": ["vbvr_vlm"]})
     assert "needs 2 or more" in refused(dict(on, validate_rewards=["vbvr_vlm"], validate_prompts=1))
     assert "train.divergence_points = 0" in refused(dict(on, validate_rewards=["vbvr_vlm"], divergence_points=0))
+    assert "not among train.validate_rewards" in refused(
+        dict(on, validate_rewards=["vbvr_vlm"], keep_best_by="vbvr_rule")
+    )
+    assert "the divergence alarm watches gold rewards" in refused(dict(on, stop_on_divergence=True))
+    assert "writes none before its end" in refused(
+        dict(on, validate_rewards=["vbvr_vlm"], stop_on_divergence=True, save_steps=0)
+    )
 
 
 def gold_config(server: JudgeServer, **train) -> dict:
@@ -308,3 +315,65 @@ def test_the_dag_holds_the_stages_a_gold_reward_needs(tmp_path, overrides, stage
     (checkout / "gold.yaml").write_text(yaml.safe_dump(on))
     out = run(["snakemake", "-n", "train", "--configfile", "gold.yaml"], checkout)
     assert stages | {"preflight", "train"} <= set(jobs_run(out.stdout + out.stderr))
+
+
+def test_the_workflow_declares_best_and_the_matrix_can_evaluate_it(tmp_path):
+    """With train.keep_best_by the train rule declares best/ beside final/, and matrix.models' `best` is a row whose
+    cells sample with best/'s transformer, checked against train's manifest; without it, `best` is refused."""
+    import yaml
+    from demo import copy_checkout, run
+
+    checkout = copy_checkout(tmp_path / "checkout")
+    on = {
+        "data": {"heldout_per_task": 1},
+        "train": {"validate_before_training": True, "validate_prompts": 2, "validate_rewards": ["vbvr_vlm"],
+                  "keep_best_by": "vbvr_vlm"},
+        "matrix": {"models": ["best"], "samplers": ["euler"]},
+    }  # fmt: skip
+    (checkout / "best.yaml").write_text(yaml.safe_dump(on))
+    out = run(["snakemake", "-n", "-p", "matrix", "--configfile", "best.yaml"], checkout)
+    commands = [line for line in (out.stdout + out.stderr).splitlines() if "videogrpo stage " in line]
+    (train,) = [line for line in commands if "videogrpo stage train " in line]
+    assert "/train/final" in train
+    (cell,) = [line for line in commands if "stage generate-cell" in line and "-best/euler" in line]
+    assert "/train/best/transformer" in cell and "train.manifest.json" in cell
+    with pytest.raises(ConfigError, match="matrix.models lists 'best'"):
+        config.from_dict({"matrix": {"models": ["best"]}, "train": {}}, partial=True)
+
+
+def test_stop_on_divergence_ends_training_at_the_next_checkpoint_and_a_rerun_goes_no_further(
+    tiny_model, dataset, tmp_path, monkeypatch, capfd
+):
+    """The alarm (its rule made to fire at point 3 here; the rule itself is tested above) stops a run of 6 updates
+    with checkpoints every 2 after update 4, exporting those weights; run again, it resumes there and trains no
+    further; with train.resume_past_divergence it trains on to its end."""
+    from videogrpo.grpo.gold_rewards import Signal
+
+    def fires_at_3(now, then, sigmas):
+        return [Signal("vbvr_vlm", None, then.update, 0.1, -0.1, 0.01, 3)] if now.update == 3 else []
+
+    monkeypatch.setattr(gold_rewards, "divergence", fires_at_3)
+    with JudgeServer() as server:
+        cfg = gold_config(server, max_steps=6, save_steps=2, stop_on_divergence=True)
+        out = train_in_process(cfg, tmp_path, tiny_model, dataset)
+        state = json.loads((out / "final/training_state.json").read_text())
+        assert state["updates"] == 4 and state["stopped_by_divergence_alarm"] == {"fired_at": 3, "of_updates": 6}
+        rows = metrics(out)
+        assert [m["step"] for m in rows if "reward_mean" in m] == [1, 2, 3, 4]
+        assert [(m["step"], m["val/divergence_alarm"]) for m in rows if "val/reward_mean" in m] == [
+            (0, 0), (1, 0), (2, 0), (3, 1), (4, 0)
+        ]  # fmt: skip
+        said = capfd.readouterr().err
+        assert "DIVERGENCE ALARM at update 3" in said and "stopping after update 4 of 6" in said
+        stopped = weights(out)
+        # Rerun (Snakemake removes a failed or forced stage's outputs first): resumed at 4, nothing more trained.
+        (out / "metrics.jsonl").unlink()
+        train_in_process(cfg, tmp_path, tiny_model, dataset)
+        assert weights(out) == stopped and "stopping after update 4 of 6" in capfd.readouterr().err
+        assert [m["step"] for m in metrics(out) if "reward_mean" in m] == [1, 2, 3, 4]
+        # Asked to, it trains past the alarm to its end.
+        cfg["train"]["resume_past_divergence"] = True
+        train_in_process(cfg, tmp_path, tiny_model, dataset)
+        state = json.loads((out / "final/training_state.json").read_text())
+        assert state["updates"] == 6 and "stopped_by_divergence_alarm" not in state
+        assert [m["step"] for m in metrics(out) if "reward_mean" in m] == [1, 2, 3, 4, 5, 6]

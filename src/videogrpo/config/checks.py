@@ -484,6 +484,11 @@ def _gold_problems(cfg: Config) -> list[str]:
             f"train.keep_best_by = {t.keep_best_by!r}: not among train.validate_rewards ({t.validate_rewards}); the "
             "best point is chosen by a gold reward's score: list it there, or unset keep_best_by"
         ]
+    if t.stop_on_divergence and not t.validate_rewards:
+        return [
+            "train.stop_on_divergence = true with train.validate_rewards empty: the divergence alarm watches gold "
+            "rewards; list one (train.validate_rewards), or set stop_on_divergence false"
+        ]
     if not t.validate_rewards:
         return []
     validating = t.validate_every > 0 or t.validate_before_training
@@ -501,6 +506,11 @@ def _gold_problems(cfg: Config) -> list[str]:
         )
     if t.divergence_points < 1:
         found.append(f"train.divergence_points = {t.divergence_points}: must be >= 1 (points back to compare with)")
+    if t.stop_on_divergence and t.save_steps <= 0:
+        found.append(
+            "train.stop_on_divergence = true with train.save_steps = 0: the run stops at the checkpoint after the "
+            "alarm, and this one writes none before its end; set train.save_steps"
+        )
     if not math.isfinite(t.divergence_sigmas) or t.divergence_sigmas < 0:
         found.append(f"train.divergence_sigmas = {t.divergence_sigmas}: must be a finite number >= 0")
     if t.validate_prompts < 2:

@@ -133,6 +133,7 @@ _FIELD_CLASSES = {
             "divergence_points",
             "divergence_sigmas",
             "keep_best_by",
+            "stop_on_divergence",
         )
     },
     # Activation checkpointing recomputes exactly; resume settings say how this attempt starts.
@@ -140,6 +141,7 @@ _FIELD_CLASSES = {
         f"train.{f}": EXECUTION
         for f in (
             "keep_checkpoints",
+            "resume_past_divergence",
             "auto_resume",
             "resume_from",
             "reset_dataloader",
@@ -400,9 +402,10 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
             "train.validate_rewards_fail_on_error",
             "train.divergence_points",
             "train.divergence_sigmas",
-            "train.keep_best_by",
         ),
     ),
+    ({"train.keep_best_by": None}, ()),
+    ({"train.stop_on_divergence": False}, ()),
 )
 
 

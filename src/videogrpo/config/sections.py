@@ -385,6 +385,11 @@ class TrainConfig:
     divergence_sigmas: float = 1.0
     """The alarm fires where, between the two points, the training reward rose and a gold reward fell by more than
     this many standard errors of its paired change (overall, or within any one task)."""
+    stop_on_divergence: bool = False
+    """When the alarm fires, stop training at the next checkpoint (train.save_steps) and export the weights so far;
+    a rerun does not train past it unless train.resume_past_divergence is set."""
+    resume_past_divergence: bool = False
+    """A run the divergence alarm stopped trains on to its end when rerun (the alarm stays on record)."""
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from videogrpo import atomic
-from videogrpo.errors import VideoGRPOError, disk_full_cause
+from videogrpo.errors import ConfigError, VideoGRPOError, disk_full_cause
 from videogrpo.parallel import process_groups
 from videogrpo.provenance import code
 
@@ -315,3 +315,27 @@ def load(
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state
+
+
+def check_topology(source: Path, topology: dict) -> dict:
+    """A full-state resume_from continues another run's data position and per-rank state: only under the topology it
+    was written with (ConfigError otherwise). Returns its state (empty for a folder without state.json)."""
+    saved = read_state(source) if (source / "state.json").is_file() else {}
+    if problems := topology_problems(saved.get("topology"), topology):
+        raise ConfigError(
+            f"train.resume_from = {str(source)!r} with train.reset_dataloader: false resumes its data position "
+            f"and per-rank state, which need the topology it was written with: {'; '.join(problems)}. "
+            f"Checkpoint: {json.dumps(saved.get('topology'), sort_keys=True)}; this run: "
+            f"{json.dumps(topology, sort_keys=True)}. Run with the checkpoint's topology, or set "
+            f"train.reset_dataloader: true to take its weights only."
+        )
+    return saved
+
+
+def check_resumable(latest: Path, guard: dict, across_code_changes: bool) -> None:
+    """The run's newest checkpoint `latest` was written by this run (resume_problems); ConfigError otherwise."""
+    if problems := resume_problems(read_state(latest).get("guard", {}), guard, across_code_changes):
+        raise ConfigError(
+            f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + f". To start the run over instead, "
+            f"remove {latest.parent}."
+        )

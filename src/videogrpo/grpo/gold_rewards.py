@@ -173,6 +173,9 @@ class Watch:
     sigmas: float
     best_by: str | None = None
     """train.keep_best_by: the gold reward whose best point's weights are kept (grpo/export.py)."""
+    stop: bool = False
+    """train.stop_on_divergence, unless train.resume_past_divergence: training ends at the checkpoint after the
+    alarm (and a rerun trains no further)."""
     history: list[Point] = field(default_factory=list)
     fired_at: int | None = None
     """The first update the alarm fired at (None: not yet)."""
@@ -186,7 +189,12 @@ class Watch:
         t = cfg.train
         if not t.validate_rewards:
             return None
-        return cls(sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas, t.keep_best_by)
+        stop = t.stop_on_divergence and not t.resume_past_divergence
+        return cls(sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas, t.keep_best_by, stop)
+
+    def stops(self) -> bool:
+        """Whether training ends at this checkpoint: the alarm has fired and train.stop_on_divergence is set."""
+        return self.stop and self.fired_at is not None
 
     def observe(self, record: dict) -> list[str]:
         """Add `val/divergence*` to the point's record; the lines to log (the alarm's first firing said loudest)."""

@@ -158,13 +158,14 @@ class Tracker:
             f"{metrics[VALIDATION_PREFIX + 'time_s']:.2f} s" + "".join(gold_lines(metrics))
         )
 
-    def close(self) -> None:
+    def close(self, stopped: bool = False) -> None:
+        """`stopped`: training ended early on purpose (train.stop_on_divergence)."""
         if self.wandb is not None:
             self.wandb.finish()
         if self.mlflow is not None:
             # A run that stops short of its last update (an error; a SIGKILL never gets here) is FAILED until a
             # resume sets it RUNNING again.
-            self.mlflow.set_status("FINISHED" if self._last >= self.total else "FAILED")
+            self.mlflow.set_status("FINISHED" if stopped or self._last >= self.total else "FAILED")
 
 
 def gold_lines(metrics: dict) -> list[str]:

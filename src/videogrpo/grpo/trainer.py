@@ -28,7 +28,6 @@ import torch
 from videogrpo import atomic
 from videogrpo.config import Config, to_dict
 from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
-from videogrpo.errors import ConfigError
 from videogrpo.grpo import (
     assignment,
     checkpoint,
@@ -186,6 +185,8 @@ class Trainer:
             tasks = sorted({s.task for s in validation.prompts(cfg, paths.dataset)})
             self.gold_scorers = gold_rewards.start_scorers(cfg, paths.evalkit, tasks)
         self.watch = gold_rewards.Watch.for_config(cfg)
+        self.stopped_at: int | None = None
+        """The update training stopped at, before its last (train.stop_on_divergence)."""
         self.tracker: Tracker | None = None
         self.guard = checkpoint.resume_guard(run_id, paths.input_digests)
         self.topology = assignment.dataloader_topology(cfg, ctx.world_size, self.order)
@@ -421,13 +422,7 @@ class Trainer:
                 f"(newest {kept[-1].name}) are not resumed"
             )
         if latest is not None:
-            saved = checkpoint.read_state(latest).get("guard", {})
-            problems = checkpoint.resume_problems(saved, self.guard, cfg.train.resume_across_code_changes)
-            if problems:
-                raise ConfigError(
-                    f"{latest}: not resuming this checkpoint: " + "; ".join(problems) + ". To start "
-                    f"the run over instead, remove {self.paths.checkpoints}."
-                )
+            checkpoint.check_resumable(latest, self.guard, cfg.train.resume_across_code_changes)
             replay.check_position(self.actions, latest, checkpoint.read_state(latest))
             state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
@@ -445,7 +440,8 @@ class Trainer:
                 self._settle_old_policy([])
                 self._log(f"initialised from {source} (weights only): {report.summary()}")
                 return 0
-            self._check_stateful_source(source)
+            # A full-state start continues the source's data position and per-rank state: same topology, same plan.
+            replay.check_position(self.actions, source, checkpoint.check_topology(source, self.topology))
             state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
             self._log(f"initialised from {source} (full state)")
@@ -463,20 +459,6 @@ class Trainer:
         if self.nft_old is not None and "nft_old" not in loaded:
             self.nft_old.reset()
             self._log("grpo.algorithm nft: the old policy starts as the loaded weights (the source holds none)")
-
-    def _check_stateful_source(self, source: Path) -> None:
-        """A full-state resume_from continues another run's data position and per-rank state: only under
-        the topology it was written with, and at a position this run's replay plan agrees with."""
-        saved = checkpoint.read_state(source) if (source / "state.json").is_file() else {}
-        if problems := checkpoint.topology_problems(saved.get("topology"), self.topology):
-            raise ConfigError(
-                f"train.resume_from = {str(source)!r} with train.reset_dataloader: false resumes its data position "
-                f"and per-rank state, which need the topology it was written with: {'; '.join(problems)}. "
-                f"Checkpoint: {json.dumps(saved.get('topology'), sort_keys=True)}; this run: "
-                f"{json.dumps(self.topology, sort_keys=True)}. Run with the checkpoint's topology, or set "
-                f"train.reset_dataloader: true to take its weights only."
-            )
-        replay.check_position(self.actions, source, saved)
 
     def _log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -547,6 +529,8 @@ class Trainer:
         try:
             if validation.before_training(self.cfg, start):
                 self._validate(0)
+            if start and self._stopped(done):  # a rerun of a run the alarm stopped exports the same weights
+                start = len(self.actions)
             for index in range(start, len(self.actions)):
                 action = self.actions[index]
                 t0 = time.monotonic()
@@ -575,8 +559,22 @@ class Trainer:
                     self._validate(action.update)  # redo nor skip it
                 if replay.should_checkpoint(action, self.cfg.train.save_steps, self.total):
                     self._checkpoint(index, action.update)
+                    if self._stopped(action.update):
+                        break
         finally:
-            self.tracker.close()
+            self.tracker.close(stopped=self.stopped_at is not None)
+
+    def _stopped(self, update: int) -> bool:
+        """train.stop_on_divergence: the alarm has fired, so training ends at this checkpoint, after update `update`."""
+        if not (self.watch and self.watch.stops()):
+            return False
+        self.stopped_at = update
+        self._log(
+            f"stopping after update {update} of {self.total}: the divergence alarm fired at update "
+            f"{self.watch.fired_at} and train.stop_on_divergence is set; the export holds these weights "
+            f"(train.resume_past_divergence: true trains on)"
+        )
+        return True
 
     def _validate(self, update: int) -> None:
         record = validation.validate(self, update)
@@ -591,9 +589,10 @@ class Trainer:
     def _export(self) -> None:
         """Write the declared outputs: the final transformer(s) (grpo/export.py), the metrics and, with
         train.keep_best_by, best/."""
-        export.write_weights(
-            self, self.paths.final, {"run_id": self.run_id, "updates": self.total, "layout": self.layout}
-        )
+        state = {"run_id": self.run_id, "updates": self.stopped_at or self.total, "layout": self.layout}
+        if self.stopped_at is not None:
+            state["stopped_by_divergence_alarm"] = {"fired_at": self.watch.fired_at, "of_updates": self.total}
+        export.write_weights(self, self.paths.final, state)
         if self.ctx.is_main:
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")

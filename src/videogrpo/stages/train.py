@@ -225,6 +225,11 @@ def drive(cfg: Config, sections: dict, args: argparse.Namespace) -> int:
             **({"last_validation": validated[-1]} if validated else {}),
             "final_checkpoint": validate_export(args.final, args.model),
         }
+        trained = json.loads((args.final / "training_state.json").read_text())
+        if "stopped_by_divergence_alarm" in trained:  # train.stop_on_divergence ended it early
+            stage.summary["stopped_by_divergence_alarm"] = dict(
+                trained["stopped_by_divergence_alarm"], at=trained["updates"]
+            )
         if cfg.train.keep_best_by:  # best/ beside final/: the weights of the best validation point by a gold reward
             best = args.final.with_name("best")
             stage.output("best", best)
