@@ -67,3 +67,27 @@ def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, wor
     assert out.returncode != 0, out.stdout
     assert f"{runs[1]}/train/metrics.jsonl" in out.stderr and "sha256" in out.stderr, out.stderr
     assert not (workdir / "changed.html").exists()
+
+
+def test_a_run_with_a_gold_reward_reports_the_alarm_and_evaluates_its_best_point(demo, workdir):
+    """The demo trained on the rule reward with the judge (tests/judge_server.py at reward.judge_endpoint) as its
+    gold reward and train.keep_best_by: best/ beside final/, the matrix's `best` row, and a report whose first
+    screen says whether the alarm fired and which draws both rewards."""
+    import json
+
+    from judge_server import JudgeServer
+
+    gold = ("train={validate_before_training: true, validate_every: 1, validate_prompts: 2, "
+            "validate_rewards: [vbvr_vlm], keep_best_by: vbvr_vlm}")  # fmt: skip
+    with JudgeServer() as server:
+        made = new_run(workdir, f"{gold} reward={{judge_endpoint: '{server.endpoint}'}} matrix={{models: [best]}}", 4)
+        assert server.counts["answered"] >= 3 * 2  # the validation points' videos (3 points of 2 prompts)
+    run_dir = workdir / "results/runs" / made
+    best = json.loads((run_dir / "train/best/best.json").read_text())
+    manifest = json.loads((run_dir / "train.manifest.json").read_text())
+    assert manifest["summary"]["best"]["update"] == best["update"] and "best" in manifest["outputs"]
+    page = (run_dir / "report/report.html").read_text()
+    assert "Divergence alarm" in page and "Gold rewards and the divergence alarm" in page
+    assert f"best/ holds the weights after update {best['update']}" in page
+    assert "val/vbvr_vlm/reward_mean" in page
+    assert list((workdir / "results/matrix").glob(f"*/{made}-best/euler/scores.csv"))

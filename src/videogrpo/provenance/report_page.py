@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo.config import options_on
-from videogrpo.provenance import cost_page, metric_rows, trace
+from videogrpo.provenance import cost_page, gold_page, metric_rows, trace
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
 
 VALIDATION_MEAN = metric_rows.VALIDATION_PREFIX + "reward_mean"
@@ -493,6 +493,7 @@ def render_html(
     updates = max((int(m["step"]) for m in metric_rows.training_rows(metrics) if "step" in m), default=None)
     parts.append("<div class='verdict'>")
     parts.append(f"<p class='{'ok' if whole else 'warn'}'>Run status: {html.escape(status)}.</p>")
+    parts.append(gold_page.first_screen(metric_rows.validation_rows(metrics)))  # did the divergence alarm fire
     verdict = verdict_rows(matrix or [], check_sampler) if check_sampler else []
     if verdict:
         parts.append(
@@ -533,6 +534,7 @@ def render_html(
             )
             columns = ["step", "val/reward_mean", "val/reward_std", "val/prompts", "val/reward_errors", "val/time_s"]
             parts.append(_table(validated, columns))
+            parts.append(gold_page.section(validated, _figure_png, _pyplot, _updates_axis, wrap_name, _table))
     under = f" (<code>{html.escape(check_sampler)}</code>)" if check_sampler else ""
     parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
     if check:
