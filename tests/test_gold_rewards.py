@@ -377,3 +377,39 @@ def test_stop_on_divergence_ends_training_at_the_next_checkpoint_and_a_rerun_goe
         state = json.loads((out / "final/training_state.json").read_text())
         assert state["updates"] == 6 and "stopped_by_divergence_alarm" not in state
         assert [m["step"] for m in metrics(out) if "reward_mean" in m] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_report_says_whether_the_alarm_fired_and_draws_both_rewards():
+    """Points as the trainer records them (gold_rewards.summary and Watch.observe): the training reward rises on
+    both tasks, the gold falls in G-2 only. The first screen names the alarm's first point, the reward and the task;
+    the figure has both series with their bands, the alarm and best/; the panels start with the diverging task."""
+    from videogrpo.provenance import gold_page, report_page
+
+    tasks = ["G-1", "G-1", "G-1", "G-2", "G-2", "G-2"]
+    watch, points = Watch(["vbvr_vlm"], points=1, sigmas=1.0, best_by="vbvr_vlm"), []
+    for update, (up, down) in enumerate([(0.0, 0.0), (0.1, 0.0), (0.2, 0.1), (0.3, 0.2)]):
+        record = {"step": update, "val/prompts": 6, "val/prompt_tasks": tasks}
+        record.update(gold_rewards.summary("val/", [0.3 + up + 0.01 * i for i in range(6)], tasks))
+        gold = [0.6 + 0.01 * i - (down if t == "G-2" else 0.0) for i, t in enumerate(tasks)]
+        record.update(gold_rewards.summary("val/vbvr_vlm/", gold, tasks))
+        watch.observe(record)
+        points.append(record)
+    assert [p["val/divergence_alarm"] for p in points] == [0, 0, 1, 1]
+    screen = gold_page.first_screen(points)
+    assert "Divergence alarm fired</b> at update 2 (at 2 of 4 validation points)" in screen
+    assert "vbvr_vlm fell -0.1000 (task G-2" in screen and "best/ holds the weights after update 0" in screen
+    quiet = gold_page.first_screen(points[:2])
+    assert "did not fire over 2 validation points" in quiet
+    fig = gold_page.curves_figure(points, report_page._pyplot(), report_page._updates_axis)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines if not line.get_label().startswith("_")] == [
+        "training reward (band: 95 %)", "gold: vbvr_vlm (band: 95 %)", "divergence alarm", "best/ (keep_best_by)"
+    ]  # fmt: skip
+    assert [list(line.get_xdata()) for line in lines if line.get_color() == "red"] == [[2, 2], [3, 3]]
+    assert [(task, kind) for task, kind, _ in gold_page.diverging_tasks(points)] == [("G-2", "vbvr_vlm"),
+                                                                                     ("G-1", "vbvr_vlm")]  # fmt: skip
+    page = report_page.render_html(
+        {"run_id": "r", "git": {}, "generated_at": "now", "digests": {}, "versions": {}, "config": {}}, points, []
+    )
+    assert page.index("Divergence alarm fired") < page.index("Reward during training")  # on the first screen
+    assert "Gold rewards and the divergence alarm" in page and page.count("data:image/png;base64,") >= 3
