@@ -242,10 +242,11 @@ def assert_check_shows_csv(shown: list[list[str]], rows: list[dict]) -> None:
     assert (CHECK_CHANGE in header) == any(row.get("delta_vs_base") for row in rows)
 
 
-def validation_point(step: int, mean: float) -> dict:
+def validation_point(step: int, mean: float, gold: float | None = None) -> dict:
     """A validation record as the trainer hands it to the Tracker (`val/*` keys at the step of the update they
-    follow, 0 before training), for the trackers' tests."""
-    return {
+    follow, 0 before training), for the trackers' tests; `gold`: with a gold reward's keys (train.validate_rewards:
+    its mean, per task and per prompt, and the alarm's)."""
+    found = {
         "step": step,
         "val/reward_mean": mean,
         "val/reward_std": 0.1,
@@ -254,3 +255,16 @@ def validation_point(step: int, mean: float) -> dict:
         "val/prompts": 2,
         "val/time_s": 1.0,
     }
+    if gold is not None:
+        found.update({
+            "val/reward_scores": [mean, mean],
+            "val/vbvr_vlm/reward_mean": gold,
+            "val/vbvr_vlm/reward_stderr": None,
+            "val/vbvr_vlm/reward_per_task": {"task_a": gold},
+            "val/vbvr_vlm/reward_scores": [gold, None],
+            "val/vbvr_vlm/reward_errors": 1,
+            "val/divergence": [],
+            "val/divergence_alarm": 0,
+            "val/divergence_first_update": None,
+        })  # fmt: skip
+    return found

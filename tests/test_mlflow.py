@@ -299,7 +299,7 @@ def test_validation_points_reach_mlflow_once_across_a_resume(server, tmp_path):
 
     first = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
     first.record_validation(validation_point(0, 0.5))
-    first.record_validation(validation_point(1, 0.6))
+    first.record_validation(validation_point(1, 0.6, gold=0.3))  # with a gold reward (train.validate_rewards)
     first.close()
     resumed = Tracker(tmp_path / "metrics.jsonl", 2, logging.logging, IDENTITY, tmp_path, {}, enabled=True)
     resumed.trim(1)  # a resume from update 1's checkpoint keeps both points
@@ -311,7 +311,12 @@ def test_validation_points_reach_mlflow_once_across_a_resume(server, tmp_path):
     for key, want in [
         ("val/reward_mean", [(0, 0.5), (1, 0.6), (2, 0.8)]),
         ("val/reward/task_a", [(0, 0.5), (1, 0.6), (2, 0.8)]),
+        ("val/vbvr_vlm/reward_mean", [(1, 0.3)]),
+        ("val/vbvr_vlm/reward/task_a", [(1, 0.3)]),
+        ("val/vbvr_vlm/reward_errors", [(1, 1)]),
+        ("val/divergence_alarm", [(1, 0)]),
     ]:
         assert sorted((m.step, m.value) for m in c.get_metric_history(run_id, key)) == want
+    assert c.get_metric_history(run_id, "val/vbvr_vlm/reward_stderr") == []  # None (one prompt scored): not sent
     assert c.get_metric_history(run_id, "step") == []  # the update count (resumes' last_step) is the updates' own
     assert [m["step"] for m in metrics(tmp_path)] == [0, 1, 1, 2]

@@ -106,7 +106,7 @@ def update(step: int) -> dict:
 
 
 def point(step: int) -> dict:
-    return validation_point(step, 0.5 + step / 100)
+    return validation_point(step, 0.5 + step / 100, gold=0.3 - step / 100)  # with a gold reward
 
 
 def test_a_validation_point_redone_after_a_resume_reaches_wandb_once(resuming_init, tmp_path):
@@ -140,6 +140,8 @@ def test_a_validation_point_redone_after_a_resume_reaches_wandb_once(resuming_in
     assert [r["val/reward_mean"] for r in held if "val/reward_mean" in r] == [0.5 + k / 100 for k in range(5)]
     assert [r["val/reward/task_a"] for r in held if "val/reward/task_a" in r] == [0.5 + k / 100 for k in range(5)]
     assert [r["val/step"] for r in held if "val/reward_mean" in r] == [0, 1, 2, 3, 4]  # the points' x-axis
+    gold = [r["val/vbvr_vlm/reward/task_a"] for r in held if "val/reward_mean" in r]  # a gold reward's, per task
+    assert gold == [0.3 - k / 100 for k in range(5)]
     # The first attempt's own file: what it sent before it stopped.
     assert [r["val/reward_mean"] for r in rows(first_folder) if "val/reward_mean" in r] == [0.5, 0.51, 0.52]
     assert [m["step"] for m in map(json.loads, metrics_file.read_text().splitlines())] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
