@@ -413,3 +413,62 @@ def test_the_report_says_whether_the_alarm_fired_and_draws_both_rewards():
     )
     assert page.index("Divergence alarm fired") < page.index("Reward during training")  # on the first screen
     assert "Gold rewards and the divergence alarm" in page and page.count("data:image/png;base64,") >= 3
+
+
+def alarm_points(points: list[dict], kinds: list[str], back: int, sigmas: float) -> list[int]:
+    """The documented rule, computed here from the logged per-prompt scores: the updates where, against the point
+    `back` points earlier, the training reward's mean rose and a gold reward's fell by more than `sigmas` standard
+    errors of its paired change, over all prompts or within a task."""
+    fired = []
+    for now, then in zip(points[back:], points):
+        tasks = now["val/prompt_tasks"]
+        for scope in [None, *sorted(set(tasks))]:
+            rows = [i for i, t in enumerate(tasks) if scope in (None, t)]
+            rose = np.mean([now["val/reward_scores"][i] - then["val/reward_scores"][i] for i in rows]) > 0
+            for kind in kinds:
+                key = f"val/{kind}/reward_scores"
+                change = np.array([now[key][i] - then[key][i] for i in rows])
+                if rose and len(change) > 1 and -change.mean() > sigmas * change.std(ddof=1) / len(change) ** 0.5:
+                    fired.append(now["step"])
+    return sorted(set(fired))
+
+
+def test_a_reward_built_to_be_gamed_fires_the_alarm_where_its_rule_says_and_best_keeps_earlier_weights(
+    tiny_model, dataset, tmp_path, monkeypatch
+):
+    """Training on a judge that pays the last frame's brightness (tests/judge_server.py, pays="brightness"), with
+    the rule reward (the stand-in EvalKit: fidelity to the ground truth's final frame) as gold: over 18 updates the
+    training reward rises on the held-out prompts and the gold reward falls. The alarm fires exactly where its rule,
+    computed here from the logged scores, says; best/ holds the weights of the best gold point, an earlier one."""
+    from safetensors.torch import load_file
+
+    from videogrpo.grpo import validation
+
+    captured, real = {}, validation.validate
+
+    def capture(trainer, update):
+        captured[update] = {k: v.clone() for k, v in trainer.experts.full_state_dicts()["transformer"].items()}
+        return real(trainer, update)
+
+    monkeypatch.setattr(validation, "validate", capture)
+    with JudgeServer(pays="brightness") as server:
+        cfg = solo_config(
+            train={"max_steps": 18, "epochs": 3, "save_steps": 6, "validate_every": 3, "validate_before_training": True,
+                   "validate_prompts": 3, "validate_rewards": ["vbvr_rule"], "keep_best_by": "vbvr_rule", "lr": 5e-3},
+            grpo={"clip_range": 0.2, "group_size": 8},
+        )  # fmt: skip
+        cfg["reward"].update(kind="vbvr_vlm", judge_endpoint=server.endpoint, judge_prompts=str(RUBRIC_FILE),
+                             judge_protocol=str(PROTOCOL_FILE), judge_max_retries=0)  # fmt: skip
+        out = train_in_process(cfg, tmp_path, tiny_model, dataset)
+    points = [m for m in metrics(out) if "val/reward_mean" in m]
+    trained = [p["val/reward_mean"] for p in points]
+    gold = [p["val/vbvr_rule/reward_mean"] for p in points]
+    assert trained[-1] > trained[0] and gold[-1] < gold[0], (trained, gold)  # the training reward is gamed
+    expected = alarm_points(points, ["vbvr_rule"], back=2, sigmas=1.0)
+    assert expected, (trained, gold)
+    assert [p["step"] for p in points if p["val/divergence_alarm"]] == expected
+    assert {p["val/divergence_first_update"] for p in points if p["step"] >= expected[0]} == {expected[0]}
+    best = json.loads((out / "best/best.json").read_text())
+    assert best["update"] == points[gold.index(max(gold))]["step"] < points[-1]["step"]
+    kept = load_file(out / "best/transformer/diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(kept[k], captured[best["update"]][k]) for k in kept)
