@@ -10,6 +10,8 @@ against the same run with every option off:
   full transformer file of the run without it);
 - `train.validate_every: 1` (validation during training): the seconds of one validation point (`val/time_s`)
   against an update's;
+- `train.validate_rewards: [vbvr_vlm]` beside it (a gold reward: the judge, here the loopback stand-in of
+  tests/judge_server.py started as a process): a validation point's seconds against validation's without it;
 - `parallel.offload_optimizer` and `offload_gradients` (optimizer and gradient offload): the optimizer step
   (`Experts.step`, timed around each call: gradient reduction, clipping, parking the gradients, AdamW);
 - `grpo.skip_zero_variance_groups` and `grpo.clip_range_high: 0.02` together (expected: no change);
@@ -28,10 +30,13 @@ import argparse
 import contextlib
 import json
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -43,6 +48,7 @@ OPTIONS = {
     "off (the reference)": {},
     "LoRA": {"train": {"lora_rank": 4}},
     "validation during training": {"train": {"validate_every": 1}},
+    "gold reward (the judge)": {"train": {"validate_every": 1, "validate_rewards": ["vbvr_vlm"]}},
     "optimizer and gradient offload": {"parallel": {"offload_optimizer": True, "offload_gradients": True}},
     "skip_zero_variance_groups + clip_range_high": {
         "grpo": {"skip_zero_variance_groups": True, "clip_range_high": 0.02}
@@ -59,6 +65,7 @@ FIELDS = {
     "off (the reference)": "every option off",
     "LoRA": "train.lora_rank: 4",
     "validation during training": "train.validate_every: 1",
+    "gold reward (the judge)": "train.validate_every: 1, validate_rewards: [vbvr_vlm]",
     "optimizer and gradient offload": "parallel.offload_optimizer, offload_gradients: true",
     "skip_zero_variance_groups + clip_range_high": "grpo.skip_zero_variance_groups: true, clip_range_high: 0.02",
     "GRPO-Guard": "grpo.grpo_guard: true, sampler: dancegrpo, eta: 0.3",
@@ -67,10 +74,34 @@ FIELDS = {
 }
 
 
-def config(updates: int, options: dict) -> dict:
-    """The tiny default in a world of one (tests/harness.py's solo_config), `updates` updates, `options` on."""
+@contextlib.contextmanager
+def judge_stand_in():
+    """The judge's loopback stand-in (tests/judge_server.py) in its own process: its endpoint while it serves."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, str(REPO / "tests/judge_server.py"), "--port", str(port)])
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{endpoint}/v1/models", timeout=1).close()
+                break
+            time.sleep(0.05)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def config(updates: int, options: dict, judge: str = "") -> dict:
+    """The tiny default in a world of one (tests/harness.py's solo_config), `updates` updates, `options` on;
+    `judge`: the endpoint a gold judge reward scores at."""
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg["evalkit"]["path"] = str(REPO / cfg["evalkit"]["path"])
+    for field in ("judge_prompts", "judge_protocol"):
+        cfg["reward"][field] = str(REPO / cfg["reward"][field])
+    cfg["reward"]["judge_endpoint"] = judge
     cfg["logging"] = {"wandb_mode": "disabled"}
     cfg["parallel"]["procs_per_node"] = 1
     cfg["grpo"]["prompts_per_step"] = 1  # shared-prompt waves must divide the world
@@ -159,9 +190,11 @@ def main() -> None:
     try:
         # The latency-patched EvalKit copy is bench_trainer's; these runs score with the tiny default's.
         model, dataset, _ = build_inputs(root)
-        for rep in range(args.repeats):
-            for index, (name, options) in enumerate(OPTIONS.items()):
-                runs[name].append(train(config(args.updates, options), root / f"{index}-{rep}", model, dataset))
+        with judge_stand_in() as judge:
+            for rep in range(args.repeats):
+                for index, (name, options) in enumerate(OPTIONS.items()):
+                    cfg = config(args.updates, options, judge)
+                    runs[name].append(train(cfg, root / f"{index}-{rep}", model, dataset))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     cfg = config(args.updates, {})
@@ -206,6 +239,14 @@ def main() -> None:
                 f"one validation point ({prompts} held-out prompts): {statistics.median(points):.3f} s "
                 f"(runs {min(points):.3f}-{max(points):.3f}), {statistics.median(points) / statistics.median(t):.2f} "
                 f"of an update; every point adds it"
+            )
+        elif name == "gold reward (the judge)":
+            points = [steady([v["val/time_s"] for v in run["validation"]]) for run in option_runs]
+            plain = [steady([v["val/time_s"] for v in run["validation"]]) for run in runs["validation during training"]]
+            own = (
+                f"one validation point with the gold reward: {statistics.median(points):.3f} s (runs "
+                f"{min(points):.3f}-{max(points):.3f}) against {statistics.median(plain):.3f} s without it "
+                f"(x{statistics.median(points) / statistics.median(plain):.2f})"
             )
         elif name == "optimizer and gradient offload":
             own = f"optimizer step x{statistics.median(step) / statistics.median(step_off):.2f} off's"
