@@ -18,11 +18,12 @@ GUARD = "grpo={grpo_guard: true, sampler: dancegrpo, eta: 0.3}"
 NEW_RUN_JOBS = {"preflight": 1, "train": 1, "generate_cell": 3, "score_cell": 3, "matrix": 1, "report": 1, "all": 1}
 
 
-def new_run(workdir, overrides: str, cells: int = 3) -> str:
+def new_run(workdir, overrides: str | list[str], cells: int = 3) -> str:
     """A run of the tiny default with `overrides`: its stages and its `cells` new matrix cells (the trained model
     under the matrix's three samplers; a training sampler outside them adds the held-out check's two)."""
     before = {p.name for p in (workdir / "results/runs").iterdir()}
-    out = run(["snakemake", "--cores", "2", "--config", overrides], workdir)
+    out = run(["snakemake", "--cores", "2", "--config", *([overrides] if isinstance(overrides, str) else overrides)],
+              workdir)  # fmt: skip
     assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, generate_cell=cells, score_cell=cells)
     (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     assert (workdir / "results/runs" / made / "report/report.html").is_file()
@@ -80,7 +81,7 @@ def test_a_run_with_a_gold_reward_reports_the_alarm_and_evaluates_its_best_point
     gold = ("train={validate_before_training: true, validate_every: 1, validate_prompts: 2, "
             "validate_rewards: [vbvr_vlm], keep_best_by: vbvr_vlm}")  # fmt: skip
     with JudgeServer() as server:
-        made = new_run(workdir, f"{gold} reward={{judge_endpoint: '{server.endpoint}'}} matrix={{models: [best]}}", 4)
+        made = new_run(workdir, [gold, f"reward={{judge_endpoint: '{server.endpoint}'}}", "matrix={models: [best]}"], 4)
         assert server.counts["answered"] >= 3 * 2  # the validation points' videos (3 points of 2 prompts)
     run_dir = workdir / "results/runs" / made
     best = json.loads((run_dir / "train/best/best.json").read_text())
