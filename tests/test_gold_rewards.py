@@ -472,3 +472,20 @@ def test_a_reward_built_to_be_gamed_fires_the_alarm_where_its_rule_says_and_best
     assert best["update"] == points[gold.index(max(gold))]["step"] < points[-1]["step"]
     kept = load_file(out / "best/transformer/diffusion_pytorch_model.safetensors")
     assert all(torch.equal(kept[k], captured[best["update"]][k]) for k in kept)
+
+
+def test_two_fsdp_ranks_score_each_prompt_once_by_the_gold_reward(tiny_model, dataset, tmp_path):
+    """Under torchrun on 2 gloo ranks with FSDP, 3 prompts dealt 2 + (1 and a dropped repeat): the judge scores each
+    prompt's video once per point (the repeat never), and every rank's gathered numbers are whole."""
+    from harness import train, trainer_config
+
+    with JudgeServer() as server:
+        cfg = trainer_config(parallel={"data_parallel": "fsdp"}, train=gold_config(server)["train"])
+        cfg["reward"].update(gold_config(server)["reward"])
+        assert train(cfg, tmp_path, tiny_model, dataset)
+        assert server.counts == {"answered": 3 * 3}
+    points = [m for m in metrics(tmp_path) if "val/reward_mean" in m]
+    assert [m["step"] for m in points] == [0, 1, 2]
+    for m in points:
+        assert len(m["val/vbvr_vlm/reward_scores"]) == 3 and None not in m["val/vbvr_vlm/reward_scores"]
+    assert not (tmp_path / "best").exists()  # keep_best_by off: final/ only
