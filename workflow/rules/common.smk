@@ -100,10 +100,7 @@ if CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json
         file=sys.stderr,
     )
 CELL_MODELS = layout.cell_models(CFG, RUN_ID)
-CELL_KINDS = {
-    cell: name if name in ("base", "trained", "best") else "hub"
-    for name, cell in CELL_MODELS.items()
-}
+CELL_KINDS = {cell: name if name in ("base", "trained", "best") else "hub" for name, cell in CELL_MODELS.items()}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}
 MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
 
