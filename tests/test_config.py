@@ -305,6 +305,7 @@ def test_an_option_turned_on_is_a_new_run_and_its_fields_count_only_then(repo, m
         "validate_rewards_fail_on_error": True,
         "divergence_points": 3,
         "divergence_sigmas": 2.0,
+        "divergence_min_change": 0.05,
         "validate_prompts": 2,
         "validate_sampler": "unipc",
         "grpo_guard_scope": "row",

@@ -39,6 +39,8 @@ def test_the_alarm_fires_where_the_training_reward_rises_and_a_gold_reward_falls
     assert overall.train_change == pytest.approx(0.1)
     # More sigmas than the fall: G-2 (one prompt unchanged) no longer counts; G-1 fell with no spread, so it does.
     assert [s.task for s in divergence(now, then, sigmas=3.0)] == [None, "G-1"]
+    # A minimum change (train.divergence_min_change) above the overall fall leaves G-1's larger one.
+    assert [s.task for s in divergence(now, then, sigmas=1.0, min_change=0.09)] == ["G-1"]
     # No alarm while the training reward does not rise, or where the gold reward does not fall.
     assert divergence(point(4, [0.5] * 6, now.gold["vbvr_vlm"]), then, 1.0) == []
     assert divergence(point(4, [0.6] * 6, [0.7] * 6), then, 1.0) == []
@@ -132,6 +134,9 @@ def test_the_config_refuses_a_gold_reward_it_cannot_use():
     assert "this run validates never" in refused({"validate_rewards": ["vbvr_vlm"]})
     assert "needs 2 or more" in refused(dict(on, validate_rewards=["vbvr_vlm"], validate_prompts=1))
     assert "train.divergence_points = 0" in refused(dict(on, validate_rewards=["vbvr_vlm"], divergence_points=0))
+    assert "train.divergence_min_change = -0.1" in refused(
+        dict(on, validate_rewards=["vbvr_vlm"], divergence_min_change=-0.1)
+    )
     assert "not among train.validate_rewards" in refused(
         dict(on, validate_rewards=["vbvr_vlm"], keep_best_by="vbvr_rule")
     )

@@ -511,8 +511,9 @@ def _gold_problems(cfg: Config) -> list[str]:
             "train.stop_on_divergence = true with train.save_steps = 0: the run stops at the checkpoint after the "
             "alarm, and this one writes none before its end; set train.save_steps"
         )
-    if not math.isfinite(t.divergence_sigmas) or t.divergence_sigmas < 0:
-        found.append(f"train.divergence_sigmas = {t.divergence_sigmas}: must be a finite number >= 0")
+    for field in ("divergence_sigmas", "divergence_min_change"):
+        if not math.isfinite(value := getattr(t, field)) or value < 0:
+            found.append(f"train.{field} = {value}: must be a finite number >= 0")
     if t.validate_prompts < 2:
         found.append(
             f"train.validate_prompts = {t.validate_prompts} with gold rewards: the divergence alarm takes the standard "

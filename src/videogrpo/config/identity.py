@@ -132,6 +132,7 @@ _FIELD_CLASSES = {
             "validate_rewards_fail_on_error",
             "divergence_points",
             "divergence_sigmas",
+            "divergence_min_change",
             "keep_best_by",
             "stop_on_divergence",
         )
@@ -402,6 +403,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
             "train.validate_rewards_fail_on_error",
             "train.divergence_points",
             "train.divergence_sigmas",
+            "train.divergence_min_change",
         ),
     ),
     ({"train.keep_best_by": None}, ()),

@@ -385,6 +385,10 @@ class TrainConfig:
     divergence_sigmas: float = 1.0
     """The alarm fires where, between the two points, the training reward rose and a gold reward fell by more than
     this many standard errors of its paired change (overall, or within any one task)."""
+    divergence_min_change: float = 0.0
+    """The alarm also asks the gold reward's mean to fall by more than this (in the reward's units): validation's fixed
+    noise leaves little spread in the per-prompt changes, so a tiny fall can exceed its standard error. 0: any fall
+    beyond the standard errors counts."""
     stop_on_divergence: bool = False
     """When the alarm fires, stop training at the next checkpoint (train.save_steps) and export the weights so far;
     a rerun does not train past it unless train.resume_past_divergence is set."""

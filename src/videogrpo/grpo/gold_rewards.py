@@ -9,10 +9,10 @@ by the weights alone and their scores pair prompt by prompt.
 
 The alarm compares each validation point with the one train.divergence_points points earlier: it fires where the
 training reward's mean rose and a gold reward's mean fell by more than train.divergence_sigmas standard errors of its
-paired change (the standard deviation of the per-prompt changes over the square root of their count), over all the
-prompts or within any one task. A prompt a reward failed to score at either point is left out of that reward's
-change. Its state (every point's per-prompt scores, and the update it first fired at) is saved in each checkpoint,
-so a resumed run fires where an uninterrupted one does.
+paired change (the standard deviation of the per-prompt changes over the square root of their count), and by more
+than train.divergence_min_change, over all the prompts or within any one task. A prompt a reward failed to score
+at either point is left out of that reward's change. Its state (every point's per-prompt scores, and the update it
+first fired at) is saved in each checkpoint, so a resumed run fires where an uninterrupted one does.
 
 A gold reward's failures are its own: its scorer tolerates a sample it cannot score (the sample is left out of its
 numbers and counted), and a failure of the whole scorer leaves the point without its numbers and says so; either
@@ -138,9 +138,10 @@ def _paired(now: list[float | None], then: list[float | None], rows: list[int]) 
     return np.array([now[i] - then[i] for i in rows if now[i] is not None and then[i] is not None], dtype=np.float64)
 
 
-def divergence(now: Point, then: Point, sigmas: float) -> list[Signal]:
+def divergence(now: Point, then: Point, sigmas: float, min_change: float = 0.0) -> list[Signal]:
     """Where, from `then` to `now`, the training reward's mean rose and a gold reward's fell by more than `sigmas`
-    standard errors of its paired change: over all prompts, then per task (a scope needs 2 prompts scored at both)."""
+    standard errors of its paired change, and by more than `min_change`: over all prompts, then per task (a scope
+    needs 2 prompts scored at both)."""
     scopes: list[tuple[str | None, list[int]]] = [(None, list(range(len(now.tasks))))]
     for task in sorted(set(now.tasks)):
         scopes.append((task, [i for i, t in enumerate(now.tasks) if t == task]))
@@ -156,7 +157,7 @@ def divergence(now: Point, then: Point, sigmas: float) -> list[Signal]:
             if len(change) < 2:
                 continue
             stderr = float(change.std(ddof=1) / math.sqrt(len(change)))
-            if change.mean() < 0 and -change.mean() > sigmas * stderr:
+            if change.mean() < 0 and -change.mean() > max(sigmas * stderr, min_change):
                 found.append(
                     Signal(kind, task, then.update, float(train.mean()), float(change.mean()), stderr, len(change))
                 )
@@ -171,6 +172,8 @@ class Watch:
     kinds: list[str]
     points: int
     sigmas: float
+    min_change: float = 0.0
+    """train.divergence_min_change: the smallest fall of a gold reward's mean that counts."""
     best_by: str | None = None
     """train.keep_best_by: the gold reward whose best point's weights are kept (grpo/export.py)."""
     stop: bool = False
@@ -190,7 +193,10 @@ class Watch:
         if not t.validate_rewards:
             return None
         stop = t.stop_on_divergence and not t.resume_past_divergence
-        return cls(sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas, t.keep_best_by, stop)
+        return cls(
+            sorted(t.validate_rewards), t.divergence_points, t.divergence_sigmas, t.divergence_min_change,
+            t.keep_best_by, stop,
+        )  # fmt: skip
 
     def stops(self) -> bool:
         """Whether training ends at this checkpoint: the alarm has fired and train.stop_on_divergence is set."""
@@ -203,7 +209,7 @@ class Watch:
         point = Point(record["step"], list(record[f"{VAL}{TASKS}"]), record[f"{VAL}{SCORES}"], gold)
         self.history = [p for p in self.history if p.update < point.update] + [point]
         back = len(self.history) > self.points
-        signals = divergence(point, self.history[-1 - self.points], self.sigmas) if back else []
+        signals = divergence(point, self.history[-1 - self.points], self.sigmas, self.min_change) if back else []
         lines = []
         if signals and self.fired_at is None:
             self.fired_at = point.update
