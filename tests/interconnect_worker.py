@@ -24,5 +24,7 @@ args.run_dir.mkdir(parents=True, exist_ok=True)
 if rank == 0:
     args.final.mkdir(parents=True, exist_ok=True)
     (args.final / "stand-in").write_text("no weights: the interconnect test trains nothing\n")
+    # What every export holds beside its weights (grpo/export.py), which the stage reads back.
+    (args.final / "training_state.json").write_text(json.dumps({"run_id": "r", "updates": 1, "layout": {}}) + "\n")
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
     args.metrics.write_text(json.dumps({"step": 1}) + "\n")
