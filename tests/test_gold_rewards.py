@@ -354,7 +354,7 @@ def test_stop_on_divergence_ends_training_at_the_next_checkpoint_and_a_rerun_goe
     further; with train.resume_past_divergence it trains on to its end."""
     from videogrpo.grpo.gold_rewards import Signal
 
-    def fires_at_3(now, then, sigmas):
+    def fires_at_3(now, then, *thresholds):
         return [Signal("vbvr_vlm", None, then.update, 0.1, -0.1, 0.01, 3)] if now.update == 3 else []
 
     monkeypatch.setattr(gold_rewards, "divergence", fires_at_3)
