@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -23,6 +25,18 @@ def read_source(source: Path, commit: str, path: str) -> tuple[str, str]:
     if shown.returncode:
         raise OSError(f"{source}: no {path} at {where} ({shown.stderr.strip()})")
     return shown.stdout, where
+
+
+def load_module(source: Path, commit: str, path: str, name: str) -> tuple:
+    """(the authors' file `path` in `source` at `commit`, run as module `name` from a temporary copy, the commit or
+    "unknown (not a git checkout)"): their code is loaded by path, never copied into this project."""
+    text, where = read_source(source, commit, path)
+    copy = Path(tempfile.mkdtemp()) / Path(path).name
+    copy.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, where
 
 
 def function_source(text: str, name: str) -> str:

@@ -18,13 +18,11 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-from checkout import arguments, print_rows, read_source, relative_differences, store
+from checkout import arguments, load_module, print_rows, relative_differences, store
 
 STEP_FILE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
 STEPS, SHIFT, CPS_NOISE, SDE_NOISE = 10, 3.0, 0.8, 0.7
@@ -35,12 +33,7 @@ TOLERANCE = 1e-6
 
 def load_step_function(source: Path, commit: str) -> tuple:
     """(the authors' `sde_step_with_logprob`, the commit or "unknown (not a git checkout)")."""
-    text, where = read_source(source, commit, STEP_FILE)
-    path = Path(tempfile.mkdtemp()) / "sd3_sde_with_logprob.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("flow_grpo_sde_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module, where = load_module(source, commit, STEP_FILE, "flow_grpo_sde_step")
     return module.sde_step_with_logprob, where
 
 

@@ -23,14 +23,12 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import arguments, print_rows, read_source, relative_differences, store
+from checkout import arguments, load_module, print_rows, relative_differences, store
 
 SAMPLING_FILE = "fastvideo/utils/sampling_utils.py"
 STEPS, SHIFT, SIZE, RANGE_END = 25, 3.0, 4, 23
@@ -70,13 +68,7 @@ def their_timestep(sigma: float) -> float:
 
 def load_sampling(source: Path, commit: str):
     """Their sampling_utils module, loaded by path from the checkout; and the commit."""
-    text, where = read_source(source, commit, SAMPLING_FILE)
-    path = Path(tempfile.mkdtemp()) / "mixgrpo_sampling_utils.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("mixgrpo_sampling_utils", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, where
+    return load_module(source, commit, SAMPLING_FILE, "mixgrpo_sampling_utils")
 
 
 class StandIn(torch.nn.Module):

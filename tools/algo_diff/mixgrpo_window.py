@@ -19,13 +19,11 @@ before the sweep starts over.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from checkout import arguments, read_source, store
+from checkout import arguments, load_module, store
 
 STATES_FILE = "fastvideo/utils/grpo_states.py"
 SAMPLING_STEPS, SIZE, OVERLAP_STEP, ITERS_PER_GROUP, ITERATIONS = 25, 4, 1, 25, 700
@@ -33,12 +31,7 @@ SAMPLING_STEPS, SIZE, OVERLAP_STEP, ITERS_PER_GROUP, ITERATIONS = 25, 4, 1, 25, 
 
 def their_windows(source: Path, commit: str) -> tuple[list[list[int]], str]:
     """The steps their GRPOTrainingStates trains at each of ITERATIONS iterations, as their training loop asks."""
-    text, where = read_source(source, commit, STATES_FILE)
-    path = Path(tempfile.mkdtemp()) / "grpo_states.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("mixgrpo_grpo_states", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module, where = load_module(source, commit, STATES_FILE, "mixgrpo_grpo_states")
     states = module.GRPOTrainingStates(
         iters_per_group=ITERS_PER_GROUP,
         group_size=SIZE,
