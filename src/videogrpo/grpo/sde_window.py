@@ -63,22 +63,30 @@ def tail_points(g, end: int) -> int:
     return int(max((g.sampling_steps - end + 1) * g.sde_window_tail_ratio, 1))
 
 
+def tail_start(g, steps: tuple[int, int] | None) -> int | None:
+    """The step the DPM-Solver tail takes over at (the end of window `steps`); None with the Euler tail, without a
+    window, or when the window reaches the last step."""
+    if g.sde_window_tail != "dpm_solver" or steps is None or steps[1] >= g.sampling_steps:
+        return None
+    return steps[1]
+
+
 def tail(g, shift: float, steps: tuple[int, int] | None):
     """The noise levels the rollout takes after window `steps` with the DPM-Solver (samplers.respaced_tail, float64
-    torch); None with the Euler tail, without a window, or when the window reaches the last step."""
-    if g.sde_window_tail != "dpm_solver" or steps is None or steps[1] >= g.sampling_steps:
+    torch); None where there is no tail (`tail_start`)."""
+    if (start := tail_start(g, steps)) is None:
         return None
     from videogrpo.grpo.samplers import respaced_tail
 
-    return respaced_tail(g.sampling_steps, shift, steps[1], tail_points(g, steps[1]))
+    return respaced_tail(g.sampling_steps, shift, start, tail_points(g, start))
 
 
 def rollout_forwards(g, steps: tuple[int, int] | None) -> int:
     """Transformer evaluations of one rollout whose window is `steps`: every denoising step, or with the DPM-Solver
     tail the steps up to the window's end and then the tail's."""
-    if g.sde_window_tail != "dpm_solver" or steps is None or steps[1] >= g.sampling_steps:
+    if (start := tail_start(g, steps)) is None:
         return g.sampling_steps
-    return steps[1] + tail_points(g, steps[1]) - 1
+    return start + tail_points(g, start) - 1
 
 
 def mean_rollout_forwards(g) -> float:

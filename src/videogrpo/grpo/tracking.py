@@ -13,7 +13,7 @@ from videogrpo import atomic
 from videogrpo.config.checks import uses_tracker
 from videogrpo.config.sections import LoggingConfig
 from videogrpo.grpo import mlflow_run
-from videogrpo.provenance.metric_rows import VALIDATION_PREFIX
+from videogrpo.provenance.metric_rows import VALIDATION_PREFIX, gold_kinds
 
 VALIDATED = VALIDATION_PREFIX + "reward_mean"
 VALIDATION_STEP = VALIDATION_PREFIX + "step"
@@ -171,15 +171,15 @@ class Tracker:
 def gold_lines(metrics: dict) -> list[str]:
     """A validation point's gold rewards (train.validate_rewards) as the progress line says them."""
     found = []
-    for key in sorted(k for k in metrics if k.startswith(VALIDATION_PREFIX) and k.count("/") == 2):
-        kind, field = key[len(VALIDATION_PREFIX) :].split("/")
-        if field == "failed":
-            found.append(f" | {kind} FAILED: {metrics[key]}")
-        elif field == "reward_mean" and metrics[key] is not None:
-            stderr = metrics.get(f"{VALIDATION_PREFIX}{kind}/reward_stderr")
+    for kind in gold_kinds([metrics]):
+        at = f"{VALIDATION_PREFIX}{kind}/"
+        if f"{at}failed" in metrics:
+            found.append(f" | {kind} FAILED: {metrics[f'{at}failed']}")
+        elif (mean := metrics.get(f"{at}reward_mean")) is not None:
+            stderr = metrics.get(f"{at}reward_stderr")
             spread = f" ± {stderr:.4f} (s.e.)" if stderr is not None else ""
-            errors = metrics.get(f"{VALIDATION_PREFIX}{kind}/reward_errors", 0)
-            found.append(f" | {kind} {metrics[key]:.4f}{spread}" + (f", {errors} unscored" if errors else ""))
+            errors = metrics.get(f"{at}reward_errors", 0)
+            found.append(f" | {kind} {mean:.4f}{spread}" + (f", {errors} unscored" if errors else ""))
     return found
 
 

@@ -4,7 +4,7 @@ validation points with their intervals and the alarm marked, and per-task panels
 
 Everything is read from the validation points' records in metrics.jsonl (grpo/validation.py, grpo/gold_rewards.py).
 
-May import: the core modules (matplotlib through report_page's helpers, handed in).
+May import: `metric_rows` and the core modules (matplotlib through report_page's helpers, handed in).
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from __future__ import annotations
 import html
 import math
 
-VAL = "val/"
+from videogrpo.provenance.metric_rows import VALIDATION_PREFIX as VAL
+from videogrpo.provenance.metric_rows import gold_kinds
+
 Z95 = 1.96
-
-
-def gold_kinds(points: list[dict]) -> list[str]:
-    """The gold rewards the points were scored by (their `val/<kind>/...` keys)."""
-    return sorted({key.split("/")[1] for p in points for key in p if key.startswith(VAL) and key.count("/") == 2})
 
 
 def first_screen(points: list[dict]) -> str:

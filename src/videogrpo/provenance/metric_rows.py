@@ -19,3 +19,10 @@ def training_rows(rows: list[dict]) -> list[dict]:
 def validation_rows(rows: list[dict]) -> list[dict]:
     """The rows of validation points, in file order."""
     return [row for row in rows if is_validation(row)]
+
+
+def gold_kinds(rows: list[dict]) -> list[str]:
+    """The gold rewards (train.validate_rewards) that scored these validation points: their `val/<kind>/...` keys."""
+    return sorted(
+        {key.split("/")[1] for row in rows for key in row if key.startswith(VALIDATION_PREFIX) and key.count("/") == 2}
+    )
