@@ -43,6 +43,7 @@ POSITIVE = {
     "grpo.nft_beta",
     "grpo.nft_adv_clip",
     "grpo.sde_window_shift_every",
+    "train.divergence_points",
     "data.samples_per_task",
     "data.max_member_mb",
     "video.num_frames",
@@ -504,8 +505,6 @@ def _gold_problems(cfg: Config) -> list[str]:
             f"train.validate_rewards = {t.validate_rewards}: gold rewards score the validation points, and this run "
             f"validates never; set train.validate_every (and/or train.validate_before_training: true)"
         )
-    if t.divergence_points < 1:
-        found.append(f"train.divergence_points = {t.divergence_points}: must be >= 1 (points back to compare with)")
     if t.stop_on_divergence and t.save_steps <= 0:
         found.append(
             "train.stop_on_divergence = true with train.save_steps = 0: the run stops at the checkpoint after the "
