@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from videogrpo.provenance.metric_rows import VALIDATION_PREFIX as VAL
+from videogrpo.rewards import terms
 
 SCORES = "reward_scores"
 """The per-prompt scores of a validation point (None: not scored), under `val/` and `val/<kind>/`."""
@@ -41,24 +42,9 @@ class GoldRewardFailed(RuntimeError):
 
 
 def start_scorers(cfg, evalkit_path, tasks: list[str]) -> dict:
-    """One scorer per gold reward, each tolerating a sample it cannot score (its numbers leave it out); the ones
-    started are closed if a later one cannot start."""
-    from videogrpo.rewards.judge import JudgeScorer
-    from videogrpo.rewards.rule import RuleScorer
-
-    scorers: dict = {}
-    try:
-        for kind in cfg.train.validate_rewards:
-            if kind == "vbvr_vlm":
-                scorers[kind] = JudgeScorer.for_config(cfg, tasks, fail_on_error=False)
-            else:
-                why = "a gold reward: the samples it cannot score are left out of its numbers"
-                scorers[kind] = RuleScorer.for_config(cfg, evalkit_path, fail_on_error=False, policy=why)
-    except BaseException:
-        for scorer in scorers.values():
-            scorer.close(kill=True)
-        raise
-    return scorers
+    """One scorer per gold reward, each tolerating a sample it cannot score (its numbers leave it out)."""
+    why = "a gold reward: the samples it cannot score are left out of its numbers"
+    return terms.start_scorers(cfg, evalkit_path, tasks, cfg.train.validate_rewards, fail_on_error=False, policy=why)
 
 
 def collect(scorers: dict, futures: dict[str, list], fail: bool) -> dict[str, list[float | None] | str]:

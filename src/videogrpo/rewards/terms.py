@@ -37,18 +37,7 @@ class WeightedScorer:
     def for_config(cls, cfg, evalkit_path: str | Path | None, tasks: list[str]) -> WeightedScorer:
         """The terms of reward.terms, each scorer as the reward alone makes it (its own section, its own
         fail_on_error); the ones started are closed if a later one cannot start."""
-        scorers: dict = {}
-        try:
-            for kind in training_reward_kinds(cfg):
-                if kind == "vbvr_vlm":
-                    scorers[kind] = JudgeScorer.for_config(cfg, tasks)
-                else:
-                    scorers[kind] = RuleScorer.for_config(cfg, evalkit_path)
-        except BaseException:
-            for scorer in scorers.values():
-                scorer.close(kill=True)
-            raise
-        return cls(scorers, dict(cfg.reward.terms))
+        return cls(start_scorers(cfg, evalkit_path, tasks, training_reward_kinds(cfg)), dict(cfg.reward.terms))
 
     def submit(self, request) -> dict[str, Future]:
         return {kind: self.scorers[kind].submit(request) for kind in self.kinds}
@@ -92,6 +81,26 @@ class WeightedScorer:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(kill=exc_type is not None)
+
+
+def start_scorers(
+    cfg, evalkit_path: str | Path | None, tasks: list[str], kinds, fail_on_error: bool | None = None, policy: str = ""
+) -> dict:
+    """One scorer per reward kind of `kinds`, each as the reward alone makes it (its own section; `fail_on_error`,
+    when given, overrides that section's, `policy` saying why); the ones started are closed if a later one cannot
+    start."""
+    scorers: dict = {}
+    try:
+        for kind in kinds:
+            if kind == "vbvr_vlm":
+                scorers[kind] = JudgeScorer.for_config(cfg, tasks, fail_on_error=fail_on_error)
+            else:
+                scorers[kind] = RuleScorer.for_config(cfg, evalkit_path, fail_on_error=fail_on_error, policy=policy)
+    except BaseException:
+        for scorer in scorers.values():
+            scorer.close(kill=True)
+        raise
+    return scorers
 
 
 def training_scorer(cfg, evalkit_path: str | Path | None, tasks: list[str]):
