@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive
+from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive, free_port
 from demo import copy_checkout, first_run_id, jobs_run, run
 
 pytestmark = pytest.mark.cluster
@@ -116,6 +116,43 @@ def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm,
     lines = run(["videogrpo", "trace", str(cluster_run)], checkout).stdout.splitlines()
     trace = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
     assert trace["train"][1:3] == [train["slurm_job_id"], "COMPLETED"] and trace["fetch_model"][1] == "-"
+
+
+def output_files(checkout: Path) -> dict[str, bytes]:
+    """Every file the stages wrote (not the run-start records, the digest cache or the scheduler's logs)."""
+    skipped = (".stage-config", "slurm-logs", ".checked-digests.json")
+    return {
+        str(p.relative_to(checkout)): p.read_bytes()
+        for p in sorted((checkout / "results").rglob("*"))
+        if p.is_file() and not any(part in skipped for part in p.relative_to(checkout / "results").parts)
+    }
+
+
+def test_a_failed_submission_costs_no_output_and_a_silent_scheduler_stops_the_run(slurm, checkout, tmp_path):
+    """After the two-node run, every output complete: a resubmission of the score cells that sbatch refuses (memory
+    no node has) fails, and every output, the cells' included, is as it was; a plain dry run then has nothing to do.
+    With a controller that does not answer, the run stops in one line before anything is submitted."""
+    before = output_files(checkout)
+    assert sum(path.endswith("score_cell.manifest.json") for path in before) == 6  # both models' cells
+    refused = ["--forcerun", "score_cell", "--set-resources", "score_cell:mem_mb=1000000"]
+    out = run(["snakemake", *TEST_PROFILE, *refused], checkout, check=False)
+    said = out.stdout + out.stderr
+    assert out.returncode != 0 and "SLURM sbatch failed" in said, said[-4000:]
+    assert "Removing output files of failed job" not in said, said[-4000:]
+    assert "score_cell (" in said and "failed before it started: its" in said, said[-4000:]
+    assert output_files(checkout) == before
+    # Snakemake's records are as they were: nothing is out of date, nothing is marked incomplete.
+    assert "Nothing to be done" in run(["snakemake", "-n", *TEST_PROFILE], checkout).stdout
+
+    dead = tmp_path / "slurm.conf"
+    port = free_port()  # nothing listens there
+    dead.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={port}", SYSTEM_CONF.read_text()))
+    out = run(["snakemake", *TEST_PROFILE, "--forcerun", "score_cell"], checkout, check=False, SLURM_CONF=str(dead))
+    said = out.stdout + out.stderr
+    assert out.returncode != 0, said[-4000:]
+    (line,) = [line for line in said.splitlines() if "the SLURM controller does not answer" in line]
+    assert "nothing was submitted and every output is as it was" in line and "sbatch" not in said, said[-4000:]
+    assert output_files(checkout) == before
 
 
 def squeue_train_job() -> str | None:

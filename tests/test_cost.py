@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from videogrpo.provenance import cost, trace
+from videogrpo.provenance import cost, slurm_job, trace
 from videogrpo.provenance.manifest import StageRun, read_manifest
 from videogrpo.provenance.verify import run_rows
 
@@ -47,17 +47,49 @@ def test_a_manifest_records_wall_cpu_of_its_children_and_no_gpu_on_cpu(tmp_path,
     assert block["gpus_from"] == "no CUDA device used, outside SLURM"
 
 
+# A stage's process as SLURM starts it: below a process whose title is the job's slurmstepd (`exec -a` sets it as
+# slurmstepd sets its own), which is what confirms the job (provenance/slurm_job.py).
+UNDER_STEPD = """
+import sys, time
+from videogrpo.provenance.manifest import StageRun
+with StageRun("evaluate", sys.argv[1], inputs={}):
+    time.sleep(0.1)
+"""
+
+
 def test_a_stage_in_a_slurm_job_counts_the_gpus_of_its_allocation(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    with StageRun("evaluate", tmp_path / "m.json", inputs={}):
-        time.sleep(0.1)
+    script = tmp_path / "stage.py"
+    script.write_text(UNDER_STEPD)
+    stepd = f"exec -a 'slurmstepd: [4242.batch]' bash -c '{sys.executable} {script} {tmp_path / 'm.json'}; true'"
+    subprocess.run(["bash", "-c", stepd], check=True)
     manifest = read_manifest(tmp_path / "m.json")
     block = manifest["cost"]
     assert manifest["slurm_job_id"] == "4242" and block["gpus"] == 2
+    assert manifest["slurm_job"]["confirmed"] and "slurmstepd" in manifest["slurm_job"]["how"]
     assert block["gpu_h"] == pytest.approx(2 * block["wall_s"] / 3600, abs=gpu_h_tolerance(2))
     assert block["gpus_from"] == "the SLURM allocation of the job"
+
+
+def test_a_slurm_job_id_slurm_does_not_confirm_is_recorded_as_a_claim_and_bills_nothing(tmp_path, monkeypatch):
+    """`SLURM_JOB_ID=12345 snakemake ...` outside any allocation (or an old allocation's shell): the manifest keeps
+    the claim and why SLURM did not confirm it, names no job, and counts no GPU of an allocation; the trace lists
+    no SLURM job."""
+    monkeypatch.setenv("SLURM_JOB_ID", "12345")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    with StageRun("report", tmp_path / "m.json", inputs={}):
+        pass
+    manifest = read_manifest(tmp_path / "m.json")
+    assert manifest["slurm_job_id"] is None
+    claim = manifest["slurm_job"]
+    assert claim["claimed"] == "12345" and not claim["confirmed"] and "no slurmstepd of the job" in claim["how"]
+    assert (manifest["cost"]["gpus"], manifest["cost"]["gpus_from"]) == (0, "no CUDA device used, outside SLURM")
+    row = trace.job_row("report", manifest)
+    assert row["job_id"] is None and row["job_claimed"] == "12345"
+    assert cost.training_gpus(2, 4, "cuda", {"SLURM_JOB_ID": "12345", "SLURM_GPUS_ON_NODE": "8"})[0] == 8
 
 
 def test_a_stage_that_declares_its_gpus_records_them(tmp_path, outside_slurm):
@@ -84,7 +116,8 @@ def test_cuda_visible_devices_is_counted_as_cuda_reads_it(value, count):
     assert cost.visible_devices({} if value is None else {"CUDA_VISIBLE_DEVICES": value}) == count
 
 
-def test_training_gpus_are_nodes_times_the_gpus_of_each_node():
+def test_training_gpus_are_nodes_times_the_gpus_of_each_node(monkeypatch):
+    monkeypatch.setattr(slurm_job, "confirmed_job_id", lambda env: env.get("SLURM_JOB_ID"))  # as inside job 7
     slurm = {"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     assert cost.training_gpus(16, 8, "cuda", slurm)[0] == 128  # the released 5B recipes' topology
     # The allocation is what is billed: more GPUs per node than ranks still count.

@@ -80,6 +80,14 @@ def test_a_driver_inside_a_slurm_allocation_runs_to_its_report(demo, workdir):
     assert recorded["config_overrides"] == {"train": {"lr": "1.0e-4"}}  # as given on the command line
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
     assert provenance["invocation"] == recorded
+    # No SLURM job here: the report's manifest keeps the claim unconfirmed, names no job and bills no allocation;
+    # the trace and the cost table list it as run outside SLURM.
+    run_dir = next(workdir.glob("results/runs/*/report")).parent
+    manifest = json.loads((run_dir / "report.manifest.json").read_text())
+    assert manifest["slurm_job_id"] is None and manifest["slurm_job"]["claimed"] == "4242"
+    assert not manifest["slurm_job"]["confirmed"] and "SLURM" not in manifest["cost"]["gpus_from"]
+    lines = run(["videogrpo", "trace", str(run_dir)], workdir).stdout.splitlines()
+    assert "4242" not in "\n".join(lines) and {line.split("\t")[1] for line in lines[1:]} == {"-"}
 
 
 def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workdir):

@@ -149,6 +149,13 @@ def test_a_tampered_output_never_reaches_the_next_stage_and_costs_nothing(demo, 
     evaluation = snapshot(check_cell.parent)
     weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one flipped bit
     try:
+        # Re-evaluation as the README shows it: the matrix and the report present the trained model, so both
+        # refuse weights that are not the ones train made (and the cells evaluated), before the report is remade.
+        out = run(["snakemake", "--cores", "2", "--forcerun", "matrix"], workdir, check=False)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and STOPPED in text and "Error in rule" not in text
+        assert "matrix, report: " in text and "train/final: input model:trained is not what train made" in text
+        assert snapshot(run_dir / "report") == report
         videos = str((check_cell / "videos").relative_to(workdir))
         out = run(["snakemake", "--cores", "2", "--forcerun", videos], workdir, check=False)
         text = out.stdout + out.stderr

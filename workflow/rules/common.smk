@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.common import get_container_image
 from snakemake.exceptions import WorkflowError
@@ -17,15 +18,18 @@ from videogrpo.artifacts import attention_kernel
 from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import driver_lock, layout, start, start_check
+from videogrpo.pipeline import driver_lock, layout, start, start_check, unstarted_jobs
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
-from videogrpo.provenance import interconnect
+from videogrpo.provenance import digest_cache, interconnect
 from videogrpo.provenance.digest import list_files
 from videogrpo.stages import STAGES
 
 # A lock a killed driver left: taken over when provably stale, else explained (pipeline/driver_lock.py).
 driver_lock.install()
+# A job that failed before it started (its submission refused, the scheduler down) keeps the outputs it never touched
+# (pipeline/unstarted_jobs.py); Snakemake removes a failed job's outputs otherwise.
+unstarted_jobs.install()
 # A field that is gone is refused naming the file (or --config) that still gives it, and its new home.
 if _gone := retired_in_layers(workflow.configfiles, workflow.config_settings.config):
     raise WorkflowError("fields that are gone:\n  - " + "\n  - ".join(_gone))
@@ -136,6 +140,9 @@ onstart:
     )
     if found:
         raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
+    if problem := unstarted_jobs.scheduler_problem(workflow.executor_plugin.name, workflow.dag.needrun_jobs()):
+        raise WorkflowError(problem)
+    unstarted_jobs.record(workflow.dag.needrun_jobs())
     jobs = start.stage_jobs(
         workflow.dag.needrun_jobs(),
         STAGES,
@@ -401,6 +408,31 @@ def cell_model_inputs(wildcards):
     return named
 
 
+def model_files():
+    """(files, manifests): the files of every model the run's matrix evaluates, by name (the base pipeline, the
+    trained and best weights, a Hub model's pipeline), and the manifests of the stages that made them (named as
+    upstream inputs). matrix and report check them before they present a model (a report over weights changed since
+    is refused, naming the file), through the digest cache. On a shared file system only: in object storage a job
+    reads declared local copies, and these are tens of GB."""
+    if OBJECT_STORAGE:
+        return {}, {}
+    files, manifests = {}, set()
+    for name, cell in CELL_MODELS.items():
+        named = cell_model_inputs(SimpleNamespace(model=cell))
+        files[name] = named.get("final", named["model"])
+        if "final" in named:  # trained weights replace the base pipeline's transformer: the rest is the base's
+            files.setdefault("base", named["model"])
+        manifests |= {path for key, path in named.items() if key.endswith("_manifest")}
+    return files, {f"model{i}_manifest": path for i, path in enumerate(sorted(manifests))}
+
+
+def model_files_args(wildcards):
+    """matrix's and report's --model-files and --digest-cache (a params function)."""
+    files, _ = model_files()
+    listed = " ".join(f"--model-files {shlex.quote(f'{name}={path}')}" for name, path in sorted(files.items()))
+    return f"{listed} --digest-cache {shlex.quote(str(digest_cache.cache_path(RESULTS)))}" if listed else ""
+
+
 def trained_transformer_arg(wildcards, input):
     """--transformer (and, for I2V-A14B, --transformer-2) of a trained cell: the folders of its final export
     that replace the base pipeline's (models.trained_folders); nothing for a pipeline evaluated as it is."""
@@ -472,6 +504,11 @@ UNDECLARED_READS = {
     },
     "generate_cell": _BUILT_TREE,
     "score_cell": _BUILT_TREE,
+    # The models matrix and report present (model_files): a run that would redo them over changed weights stops first.
+    **{
+        stage: {**{f"model:{n}": p for n, p in model_files()[0].items()}, **model_files()[1]}
+        for stage in ("matrix", "report")
+    },
 }
 # What a stage writes beyond its declared outputs on a shared file system: a run that reruns it remakes these, so
 # they are not checked against its old manifest (in object storage raw/ is a declared output).

@@ -113,6 +113,7 @@ rule score_cell:
 rule matrix:
     input:
         **matrix_cell_inputs(),
+        **model_files()[1],
     output:
         table=report(MATRIX_TABLE, caption="../report/matrix.rst", category="Evaluation"),
         per_task=report(
@@ -131,6 +132,7 @@ rule matrix:
         cells=matrix_cell_args,
         run_id=RUN_ID,
         upstream=upstream_args,
+        models=model_files_args,
     shell:
-        "videogrpo stage matrix --config-json {params.config:q} {params.cells} --table {output.table:q}"
+        "videogrpo stage matrix --config-json {params.config:q} {params.cells} {params.models} --table {output.table:q}"
         " --per-task {output.per_task:q} --run-id {params.run_id} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"

@@ -30,8 +30,9 @@ rule report:
         manifests=lambda wildcards, input: " ".join(
             f"--stage-manifest {name}={input[name]}" for name in STAGE_MANIFESTS
         ),
+        models=model_files_args,
     shell:
-        "videogrpo stage report --config-json {params.config:q} --run-id {params.run_id} {params.manifests}"
+        "videogrpo stage report --config-json {params.config:q} --run-id {params.run_id} {params.manifests} {params.models}"
         " --metrics {input.metrics:q} --per-task {input.per_task:q} --matrix {input.matrix_table:q}"
         " --provenance {output.provenance:q}"
         " --html {output.html:q} --crate {output.crate:q} --invocation {params.invocation:q}"

@@ -25,11 +25,11 @@ from videogrpo.config import Config
 from videogrpo.errors import VideoGRPOError
 from videogrpo.pipeline import stage_config
 from videogrpo.pipeline.start_check import MANIFEST_SUFFIX, StageJob, check_jobs, raise_on
+from videogrpo.provenance import digest_cache
 from videogrpo.provenance.digest import sha256_file
 from videogrpo.provenance.rebuild import run_invocation_path, stage_list
 
 INVOCATION = "invocation.json"
-DIGEST_CACHE = ".checked-digests.json"
 
 
 def invocation_path(results: str | Path) -> Path:
@@ -104,7 +104,7 @@ def begin_run(
     checked, elapsed = 0, 0.0
     if not object_storage:  # the jobs' inputs are objects in the bucket, copied to each job: the stages check them
         t0 = time.monotonic()
-        checked, problems = check_jobs(jobs, results / DIGEST_CACHE)
+        checked, problems = check_jobs(jobs, digest_cache.cache_path(results))
         raise_on(problems)
         elapsed = time.monotonic() - t0
     record = invocation(configfiles, overrides)

@@ -15,26 +15,21 @@ every stage does.
 "Everything the stage reads" includes what it reads beyond its declared inputs (the dataset's raw/ and
 splits.json on a shared file system): the workflow names those per stage.
 
-A file of a directory input whose device, inode, size, modification and change times are those of a digest this
-check recorded earlier (`results/.checked-digests.json`) is trusted: a model pipeline of tens of GB is hashed once
-for all the runs and cells that read it. The change time is set by the kernel on every write and every `utime`,
-so a restore that keeps the size and the modification time (`cp -p`, `rsync -a`, `tar x`) is hashed again.
+A file of a directory input whose stamp matches a digest recorded earlier is trusted (provenance/digest_cache.py):
+a model pipeline of tens of GB is hashed once for all the runs, cells and reports that read it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from videogrpo import atomic
 from videogrpo.errors import DigestMismatch, VideoGRPOError
-from videogrpo.provenance import digest
-from videogrpo.provenance.manifest import describe, verify_inputs
+from videogrpo.provenance import digest, digest_cache
+from videogrpo.provenance.manifest import describe_cached, verify_inputs
 
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -57,37 +52,6 @@ def _abs(path: str) -> str:
 
 def _inside(path: str, roots: set[str]) -> bool:
     return path in roots or any(parent in roots for parent in map(str, Path(path).parents))
-
-
-def load_cache(path: Path | None) -> dict[str, list]:
-    try:
-        cache = json.loads(path.read_text()) if path else {}
-    except (OSError, ValueError):  # absent, or cut short by a crash: only a speed-up is lost
-        return {}
-    return cache if isinstance(cache, dict) else {}
-
-
-def describe_cached(path: str, cache: dict[str, list], seen: dict[str, list]) -> dict[str, Any]:
-    """describe(path), reusing the cached digest of each file of a directory whose stat matches; what was hashed or
-    reused is added to `seen`."""
-    root = Path(path)
-    if not root.is_dir():
-        return describe(root, list_files=False)
-    known, stats = {}, {}
-    for rel in digest.list_files(root):
-        full = os.path.abspath(root / rel)
-        st = os.stat(full)
-        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        stats[rel] = (full, st.st_size, stamp)
-        hit = cache.get(full)
-        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp:
-            known[rel] = (hit[1], st.st_size)
-    entries = digest.tree_entries(root, known=known)
-    for rel, (sha, size) in entries.items():
-        full, st_size, stamp = stats.get(rel, (None, None, None))
-        if full and st_size == size:
-            seen[full] = [stamp, sha]
-    return describe(root, list_files=False, known=entries, complete=True)
 
 
 def jobs_at_risk(jobs: Iterable[StageJob]) -> list[StageJob]:
@@ -156,7 +120,7 @@ def check_jobs(jobs: Iterable[StageJob], cache_path: Path | None) -> tuple[int, 
     returns (jobs at risk checked, problems, each once, prefixed with the jobs it stops). The digests that passed
     go into the cache."""
     jobs = list(jobs)
-    cache, seen = load_cache(cache_path), {}
+    cache, seen = digest_cache.load(cache_path), {}
     stopped: dict[str, list[str]] = {}  # problem -> the stages of the jobs it stops, in order
     readers: dict[tuple[str, str], list[str]] = {}
     for job in jobs:
@@ -170,8 +134,8 @@ def check_jobs(jobs: Iterable[StageJob], cache_path: Path | None) -> tuple[int, 
         for problem in check_job(job, cache, seen):
             stopped.setdefault(problem, []).append(job.stage)
     problems = [f"{_jobs_named(stages)}: {problem}" for problem, stages in stopped.items()]
-    if cache_path and seen and not problems:  # only digests that passed; never a wrong one
-        atomic.write_json(cache_path, {**load_cache(cache_path), **seen})
+    if not problems:  # only digests that passed; never a wrong one
+        digest_cache.save(cache_path, seen)
     return len(at_risk), problems
 
 

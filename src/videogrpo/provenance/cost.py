@@ -19,6 +19,8 @@ import resource
 import sys
 from typing import Any
 
+from videogrpo.provenance import slurm_job
+
 STATE = "COMPLETED"
 
 
@@ -41,8 +43,10 @@ def visible_devices(env: dict[str, str]) -> int | None:
 
 
 def allocated_gpus(env: dict[str, str]) -> int | None:
-    """The GPUs SLURM gave this job on this node (billed whether used or not); None outside a SLURM job."""
-    if not env.get("SLURM_JOB_ID"):
+    """The GPUs SLURM gave this job on this node (billed whether used or not); None outside a SLURM job, and where
+    SLURM does not confirm the job the environment names (provenance/slurm_job.py): a stray SLURM_JOB_ID bills
+    nothing."""
+    if slurm_job.confirmed_job_id(env) is None:
         return None
     if (on_node := env.get("SLURM_GPUS_ON_NODE", "")).isdigit():
         return int(on_node)

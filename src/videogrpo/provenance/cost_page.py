@@ -79,7 +79,7 @@ def cost_table(rows: list[dict[str, Any]], totals: dict[str, Any], job_cell) -> 
             f"<td>{cell}</td>"
             for cell in (
                 html.escape(row["name"]),
-                job_cell(row["job_id"]),
+                job_cell(row["job_id"], row.get("job_claimed")),
                 html.escape(row["state"]),
                 html.escape(row["host"] or ""),
                 html.escape(row["start"][:19].replace("T", " ")),

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from videogrpo import atomic
 from videogrpo.errors import DigestMismatch, VideoGRPOError
-from videogrpo.provenance import cost, digest
+from videogrpo.provenance import cost, digest, digest_cache, slurm_job
 
 MANIFEST_VERSION = 1
 SECRET_ENV_VARS = (
@@ -154,6 +154,15 @@ def describe(
     if path.is_file():
         return {"path": str(path), "kind": "file", "sha256": digest.sha256_file(path), "size": path.stat().st_size}
     raise VideoGRPOError(f"{path}: expected a file or directory for the manifest, found nothing")
+
+
+def describe_cached(path: str | os.PathLike, cache: dict[str, list], seen: dict[str, list]) -> dict[str, Any]:
+    """describe(path) without the file list, a directory's files through the digest cache (digest_cache.entries);
+    what was hashed or reused is added to `seen`, for digest_cache.save once the record passed its check."""
+    root = Path(path)
+    if not root.is_dir():
+        return describe(root, list_files=False)
+    return describe(root, list_files=False, known=digest_cache.entries(root, cache, seen), complete=True)
 
 
 def record_digest(record: dict[str, Any]) -> str:
@@ -343,8 +352,12 @@ class StageRun:
         params: dict[str, Any] | None = None,
         upstream: list[str | os.PathLike] | None = None,
         external: tuple[str, ...] = (),
+        digest_cache: str | os.PathLike | None = None,
     ):
         self.stage = stage
+        # Where the inputs' files checked before are trusted by their stamps (provenance/digest_cache.py): a stage
+        # that checks a model it presents does not hash tens of GB again.
+        self.digest_cache = Path(digest_cache) if digest_cache else None
         self.external = frozenset(external)
         self.manifest_path = Path(manifest_path)
         self.inputs = {name: Path(p) for name, p in inputs.items() if p}
@@ -366,8 +379,13 @@ class StageRun:
         self._t0 = time.monotonic()
         self._cpu0 = cost.cpu_seconds()
         self.git = git_state()  # the checkout as it is when the stage starts, not when a report is made
-        self.input_records = {name: describe(p, list_files=False) for name, p in self.inputs.items()}
+        cache, seen = digest_cache.load(self.digest_cache), {}
+        self.input_records = {
+            name: describe_cached(p, cache, seen) if self.digest_cache else describe(p, list_files=False)
+            for name, p in self.inputs.items()
+        }
         verify_inputs(self.input_records, self.upstream, self.external)
+        digest_cache.save(self.digest_cache, seen)
         return self
 
     def input(self, name: str, path: str | os.PathLike, known: dict[str, tuple[str, int]]) -> None:
@@ -404,7 +422,9 @@ class StageRun:
                 wall_s, tuple(b - a for a, b in zip(self._cpu0, cost.cpu_seconds())), self.gpus, self.nodes
             ),
             "host": socket.gethostname(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            # Only a job SLURM confirms; what the environment claimed, and whether SLURM confirmed it, beside it.
+            "slurm_job_id": slurm_job.confirmed_job_id(),
+            "slurm_job": claimed.record() if (claimed := slurm_job.slurm_job()) is not None else None,
             "git": self.git,
             "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")} or None,
             **({"interconnect": self.interconnect} if self.interconnect is not None else {}),

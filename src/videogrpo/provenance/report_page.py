@@ -75,6 +75,7 @@ def build_provenance(manifests: dict[str, Path], run_id: str, invocation: dict[s
                 "duration_s": m["duration_s"],
                 "host": m["host"],
                 "slurm_job_id": m["slurm_job_id"],
+                "slurm_job": m.get("slurm_job"),
             }
             for name, m in stages.items()
         },
@@ -214,11 +215,19 @@ def learning_rate_text(value: Any) -> str:
 
 
 LOCAL_TITLE = "not run inside a SLURM job (SLURM_JOB_ID was unset): it ran on the host named, outside SLURM"
+UNCONFIRMED_TITLE = (
+    "its environment held SLURM_JOB_ID={claimed}, but SLURM did not confirm that it ran in that job (the stage's "
+    "manifest says why): counted as run outside SLURM, on the host named"
+)
 
 
-def slurm_job_cell(job_id: Any) -> str:
-    """A stage's SLURM job id, or `local` (with a tooltip saying so) for a stage that ran outside SLURM."""
+def slurm_job_cell(job_id: Any, claimed: Any = None) -> str:
+    """A stage's SLURM job id, or `local` (with a tooltip saying so) for a stage that ran outside SLURM, where a
+    SLURM_JOB_ID that SLURM did not confirm is named as such."""
     if job_id is None or job_id == "":
+        if claimed:
+            title, shown = UNCONFIRMED_TITLE.format(claimed=claimed), html.escape(str(claimed))
+            return f"<span title='{html.escape(title)}'>local (SLURM_JOB_ID {shown} unconfirmed)</span>"
         return f"<span title='{html.escape(LOCAL_TITLE)}'>local</span>"
     return html.escape(str(job_id))
 

@@ -25,9 +25,12 @@ SACCT_TIMEOUT_S = 20
 def job_row(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """One stage's row; a manifest from before the cost block has no CPU and GPU figures (None)."""
     cost = manifest.get("cost") or {}
+    claim = manifest.get("slurm_job") or {}
     return {
         "name": name,
         "job_id": manifest.get("slurm_job_id") or None,
+        # A SLURM_JOB_ID its environment held that SLURM did not confirm (provenance/slurm_job.py): no job of it.
+        "job_claimed": None if claim.get("confirmed", True) else claim.get("claimed"),
         "state": cost.get("state", STATE),
         "host": manifest.get("host"),
         "start": manifest["started_at"],

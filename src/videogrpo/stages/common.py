@@ -26,6 +26,26 @@ def add_config_argument(parser: argparse.ArgumentParser, manifest_required: bool
     )
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """A stage that presents or evaluates models (matrix, report): the models' files it names, each checked against
+    the manifest of the stage that made it (given with --upstream) before it starts, through the digest cache."""
+    parser.add_argument(
+        "--model-files",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="the files of a model the stage names (repeat): checked against its stage's manifest",
+    )
+    parser.add_argument(
+        "--digest-cache", type=Path, help="digests trusted by their stamps (results/.checked-digests.json)"
+    )
+
+
+def model_inputs(args: argparse.Namespace) -> dict[str, Path]:
+    """StageRun inputs of --model-files: `model:<name>` -> its path."""
+    return {f"model:{name}": Path(path) for name, _, path in (item.partition("=") for item in args.model_files)}
+
+
 def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
     """The stage's Config (other sections at their defaults, unvalidated) and the sections as given."""
     sections = config_mod.sections_from_argument(args.config_json)

@@ -16,7 +16,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation.aggregate import matrix_table, per_task_table
 from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.manifest import StageRun
-from videogrpo.stages.common import add_config_argument, load_config
+from videogrpo.stages.common import add_config_argument, add_model_arguments, load_config, model_inputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", required=True, type=Path, help="the matrix (CSV) to create")
     parser.add_argument("--per-task", required=True, type=Path, help="every cell per task (CSV) to create")
     parser.add_argument("--run-id", help="the run identity: the MLflow run its matrix goes to (logging.tracker)")
+    add_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
         label, _, path = text.partition("=")
         model, _, sampler = label.partition(":")
         cells[(model, sampler)] = Path(path)
-    inputs = {f"{model}:{sampler}": path for (model, sampler), path in cells.items()}
-    with StageRun("matrix", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
+    # The cells' scores, and the files of the models they evaluated: a table over weights that changed since is
+    # refused, naming the file.
+    inputs = {**{f"{model}:{sampler}": path for (model, sampler), path in cells.items()}, **model_inputs(args)}
+    with StageRun(
+        "matrix", args.manifest, inputs=inputs, params=sections, upstream=args.upstream, digest_cache=args.digest_cache
+    ) as stage:
         scores = {cell: pd.read_csv(path) for cell, path in cells.items()}
         names = {cell: sorted(frame["name"]) for cell, frame in scores.items()}
         reference = next(iter(names.values()))

@@ -20,7 +20,7 @@ from videogrpo.grpo.mlflow_run import log_stage_outputs
 from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.provenance.report_page import build_provenance, render_html
-from videogrpo.stages.common import add_config_argument, load_config
+from videogrpo.stages.common import add_config_argument, add_model_arguments, load_config, model_inputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", required=True, type=Path, help="report.html to create")
     parser.add_argument("--crate", required=True, type=Path, help="the run's ro-crate-metadata.json (run dir root)")
     parser.add_argument("--invocation", type=Path, help="the config files and --config overrides as given (JSON)")
+    add_model_arguments(parser)
 
 
 def check_videos(provenance: dict, models: tuple[str, ...], sampler: str, html: Path) -> dict[str, list[str]]:
@@ -65,10 +66,16 @@ def run(args: argparse.Namespace) -> int:
     manifests = dict(item.split("=", 1) for item in args.stage_manifest)
     manifests = {name: Path(path) for name, path in manifests.items()}
     sampler, models = training_sampler(cfg), check_models(cfg)
-    # Every stage's manifest is upstream: the metrics and the tables must be what train and matrix made.
-    inputs = dict(manifests, metrics=args.metrics, per_task=args.per_task, matrix=args.matrix)
+    # Every stage's manifest is upstream: the metrics and the tables must be what train and matrix made, and the
+    # models the page describes (the trained weights among them) what their stages made and the matrix evaluated.
+    inputs = dict(manifests, metrics=args.metrics, per_task=args.per_task, matrix=args.matrix, **model_inputs(args))
     with StageRun(
-        "report", args.manifest, inputs=inputs, params=sections, upstream=[*manifests.values(), *args.upstream]
+        "report",
+        args.manifest,
+        inputs=inputs,
+        params=sections,
+        upstream=[*manifests.values(), *args.upstream],
+        digest_cache=args.digest_cache,
     ) as stage:
         provenance = build_provenance(
             manifests, args.run_id, json.loads(args.invocation.read_text()) if args.invocation else {}
