@@ -129,6 +129,12 @@ def test_a_rerun_after_kill_9_of_the_driver_and_its_job_takes_the_stale_lock_ove
     assert "LockException:\n" in refused.stderr and "driver_lock.py" not in refused.stderr
     os.killpg(driver.pid, signal.SIGKILL)  # what the message says to do
     time.sleep(0.5)
+    # A dry run takes no lock and removes nothing: it says that the lock is stale and that a run takes it over.
+    dry = subprocess.run([*argv, "-n"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert dry.returncode == 0 and "Directory cannot be locked" not in dry.stdout + dry.stderr, dry.stderr
+    assert f"holds the lock of the Snakemake driver pid {driver.pid}" in dry.stderr, dry.stderr
+    assert "the next run takes the lock over (this dry run changes nothing)" in dry.stderr
+    assert list((tmp_path / ".snakemake/locks").glob("*.lock"))
     touched = subprocess.run([*argv, "--touch"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert touched.returncode == 0, touched.stderr
     assert f"removed the lock the Snakemake driver pid {driver.pid}" in touched.stderr

@@ -7,6 +7,8 @@ import csv
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -62,6 +64,24 @@ def test_a_dry_run_changes_nothing_on_disk(demo, workdir, tmp_path):
         out = run(["snakemake", "-n", *argv], workdir)
         assert "This was a dry-run" in out.stdout + out.stderr or "Nothing to be done" in out.stdout + out.stderr
         assert results_state(workdir) == before, argv
+    # On a read-only results tree (mounted read-only in a mount namespace of its own: root passes permission bits),
+    # a dry run reads only, so it runs and warns; a run stops before its first job, naming the field and the fix.
+    readonly = "mount --bind -o ro results results && exec " if shutil.which("unshare") else None
+    if readonly is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare for a read-only mount")
+    for argv in (["-n"], ["-n", "--config", "train={lr: 2.0e-4}"]):
+        out = run(["unshare", "-m", "sh", "-c", readonly + shlex.join(["snakemake", *argv])], workdir)
+        text = out.stdout + out.stderr
+        assert "results is not writable" in text and ("Nothing to be done" in text or "This was a dry-run" in text)
+    out = run(
+        ["unshare", "-m", "sh", "-c", readonly + "snakemake --cores 1 --config 'train={lr: 2.0e-4}'"],
+        workdir,
+        check=False,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "results = 'results': cannot write results (results is not writable)" in text
+    assert "Traceback" not in text and "Finished jobid" not in text
+    assert results_state(workdir) == before
 
 
 def test_a_driver_inside_a_slurm_allocation_runs_to_its_report(demo, workdir):
@@ -623,7 +643,7 @@ def test_config_error_names_the_field(demo, workdir):
     assert "data.task_list = 'no/such/list.txt': no such file; point it at a file listing one task" in (
         out.stdout + out.stderr
     )
-    (workdir / "not-a-dir").write_text("")  # `results` where nothing can be written (root passes read-only bits)
+    (workdir / "not-a-dir").write_text("")  # `results` through a file: nothing can be written, or looked at
     out = run(["snakemake", "-n", "--config", "results=not-a-dir/results"], workdir, check=False)
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "results = 'not-a-dir/results': cannot write" in text

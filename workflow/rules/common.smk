@@ -66,8 +66,12 @@ def storage_endpoint():
 
 
 RESULTS = CFG.results
-if (_problem := layout.results_problem(RESULTS)) is not None:
+# A results path through a file cannot even be looked at; a read-only tree is no reason to refuse a dry run, which
+# writes nothing: said here (a dry run shows it too), refused when a run starts (onstart).
+if (_problem := layout.results_problem(RESULTS, writing=False)) is not None:
     raise WorkflowError(_problem)
+if workflow.is_main_process and (_problem := layout.results_problem(RESULTS)) is not None:
+    print(f"warning: {_problem}\n(a dry run reads only; a run stops before its first job)", file=sys.stderr)
 RUN = f"{RESULTS}/runs/{RUN_ID}"
 MODEL = f"{RESULTS}/models/{layout.model_key(CFG)}"
 DATA = f"{RESULTS}/data/{layout.data_key(CFG, TASK_LIST_TEXT)}"
@@ -140,6 +144,8 @@ onstart:
     )
     if found:
         raise WorkflowError("profiles/kubernetes:\n  - " + "\n  - ".join(found))
+    if problem := layout.results_problem(RESULTS):
+        raise WorkflowError(problem)
     if problem := unstarted_jobs.scheduler_problem(workflow.executor_plugin.name, workflow.dag.needrun_jobs()):
         raise WorkflowError(problem)
     unstarted_jobs.record(workflow.dag.needrun_jobs())

@@ -214,6 +214,19 @@ def take_over_or_explain(lockdir: Path) -> str | None:
     return locked_message(lockdir, alive, unexplained) if alive or unexplained else None
 
 
+def dry_run_note(lockdir: Path) -> str:
+    """What a dry run says of a lock on this run's files (it removes nothing and takes no lock): that a run will take
+    over a lock only dead local drivers left, or who may still hold it and when `snakemake --unlock` is safe."""
+    stale, gone, alive, unexplained = stale_locks(lockdir)
+    if alive or unexplained:
+        return locked_message(lockdir, alive, unexplained) + " (a run refuses to start until then; this dry run went on)"
+    names = "; ".join(holder.describe() for holder in gone) or "a Snakemake that is gone"
+    return (
+        f"note: {lockdir} holds the lock of {names}, killed before it could unlock; nothing of it runs on this "
+        f"machine, so the next run takes the lock over (this dry run changes nothing)"
+    )
+
+
 def _explained(snakemakes: type, message: str) -> type:
     """Snakemake's LockException (what its callers catch) with this workflow's account as its message."""
     from snakemake.exceptions import WorkflowError
@@ -233,9 +246,10 @@ def record_workflow_driver(workflow: Any) -> Path | None:
 
 
 def install() -> None:
-    """Where Snakemake takes its lock for a real run (never a dry run, which only warns, nor --unlock): a lock on
-    this run's files is first taken over when provably stale, or explained (take_over_or_explain). Without the
-    Snakemake internals this relies on, Snakemake's own check and message stay."""
+    """Where Snakemake takes its lock for a real run (never a dry run, nor --unlock): a lock on this run's files is
+    first taken over when provably stale, or explained (take_over_or_explain); where a dry run only warns of it, the
+    warning says which of the two a run will do (dry_run_note). Without the Snakemake internals this relies on,
+    Snakemake's own check and message stay."""
     try:
         from snakemake.persistence import PersistenceBase
     except ImportError:
@@ -261,5 +275,16 @@ def install() -> None:
                 exceptions.LockException = snakemakes
             yield
 
+    @contextmanager
+    def lock_warn_only(self) -> Iterator[None]:
+        lockdir = getattr(self, "_lockdir", None)
+        if lockdir is not None and self.locked:
+            print(dry_run_note(Path(lockdir)), file=sys.stderr)
+        yield
+
     lock.videogrpo = True
     PersistenceBase.lock = lock
+    # A dry run (Snakemake only warns there, as "Error: Directory cannot be locked. Another Snakemake instance is
+    # running.", even when the holder is long dead): the same account, changing nothing.
+    if hasattr(PersistenceBase, "lock_warn_only"):
+        PersistenceBase.lock_warn_only = lock_warn_only

@@ -102,15 +102,16 @@ def hub_model_key(name: str, spec: str) -> str:
     return f"{name}@{spec.partition('@')[2][:12]}"
 
 
-def results_problem(results: str | Path) -> str | None:
+def results_problem(results: str | Path, writing: bool = True) -> str | None:
     """Why outputs cannot be written under `results`, found without writing (a dry run writes nothing): the nearest
-    existing folder on its path is no directory, or is not writable; None when it can be made."""
+    existing folder on its path is no directory, or (`writing`: for a run, not a dry run, which only reads) is not
+    writable; None when it can be made."""
     path = Path(results)
     existing = next((p for p in [path, *path.parents] if p.exists() or p.is_symlink()), Path("."))
     reason = None
     if not existing.is_dir():
         reason = f"{existing} is no directory"
-    elif not os.access(existing, os.W_OK | os.X_OK):
+    elif writing and not os.access(existing, os.W_OK | os.X_OK):
         reason = f"{existing} is not writable"
     if reason is None:
         return None
