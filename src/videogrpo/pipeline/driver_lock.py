@@ -217,9 +217,10 @@ def take_over_or_explain(lockdir: Path) -> str | None:
 def dry_run_note(lockdir: Path) -> str:
     """What a dry run says of a lock on this run's files (it removes nothing and takes no lock): that a run will take
     over a lock only dead local drivers left, or who may still hold it and when `snakemake --unlock` is safe."""
-    stale, gone, alive, unexplained = stale_locks(lockdir)
+    _, gone, alive, unexplained = stale_locks(lockdir)
     if alive or unexplained:
-        return locked_message(lockdir, alive, unexplained) + " (a run refuses to start until then; this dry run went on)"
+        account = locked_message(lockdir, alive, unexplained)
+        return f"{account} (a run refuses to start until then; this dry run went on)"
     names = "; ".join(holder.describe() for holder in gone) or "a Snakemake that is gone"
     return (
         f"note: {lockdir} holds the lock of {names}, killed before it could unlock; nothing of it runs on this "
