@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 import socket
 import subprocess
@@ -324,15 +325,43 @@ def test_the_readmes_kubernetes_steps_run_as_written(s3_endpoint, tmp_path):
         assert "gpu=1" in block and "gpu_manufacturer=nvidia" in block
 
 
+def test_the_readmes_kubernetes_steps_with_placeholders_left_in_stop_in_one_line_each(tmp_path):
+    """Run as printed: the placeholders of the bucket and the endpoint, no keys. The check before Snakemake says
+    what is wrong, one line each, and the steps stop there (Snakemake's S3 plugin would end in a traceback of
+    botocore's); with a bucket and an endpoint but no keys, the workflow itself says so in one line."""
+    checkout = copy_checkout(tmp_path / "videogrpo")
+    no_keys = {"PYTHONPATH": str(REPO / "src"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    no_keys.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    script = "\n".join(readme_steps())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_ACCESS", "AWS_SECRET", "SNAKEMAKE_STORAGE"))}
+    out = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=checkout, env={**env, **no_keys}, capture_output=True, text=True
+    )
+    said = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 2 and len(said) == 3, said
+    assert said[0].startswith("error: --default-storage-prefix 's3://<your bucket>/videogrpo': '<your bucket>' is no")
+    assert said[1].startswith("error: SNAKEMAKE_STORAGE_S3_ENDPOINT_URL (or --storage-s3-endpoint-url) = '<your S3 ")
+    assert said[2].startswith("error: object storage: no credentials for the bucket: give the bucket's keys in AWS_")
+    assert not (checkout / "k8s.yaml").exists() and not (checkout / ".snakemake").exists()  # Snakemake never ran
+    (checkout / "k8s.yaml").write_text("kubernetes:\n  volume_claim: videogrpo-shared\n  volume_path: /shared\n")
+    dry = readme_steps()[-1].replace('"$BUCKET"', "s3://videogrpo/runs")
+    out = subprocess.run(["bash", "-c", dry], cwd=checkout, env={**env, **no_keys}, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "object storage: no credentials for the bucket" in text, text[-3000:]
+    assert "Traceback" not in text and "Additional quoting" not in text and "Job stats" not in text
+    # Ignored: a checkout with your settings in it stays clean in every manifest's git state.
+    assert subprocess.run(["git", "check-ignore", "-q", "k8s.yaml"], cwd=REPO).returncode == 0
+
+
 def test_the_kubernetes_pages_steps_are_the_readmes(tmp_path):
     """docs/kubernetes.md shows the README's steps with its `k8s.yaml` as YAML and the checkout's place on the
     volume: the same variables and dry run (which the README's test runs), the run is that line without `-n`, and
     the README's printf writes the page's `k8s.yaml` for a checkout at the top of the volume."""
     section = (REPO / "docs/kubernetes.md").read_text().split("\n## ")[0]
     k8s_yaml = yaml.safe_load(re.search(r"`k8s.yaml`:\n\n```yaml\n(.*?)```", section, re.S).group(1))
-    cd, bucket, endpoint, dry, real = sh_block(section)
-    bucket_set, endpoint_set, write, dry_run = readme_steps()
-    assert (bucket, endpoint, dry) == (bucket_set, endpoint_set, dry_run)
+    cd, bucket, endpoint, check, dry, real = sh_block(section)
+    bucket_set, endpoint_set, check_set, write, dry_run = readme_steps()
+    assert (bucket, endpoint, check, dry) == (bucket_set, endpoint_set, check_set, dry_run)
     assert real.split() == [arg for arg in dry.split() if arg != "-n"]
     assert cd == f"cd {k8s_yaml['kubernetes']['volume_path']}/videogrpo"
     (tmp_path / "videogrpo").mkdir()

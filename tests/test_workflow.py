@@ -390,6 +390,11 @@ def test_cli_commands_of_the_readme(demo, workdir):
     assert out.stdout.startswith("# the same overrides for snakemake: --config 'train={lr: 2e-4, max_steps: 2}'")
     ident = re.search(r"^# run identity: (\S+)", out.stdout, re.M).group(1)
     assert (workdir / "results/runs" / ident).is_dir()  # the run the README's --config override made
+    # The same run named with the same --config as snakemake's (docs/options.md); no option is taken by a prefix.
+    out = run(["videogrpo", "config", "--run-id", "--config", "train={lr: 2e-4, max_steps: 2}"], workdir)
+    assert out.stdout.strip() == ident
+    out = run(["videogrpo", "config", "--conf", "train={lr: 2e-4}"], workdir, check=False)
+    assert out.returncode == 2 and "unrecognized arguments: --conf" in out.stderr
 
 
 def trace_of(workdir: Path, command: list[str]) -> list[dict[str, str]]:

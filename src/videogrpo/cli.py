@@ -22,6 +22,16 @@ from videogrpo import __version__
 from videogrpo.errors import VideoGRPOError, disk_full_message
 from videogrpo.stages import STAGES, log_reserve
 
+CONFIG_HELP = "overrides as snakemake's --config takes them, e.g. 'train={lr: 1e-5}' (--set wins)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: `--config` must never be read as `--configfile`, nor any other prefix as a flag."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
 
 def _stage_help(name: str) -> str:
     """The first line of a stage module's docstring, read from its source: listing the commands imports none."""
@@ -30,18 +40,35 @@ def _stage_help(name: str) -> str:
     return doc.strip().splitlines()[0].split(": ", 1)[-1]
 
 
-def _overrides(items: list[str] | None) -> dict:
-    """`--set section.field=value` items as nested config layers (values parsed as YAML)."""
+def _merge(into: dict, layer: dict) -> dict:
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _overrides(items: list[str] | None, snakemake_items: list[str] | None = None) -> dict:
+    """`--config section=value` items as Snakemake reads them (`train={lr: 1e-4}`, `results=/scratch/x`), then
+    `--set section.field=value` items over them; values parsed as YAML."""
     import yaml
 
     overrides: dict = {}
+    for item in snakemake_items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise VideoGRPOError(f"--config {item!r}: give SECTION=VALUE, as for snakemake, e.g. 'train={{lr: 1e-4}}'")
+        _merge(overrides, {key: yaml.safe_load(value)})
     for item in items or []:
         key, _, value = item.partition("=")
-        node = overrides
+        node: dict = {}
+        layer = node
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
+        _merge(overrides, layer)
     return overrides
 
 
@@ -50,7 +77,7 @@ def _config_command(args: argparse.Namespace) -> int:
 
     from videogrpo import config
 
-    overrides = _overrides(args.set)
+    overrides = _overrides(args.set, args.config)
     cfg = config.load(args.configfile or [Path("config/config.yaml")], overrides)
     if overrides and not args.run_id:  # Snakemake's own parser refuses dotted keys such as train.lr=...
         forms = " ".join(
@@ -92,7 +119,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
     from videogrpo import config
     from videogrpo.preflight.simulate import simulate
 
-    cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set))
+    cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set, args.config))
     started = time.monotonic()
     jobs = args.jobs or len(os.sched_getaffinity(0))
     log = lambda line: print(line, flush=True)  # noqa: E731
@@ -112,7 +139,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     from videogrpo.errors import ConfigError
     from videogrpo.preflight import planner
 
-    cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set))
+    cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set, args.config))
     gpu = args.gpu.lower()
     memory = args.gpu_memory if args.gpu_memory is not None else planner.GPU_MEMORY_GIB.get(gpu)
     if memory is None:
@@ -197,6 +224,20 @@ def _trace_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_storage_command(args: argparse.Namespace) -> int:
+    from videogrpo.pipeline import object_storage
+
+    endpoint = args.endpoint_url or os.environ.get(object_storage.ENDPOINT_VARIABLE)
+    found = object_storage.problems(args.prefix, endpoint)
+    for problem in found:
+        print(f"error: {problem}", file=sys.stderr)
+    if found:
+        return 2
+    where = f"the endpoint {endpoint}" if endpoint else "AWS S3"
+    print(f"object storage: {args.prefix} on {where}, with keys: Snakemake's S3 plugin can start")
+    return 0
+
+
 def _stage_group(sub, command: str | None) -> None:
     """`videogrpo stage NAME`: the command of each workflow rule (and k8s-job, which the train rule wraps around
     training under profiles/kubernetes); only the stage named `command` is imported to declare its arguments."""
@@ -225,7 +266,7 @@ def _stage_group(sub, command: str | None) -> None:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI; under `stage`, only the stage named `command` (None: every stage) is imported to declare its
     arguments, so a light stage never pays for importing torch."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="videogrpo",
         description="GRPO for Wan2.2 video models as a Snakemake workflow with provenance: run the workflow with "
         "`snakemake --cores N` (or a profile); these commands inspect and check what it makes.",
@@ -245,6 +286,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="YAML layers, later ones win (default: config/config.yaml)",
     )
     show.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5")
+    show.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     show.add_argument("--run-id", action="store_true", help="print only the run identity (the run directory's name)")
     show.set_defaults(handler=_config_command)
     sim = sub.add_parser(
@@ -258,6 +300,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sim.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
     sim.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. parallel.nodes=4")
+    sim.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     sim.add_argument(
         "--ranks",
         type=_rank_list,
@@ -281,6 +324,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     plan.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
     plan.add_argument("--set", nargs="*", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. video.num_frames=49")
+    plan.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     plan.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU (default: --gpu's)")
     plan.add_argument("--nodes", type=_positive_int, help="machines (default: 1 up to 8 GPUs, else GPUs / 8)")
@@ -340,6 +384,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     trace.add_argument("run_dir", type=Path, help="results/runs/<run> (run from the workflow directory)")
     trace.add_argument("--no-sacct", action="store_true", help="never ask sacct; states as the manifests record")
     trace.set_defaults(handler=_trace_command)
+    storage = sub.add_parser(
+        "check-storage",
+        help="check a bucket prefix, its endpoint and the keys before a run in object storage (one line each)",
+        description="Check what Snakemake's S3 plugin needs before Snakemake reads it: the --default-storage-prefix "
+        "(s3://<bucket>/<folder>), the endpoint (SNAKEMAKE_STORAGE_S3_ENDPOINT_URL, or --endpoint-url; unset for AWS "
+        "S3) and the bucket's keys (the environment or ~/.aws/credentials). Reads no object. Exit 0: all set; 2: "
+        "what is wrong, one line each.",
+    )
+    storage.add_argument("prefix", help="the run's --default-storage-prefix, s3://<bucket>/<folder>")
+    storage.add_argument("--endpoint-url", help="the S3 endpoint (default: $SNAKEMAKE_STORAGE_S3_ENDPOINT_URL)")
+    storage.set_defaults(handler=_check_storage_command)
     _stage_group(sub, command)
     return parser
 

@@ -18,7 +18,7 @@ from videogrpo.artifacts import attention_kernel
 from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import driver_lock, layout, start, start_check, unstarted_jobs
+from videogrpo.pipeline import driver_lock, layout, object_storage, start, start_check, unstarted_jobs
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance import digest_cache, interconnect
@@ -64,6 +64,14 @@ def storage_endpoint():
     settings = tagged.get_settings() if tagged is not None else None
     return getattr(settings, "endpoint_url", None)
 
+
+if OBJECT_STORAGE and workflow.is_main_process:  # what Snakemake's S3 plugin has not refused by now, one line each (pipeline/object_storage.py)
+    _s3 = (workflow.storage_provider_settings or {}).get("s3")
+    _s3 = _s3.get_settings() if _s3 is not None else None
+    if _found := object_storage.problems(
+        STORAGE_PREFIX, storage_endpoint(), getattr(_s3, "access_key", None), getattr(_s3, "secret_key", None)
+    ):
+        raise WorkflowError("\n".join(_found))
 
 RESULTS = CFG.results
 # A results path through a file cannot even be looked at; a read-only tree is no reason to refuse a dry run, which
