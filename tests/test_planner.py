@@ -83,6 +83,26 @@ def test_one_gpu_fits_the_5b_contract_only_with_offload_and_contract_changes_are
     assert re.search(r"\n\s+with train.lora_rank = 16", out.stdout), out.stdout
 
 
+def test_a_world_size_the_waves_refuse_is_offered_the_prompts_per_step_it_takes(tmp_path):
+    """3 GPUs cannot share 32 prompts a wave: no layout of the recipe runs, so the plan offers the nearest counts of
+    prompts per step that 3 replicas can share (each a new run), and the picked one is a layer the workflow takes."""
+    layer = tmp_path / "three.yaml"
+    out = run("--configfile", RECIPE, "--gpus", "3", "--write", str(layer), "--pick", "c1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no layout of rl_5b_cps runs on 3 GPU(s): world size 3" in out.stdout
+    assert "contract changes that fit (each a new run, not the recipe's training):" in out.stdout
+    assert re.search(r"with grpo.prompts_per_step = 30 \(a multiple of 3 replicas\)", out.stdout), out.stdout
+    assert yaml.safe_load(layer.read_text())["grpo"]["prompts_per_step"] == 30
+    assert load("rl_5b_cps", {"parallel": {"procs_per_node": 3}}, layer).grpo.prompts_per_step == 30
+
+
+def test_contract_changes_that_do_not_fit_are_not_listed_as_fitting():
+    out = run("--configfile", RECIPE, "--gpus", "1", "--gpu-memory", "20", "--contract-changes")
+    assert out.returncode == 2 and "    none fits" in out.stdout, out.stdout + out.stderr
+    assert "contract changes that fit" not in out.stdout
+    assert "contract changes that do not fit either: train.lora_rank = 64; " in out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -92,8 +112,11 @@ def test_one_gpu_fits_the_5b_contract_only_with_offload_and_contract_changes_are
             "--gpu-memory 16: a GPU is smaller than its share of the float32 master weights, 4 B x 4,999,787,712 "
             "parameters / 1 GPU(s) = 18.6 GiB",
         ),
-        (["--gpus", "12", "--nodes", "1"], "no layout of rl_5b_cps runs on 12 GPU(s): world size 12"),
-        (["--gpus", "8", "--gpu", "tpu"], "--gpu tpu: its memory is not known here; give --gpu-memory GIB"),
+        (
+            ["--gpus", "8", "--gpu", "tpu", "--gpu-memory", "80"],
+            "--gpu tpu: not a GPU the planner knows (its bf16 peak and memory); give one of a100, a800, b200, h100, "
+            "h200, h800, l40s, the nearest to yours, with --gpu-memory GIB for its memory",
+        ),
         (["--gpus", "8", "--nodes", "3"], "--nodes 3: must be at least 1 and divide --gpus 8"),
     ],
 )

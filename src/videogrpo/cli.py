@@ -100,6 +100,13 @@ def _rank_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r}: give ranks as comma-separated integers, e.g. 0,9,127") from None
 
 
+def gpu_names() -> str:
+    """The GPUs `plan` and `compare` know by name (their memory and bf16 peak), from the planner's own table."""
+    from videogrpo.preflight.plan_assumptions import GPU_MEMORY_GIB
+
+    return ", ".join(sorted(GPU_MEMORY_GIB))
+
+
 def planner_options() -> list[tuple[str, str]]:
     """The time model's settable assumptions and their help, from the planner's own field docs."""
     from videogrpo.preflight.plan_assumptions import TUNABLE, Assumptions
@@ -141,9 +148,12 @@ def _plan_command(args: argparse.Namespace) -> int:
 
     cfg = config.load(args.configfile or [Path("config/config.yaml")], _overrides(args.set, args.config))
     gpu = args.gpu.lower()
-    memory = args.gpu_memory if args.gpu_memory is not None else planner.GPU_MEMORY_GIB.get(gpu)
-    if memory is None:
-        raise ConfigError(f"--gpu {args.gpu}: its memory is not known here; give --gpu-memory GIB")
+    if gpu not in planner.GPU_MEMORY_GIB:  # its bf16 peak, which the time model needs, is not known either
+        raise ConfigError(
+            f"--gpu {args.gpu}: not a GPU the planner knows (its bf16 peak and memory); give one of "
+            f"{', '.join(sorted(planner.GPU_MEMORY_GIB))}, the nearest to yours, with --gpu-memory GIB for its memory"
+        )
+    memory = args.gpu_memory if args.gpu_memory is not None else planner.GPU_MEMORY_GIB[gpu]
     nodes = args.nodes or (1 if args.gpus <= 8 else max(1, args.gpus // 8))
     given = {name: getattr(args, name) for name in planner.TUNABLE if getattr(args, name) is not None}
     assume = planner.Assumptions(gpu=gpu, **given)
@@ -329,7 +339,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     plan.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU (default: --gpu's)")
     plan.add_argument("--nodes", type=_positive_int, help="machines (default: 1 up to 8 GPUs, else GPUs / 8)")
     plan.add_argument("--host-memory", type=float, metavar="GIB", help="memory of one node (default: not limited)")
-    plan.add_argument("--gpu", default="h100", help="GPU name for its bf16 peak (h100, h200, h800, a100, b200, l40s)")
+    plan.add_argument("--gpu", default="h100", help=f"GPU name for its bf16 peak and memory ({gpu_names()})")
     for name, help_text in planner_options():
         plan.add_argument(f"--{name.replace('_', '-')}", type=float, help=help_text)
     plan.add_argument("--top", type=_positive_int, default=5, help="fitting layouts shown (default 5)")
@@ -369,7 +379,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "runs", type=Path, nargs="+", metavar="RUN_DIR", help="the run directories, the first the baseline"
     )
     compare.add_argument("--out", type=Path, default=Path("comparison.html"), help="the page to write")
-    compare.add_argument("--gpu", default="h100", help="GPU whose bf16 peak models the GPU-hours (as for plan)")
+    compare.add_argument("--gpu", default="h100", help=f"GPU whose bf16 peak models the GPU-hours ({gpu_names()})")
     compare.add_argument("--mfu", type=float, default=0.30, help="share of the peak assumed reached (as for plan)")
     compare.set_defaults(handler=_compare_command)
     trace = sub.add_parser(

@@ -355,17 +355,25 @@ VAE_TILE = 256
 """The tile a contract change proposes (diffusers' default tile; a multiple of every VAE's 4 x spatial factor)."""
 
 
-def contract_changes(cfg: Config) -> list[tuple[str, dict]]:
+def contract_changes(cfg: Config, gpus: int | None = None) -> list[tuple[str, dict]]:
     """Changes of what an update computes that make it smaller, each a new run: LoRA, half the prompts per step,
-    half the group, fewer frames, the VAE decoding in tiles (its pixels are blended where tiles meet)."""
+    half the group, fewer frames, the VAE decoding in tiles (its pixels are blended where tiles meet); and, where
+    `gpus` data replicas cannot share the recipe's prompts per step, the nearest counts of prompts they can."""
     g, t, v = cfg.grpo, cfg.train, cfg.video
     out = []
     if t.lora_rank == 0 and cfg.parallel.tensor_parallel == 1:
         out += [(f"train.lora_rank = {r}", {"train": {"lora_rank": r}}) for r in (64, 16)]
-    if g.prompts_per_step > 1 and g.prompts_per_step % 2 == 0:
-        half = g.prompts_per_step // 2
+    half = g.prompts_per_step // 2 if g.prompts_per_step > 1 and g.prompts_per_step % 2 == 0 else None
+    if half:
         wave = g.prompts_per_wave if g.prompts_per_wave and half % g.prompts_per_wave == 0 else None
         out.append((f"grpo.prompts_per_step = {half}", {"grpo": {"prompts_per_step": half, "prompts_per_wave": wave}}))
+    replicas = (gpus or 0) // cfg.parallel.tensor_parallel
+    if replicas > 1 and g.prompts_per_step % replicas:
+        below = g.prompts_per_step // replicas * replicas
+        for count in (below, below + replicas):  # one wave of the whole step, a whole number of prompts a replica
+            if count and count != half:
+                change = {"grpo": {"prompts_per_step": count, "prompts_per_wave": None}}
+                out.append((f"grpo.prompts_per_step = {count} (a multiple of {replicas} replicas)", change))
     if g.group_size >= 4 and g.group_size % 2 == 0:
         out.append((f"grpo.group_size = {g.group_size // 2}", {"grpo": {"group_size": g.group_size // 2}}))
     frames = (v.num_frames - 1) // 2 // 4 * 4 + 1
@@ -486,33 +494,45 @@ def plan_lines(
         *(f"  {line}" for line in assume.lines()),
     ]
     fitting, failing, refused = search(cfg, gpus, nodes, gpu_gib, host_gib, assume, shape)
-    if not fitting and not failing:
-        first = next(iter(refused))
-        raise ConfigError(f"no layout of {cfg.recipe} runs on {gpus} GPU(s): {first}")
-    fitting.sort(key=ranking)
-    candidates = len(fitting) + len(failing) + sum(refused.values())
-    lines.append(
-        f"{len(fitting)} of {candidates} layouts fit ({sum(refused.values())} refused by the config's checks); "
-        f"peaks in GiB per GPU by phase, modelled seconds per update:"
-    )
-    lines.append(HEADER)
+    runs_at_all = bool(fitting or failing)
+    if runs_at_all:
+        fitting.sort(key=ranking)
+        candidates = len(fitting) + len(failing) + sum(refused.values())
+        lines.append(
+            f"{len(fitting)} of {candidates} layouts fit ({sum(refused.values())} refused by the config's checks); "
+            f"peaks in GiB per GPU by phase, modelled seconds per update:"
+        )
+        lines.append(HEADER)
+    else:  # the topology itself is refused (a world size the waves do not divide): only a contract change can help
+        lines.append(f"no layout of {cfg.recipe} runs on {gpus} GPU(s): {next(iter(refused))}")
     shown = distinct(fitting, top)
-    lines += [row_line(str(i + 1), row) for i, row in enumerate(shown)] or ["    none fits"]
-    lines.append("nearest that do not fit:")
-    lines += [row_line("-", row) for row in distinct(failing, 3)] or ["    none"]
-    contract_rows = []
+    if runs_at_all:
+        lines += [row_line(str(i + 1), row) for i, row in enumerate(shown)] or ["    none fits"]
+        lines.append("nearest that do not fit:")
+        lines += [row_line("-", row) for row in distinct(failing, 3)] or ["    none"]
+    contract_rows, still = [], []
     if changes or not fitting:
-        lines.append("contract changes that fit (each a new run, not the recipe's training):")
-        for label, changes in contract_changes(cfg):
-            changed = with_changes(cfg, changes)
+        found_lines = []
+        for label, change in contract_changes(cfg, gpus):
+            changed = with_changes(cfg, change)
             found, _, _ = search(changed, gpus, nodes, gpu_gib, host_gib, assume, released_shape(changed))
             if found:
                 found.sort(key=ranking)
-                found[0].contract = changes
+                found[0].contract = change
                 contract_rows.append(found[0])
-                lines.append(row_line(f"c{len(contract_rows)}", found[0]) + f"\n{'':>3} with {label}")
+                found_lines.append(row_line(f"c{len(contract_rows)}", found[0]) + f"\n{'':>3} with {label}")
             else:
-                lines.append(f"    {label}: still none fits")
+                still.append(label)
+        if not runs_at_all and not contract_rows:
+            raise ConfigError(f"{lines[-1].removeprefix('no layout of ')}; and no contract change tried fits either")
+        if contract_rows:
+            lines.append("contract changes that fit (each a new run, not the recipe's training):")
+            lines += ([] if runs_at_all else [HEADER]) + found_lines
+        lines.append(
+            f"contract changes that do not fit either: {'; '.join(still)}"
+            if still
+            else "every contract change tried fits"
+        )
     return Outcome(lines, shown, contract_rows)
 
 
