@@ -166,8 +166,8 @@ def run(args: argparse.Namespace, root: Path) -> None:
             ]
 
         commands = {
-            "materialize-dataset --workers 2": (stage(2), False),
-            "materialize-dataset --workers 1": (stage(1), False),
+            "videogrpo stage materialize-dataset --workers 2": (stage(2), False),
+            "videogrpo stage materialize-dataset --workers 1": (stage(1), False),
             "tar -xzf, one archive at a time": (f"for a in {names}; do tar -xzf $a; done", True),
             "tar -xzf, two at a time": (f"printf '%s\\n' {names} | xargs -P 2 -n 1 tar -xzf", True),
             "tar -xzf + sha256sum of every file": (

@@ -163,3 +163,30 @@ def test_a_command_no_test_ran_is_reported_with_its_file_and_line(docs):
 def test_every_command_the_check_leaves_out_is_still_documented():
     shown = {command for _, _, command in doc_commands.documented()}
     assert [c for c in doc_commands.NOT_RUN_HERE if c not in shown] == []
+
+
+def test_every_videogrpo_command_a_page_names_exists():
+    """`videogrpo <command>` and `videogrpo stage <stage>` in prose and code of every page are commands the CLI has
+    (a renamed command leaves no stale name behind, bench/RESULTS.md's included)."""
+    from videogrpo.cli import build_parser
+    from videogrpo.stages import STAGES
+
+    parser = build_parser()
+    commands = set(parser._subparsers._group_actions[0].choices)
+    stages = {name.replace("_", "-") for name in STAGES} | {"k8s-job"}
+    problems = []
+    for page in PAGES:
+        in_code = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```"):
+                in_code = not in_code
+                continue
+            for code in [line] if in_code else re.findall(r"`([^`]+)`", line):  # commands, not prose
+                for command, stage in re.findall(
+                    r"\bvideogrpo (?:stage )?([a-z][a-z0-9-]+)(?: ([a-z][a-z0-9-]+))?", code
+                ):
+                    if command == "stage" and stage and stage not in stages:
+                        problems.append(f"{page.relative_to(REPO)}:{number}: videogrpo stage {stage}")
+                    elif command != "stage" and command not in commands and f"videogrpo stage {command}" not in code:
+                        problems.append(f"{page.relative_to(REPO)}:{number}: videogrpo {command}")
+    assert not problems, "\n".join(problems)
