@@ -1,4 +1,4 @@
-"""The VLM judge client against a loopback chat-completions server (tests/judge_server.py), over real HTTP.
+"""The VLM judge client against a loopback chat-completions server (src/videogrpo/demo/stand_in_judge.py), over real HTTP.
 
 What the server received is decoded and compared part by part with docs/reference-system.md#vlm-judge; retry counts are
 observed on the server side."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from judge_server import JudgeServer, video_frames
+from videogrpo.demo.stand_in_judge import JudgeServer, video_frames
 
 from videogrpo.demo import stand_in_judge_protocol as stand_in_protocol
 from videogrpo.errors import VideoGRPOError
@@ -371,7 +371,7 @@ def service_config(tmp_path, command, **reward):
     return config.from_dict({"reward": fields}, partial=True)
 
 
-STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--port", "{port}", "--name", "{name}"]
+STAND_IN = [sys.executable, "-m", "videogrpo.demo.stand_in_judge", "--port", "{port}", "--name", "{name}"]
 
 
 def test_the_job_starts_the_judge_service_waits_for_it_and_stops_it(tmp_path):
@@ -435,6 +435,32 @@ def test_preflight_asks_an_external_judge_endpoint_as_training_does(dataset, tmp
         assert checks[1].detail == f"{server.endpoint} serves 'qwen3.6-27b'"
         external.reward.judge_served_name = "another-model"
         assert "not reward.judge_served_name = 'another-model'" in check_judge_endpoint(external).detail
+
+
+def test_a_dead_judge_only_a_gold_reward_needs_warns_and_training_goes_on(tmp_path, capsys):
+    """The rule reward trains, the judge is a gold reward: a dead reward.judge_endpoint is a warning at preflight and
+    when training starts (each validation point then goes without the judge's numbers, docs/options.md), saying that
+    only the gold reward needs the judge; with train.validate_rewards_fail_on_error it stops both, saying so."""
+    from videogrpo.preflight.checks import check_judge_endpoint
+    from videogrpo.rewards.judge_service import judge_service
+
+    gold = service_config(tmp_path, STAND_IN, kind="vbvr_rule", judge_ready_timeout_s=1)
+    gold.reward.judge_endpoint = f"http://127.0.0.1:{gold.reward.judge_port}"
+    gold.train.validate_rewards = ["vbvr_vlm"]
+    check = check_judge_endpoint(gold)
+    assert check.ok and check.detail.startswith("warning: reward.judge_endpoint = "), check
+    assert "only the gold reward vbvr_vlm (train.validate_rewards) needs the judge at " in check.detail
+    assert "training goes on, and each validation point goes without the judge's numbers" in check.detail
+    with judge_service(gold, None, tmp_path / "d.log") as endpoint:
+        assert endpoint == gold.reward.judge_endpoint
+    assert "[judge] warning: reward.judge_endpoint = " in capsys.readouterr().err
+    gold.train.validate_rewards_fail_on_error = True
+    check = check_judge_endpoint(gold)
+    assert not check.ok and "train.validate_rewards_fail_on_error: true stops on it" in check.detail
+    assert "only the gold reward vbvr_vlm (train.validate_rewards) needs the judge" in check.detail
+    with pytest.raises(VideoGRPOError, match="only the gold reward vbvr_vlm"):
+        with judge_service(gold, None, tmp_path / "e.log"):
+            pass
 
 
 def test_preflight_checks_the_rubric_and_protocol_sources_against_the_dataset(dataset, tmp_path):

@@ -19,7 +19,7 @@ from videogrpo.launch import torchrun
 from videogrpo.launch.node import NodeTraining
 from videogrpo.rewards import judge_service
 
-STAND_IN = [sys.executable, str(Path(__file__).parent / "judge_server.py"), "--port", "{port}", "--name", "{name}"]
+STAND_IN = [sys.executable, "-m", "videogrpo.demo.stand_in_judge", "--port", "{port}", "--name", "{name}"]
 
 
 def free_port() -> int:

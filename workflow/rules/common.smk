@@ -18,7 +18,7 @@ from videogrpo.artifacts import attention_kernel
 from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import driver_lock, layout, object_storage, start, start_check, unstarted_jobs
+from videogrpo.pipeline import driver_lock, job_error_lines, layout, object_storage, start, start_check, unstarted_jobs
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance import digest_cache, interconnect
@@ -30,6 +30,8 @@ driver_lock.install()
 # A job that failed before it started (its submission refused, the scheduler down) keeps the outputs it never touched
 # (pipeline/unstarted_jobs.py); Snakemake removes a failed job's outputs otherwise.
 unstarted_jobs.install()
+# A failed job is shown without Snakemake's `message: None` line (pipeline/job_error_lines.py).
+job_error_lines.install()
 # A field that is gone is refused naming the file (or --config) that still gives it, and its new home.
 if _gone := retired_in_layers(workflow.configfiles, workflow.config_settings.config):
     raise WorkflowError("fields that are gone:\n  - " + "\n  - ".join(_gone))

@@ -189,16 +189,17 @@ def check_judge_rubrics(cfg: Config, dataset_dir: Path) -> Check:
 
 def check_judge_endpoint(cfg: Config) -> Check:
     """The existing judge service reward.judge_endpoint names answers and serves reward.judge_served_name, asked as
-    training asks it (judge_service.reach_endpoint): a dead endpoint fails here once, not in every try of the
-    training job after its GPUs are allocated."""
+    training asks it (judge_service.reach_or_note): a dead endpoint fails here once, not in every try of the
+    training job after its GPUs are allocated; where only a gold reward needs the judge, it is a warning (training
+    goes on without the judge's numbers at validation), as it is when training starts."""
     from videogrpo.errors import VideoGRPOError
-    from videogrpo.rewards.judge_service import reach_endpoint
+    from videogrpo.rewards.judge_service import reach_or_note
 
     try:
-        endpoint = reach_endpoint(cfg)
+        endpoint, note = reach_or_note(cfg)
     except VideoGRPOError as err:
         return Check("judge_endpoint", False, str(err))
-    return Check("judge_endpoint", True, f"{endpoint} serves {cfg.reward.judge_served_name!r}")
+    return Check("judge_endpoint", True, note or f"{endpoint} serves {cfg.reward.judge_served_name!r}")
 
 
 def reward_checks(cfg: Config, evalkit_fingerprint: Path | None, dataset_dir: Path) -> list[Check]:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from videogrpo.config import reward_kinds
+from videogrpo.config import reward_kinds, training_reward_kinds
 from videogrpo.errors import VideoGRPOError
 from videogrpo.rewards.judge import endpoint_of, wait_ready
 
@@ -103,7 +103,10 @@ def judge_service(cfg, model: Path | None, log: Path) -> Iterator[str]:
         yield ""
         return
     if cfg.reward.judge_endpoint:
-        yield reach_endpoint(cfg)
+        endpoint, note = reach_or_note(cfg)
+        if note:
+            print(f"[judge] {note}", file=sys.stderr, flush=True)
+        yield endpoint
         return
     endpoint = endpoint_of(cfg)
     if model is None:
@@ -142,6 +145,31 @@ def reach_endpoint(cfg) -> str:
         ) from None
     check_served(cfg, names, endpoint)
     return endpoint
+
+
+def gold_only_note(cfg, err: VideoGRPOError) -> str | None:
+    """Where only a gold reward (train.validate_rewards) scores with the judge, what a dead endpoint means: training
+    goes on and each validation point goes without the judge's numbers (None: training needs the judge, or
+    train.validate_rewards_fail_on_error asks to stop, so the error stands, saying which reward needs it)."""
+    if "vbvr_vlm" in training_reward_kinds(cfg):
+        return None
+    gold = f"only the gold reward vbvr_vlm (train.validate_rewards) needs the judge at {cfg.reward.judge_endpoint}"
+    if cfg.train.validate_rewards_fail_on_error:
+        raise VideoGRPOError(f"{err} ({gold}, and train.validate_rewards_fail_on_error: true stops on it)") from None
+    return (
+        f"warning: {err} ({gold}: training goes on, and each validation point goes without the judge's numbers until "
+        f"the service answers, saying so; train.validate_rewards_fail_on_error: true stops instead)"
+    )
+
+
+def reach_or_note(cfg) -> tuple[str, str | None]:
+    """reach_endpoint, or, for a judge only a gold reward needs, the endpoint and the warning of gold_only_note."""
+    try:
+        return reach_endpoint(cfg), None
+    except VideoGRPOError as err:
+        if (note := gold_only_note(cfg, err)) is None:
+            raise
+        return cfg.reward.judge_endpoint, note
 
 
 def check_served(cfg, names: list[str], endpoint: str) -> None:

@@ -1,6 +1,7 @@
 """A loopback server speaking the OpenAI chat-completions protocol as vLLM serves it, for the VLM judge.
 
-The judge model cannot run here; this stands in for it at the network boundary, over real HTTP:
+The judge model (27B, on GPUs) cannot run on a laptop or without the Hub; this stands in for it, for the tiny
+default and the tests, at the network boundary, over real HTTP:
 `GET /v1/models` and `POST /v1/chat/completions` with vLLM's multimodal and structured-output extensions.
 
 It checks a request as vLLM does: 400 for a body vLLM rejects (no messages, a malformed content part, a
@@ -21,7 +22,7 @@ regardless of repairs; `good` after its end). Every request body it got is kept 
 `counts` counts the outcomes on the server side (the mode's name when it misbehaved, `invalid`, `answered`,
 `rejected`). Run as a script, it serves until killed:
 
-    python tests/judge_server.py --port 18080 --name qwen3.6-27b [--mode good]
+    python -m videogrpo.demo.stand_in_judge --port 18080 [--name qwen3.6-27b] [--mode good]
 """
 
 from __future__ import annotations
