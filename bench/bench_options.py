@@ -11,7 +11,7 @@ against the same run with every option off:
 - `train.validate_every: 1` (validation during training): the seconds of one validation point (`val/time_s`)
   against an update's;
 - `train.validate_rewards: [vbvr_vlm]` beside it (a gold reward: the judge, here the loopback stand-in of
-  src/videogrpo/demo/stand_in_judge.py started as a process): a validation point's seconds against validation's without it;
+  demo.stand_in_judge started as a process): a validation point's seconds against validation's without it;
 - `parallel.offload_optimizer` and `offload_gradients` (optimizer and gradient offload): the optimizer step
   (`Experts.step`, timed around each call: gradient reduction, clipping, parking the gradients, AdamW);
 - `grpo.skip_zero_variance_groups` and `grpo.clip_range_high: 0.02` together (expected: no change);
@@ -76,7 +76,7 @@ FIELDS = {
 
 @contextlib.contextmanager
 def judge_stand_in():
-    """The judge's loopback stand-in (src/videogrpo/demo/stand_in_judge.py) in its own process: its endpoint while it serves."""
+    """The judge's loopback stand-in (demo.stand_in_judge) in its own process: its endpoint while it serves."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

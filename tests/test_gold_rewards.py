@@ -1,6 +1,6 @@
 """Gold rewards and the divergence alarm (train.validate_rewards): the alarm's rule on validation points, its state
 through a checkpoint, a gold reward's failures, the config rules, and the tiny trainer in this process trained on
-the rule reward (the stand-in EvalKit) with the VLM judge (src/videogrpo/demo/stand_in_judge.py, real HTTP) scoring its validation
+the rule reward (the stand-in EvalKit) with the VLM judge (demo.stand_in_judge, real HTTP) scoring its validation
 points beside it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from videogrpo.demo.stand_in_judge import JudgeServer
 
 from videogrpo import config
+from videogrpo.demo.stand_in_judge import JudgeServer
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import gold_rewards
 from videogrpo.grpo.gold_rewards import Point, Watch, divergence
@@ -441,7 +441,7 @@ def alarm_points(points: list[dict], kinds: list[str], back: int, sigmas: float)
 def test_a_reward_built_to_be_gamed_fires_the_alarm_where_its_rule_says_and_best_keeps_earlier_weights(
     tiny_model, dataset, tmp_path, monkeypatch
 ):
-    """Training on a judge that pays the last frame's brightness (src/videogrpo/demo/stand_in_judge.py, pays="brightness"), with
+    """Training on a judge that pays the last frame's brightness (demo.stand_in_judge, pays="brightness"), with
     the rule reward (the stand-in EvalKit: fidelity to the ground truth's final frame) as gold: over 18 updates the
     training reward rises on the held-out prompts and the gold reward falls. The alarm fires exactly where its rule,
     computed here from the logged scores, says; best/ holds the weights of the best gold point, an earlier one."""

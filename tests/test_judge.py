@@ -1,4 +1,4 @@
-"""The VLM judge client against a loopback chat-completions server (src/videogrpo/demo/stand_in_judge.py), over real HTTP.
+"""The VLM judge client against a loopback chat-completions server (demo.stand_in_judge), over real HTTP.
 
 What the server received is decoded and compared part by part with docs/reference-system.md#vlm-judge; retry counts are
 observed on the server side."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from videogrpo.demo.stand_in_judge import JudgeServer, video_frames
 
 from videogrpo.demo import stand_in_judge_protocol as stand_in_protocol
+from videogrpo.demo.stand_in_judge import JudgeServer, video_frames
 from videogrpo.errors import VideoGRPOError
 from videogrpo.rewards.judge import JudgeScorer, JudgeSettings, judge
 from videogrpo.rewards.judge_protocol import (

@@ -33,7 +33,10 @@ def test_the_tiny_default_trains_on_judge_scores(tmp_path_factory, tmp_path):
         "judge_model": "org/tiny-judge",
         "judge_revision": COMMIT,
         "judge_port": port,
-        "judge_serve_command": ["{python}", "-m", "videogrpo.demo.stand_in_judge", "--port", "{port}", "--name", "{name}"],
+        "judge_serve_command": [
+            *["{python}", "-m", "videogrpo.demo.stand_in_judge"],
+            *["--port", "{port}", "--name", "{name}"],
+        ],
         "judge_ready_timeout_s": 60,
     }
     (workdir / "judge.yaml").write_text(yaml.safe_dump({"reward": reward, "train": {"max_steps": 2}}))

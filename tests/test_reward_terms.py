@@ -1,5 +1,5 @@
 """Several rewards (reward.terms): the tiny trainer in this process scoring each rollout with the stand-in EvalKit and
-the judge stand-in (src/videogrpo/demo/stand_in_judge.py, real HTTP), the advantage taken from the weighted sum, each term logged and
+the judge stand-in (demo.stand_in_judge, real HTTP), the advantage taken from the weighted sum, each term logged and
 failing as its own fail_on_error says; the config rules; every runtime decision (workflow DAG, preflight, the
 per-node judge service, the memory plan, verify's pins) seeing both terms."""
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from demo import copy_checkout, jobs_run, run
+
 from videogrpo.demo.stand_in_judge import JudgeServer
 
 from conftest import PROTOCOL_FILE, REPO, RUBRIC_FILE

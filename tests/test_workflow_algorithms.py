@@ -71,7 +71,7 @@ def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, wor
 
 
 def test_a_run_with_a_gold_reward_reports_the_alarm_and_evaluates_its_best_point(demo, workdir):
-    """The demo trained on the rule reward with the judge (src/videogrpo/demo/stand_in_judge.py at reward.judge_endpoint) as its
+    """The demo trained on the rule reward with the judge (demo.stand_in_judge at reward.judge_endpoint) as its
     gold reward and train.keep_best_by: best/ beside final/, the matrix's `best` row, and a report whose first
     screen says whether the alarm fired and which draws both rewards."""
     import json

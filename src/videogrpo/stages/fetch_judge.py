@@ -10,7 +10,6 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.stages.common import add_config_argument, load_config
 
-
 # What a run can score with when the judge model cannot be fetched (no Hub here), or cannot be served (the tiny
 # default on a CPU): a judge service that already runs, named by reward.judge_endpoint, which needs no download.
 WITHOUT_THE_HUB = (
