@@ -5,7 +5,10 @@ stand-in, through reward.judge_serve_command), every rollout is judged over HTTP
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -62,3 +65,37 @@ def test_the_tiny_default_trains_on_judge_scores(tmp_path_factory, tmp_path):
     assert any("fetch_judge.manifest.json" in up for up in manifest["upstream"])
     with pytest.raises(urllib.error.URLError):  # the service stopped with the training job
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+
+
+def test_without_the_hub_the_judge_download_names_the_stand_in_and_following_it_trains(tmp_path_factory, tmp_path):
+    """`reward={kind: vbvr_vlm}` on the tiny default, on a machine without the Hub: fetch_judge fails naming what the
+    demo can use instead (no `message: None`); doing what it says (the stand-in judge, reward.judge_endpoint) trains
+    without any download."""
+    workdir = copy_checkout(tmp_path_factory.mktemp("judge-offline-checkout"))
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    out = run(["snakemake", "--cores", "2", "--config", "reward={kind: vbvr_vlm}"], workdir, check=False, **offline)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Error in rule fetch_judge:" in text and "message: None" not in text
+    (hint,) = re.findall(r"^Without this download, .*$", text, re.M)
+    port = free_port()
+    suggested = r"`(python -m videogrpo\.demo\.stand_in_judge --port 18080) &`, then --config '(.*?)'"
+    start, config = re.search(suggested, hint).groups()
+    server = subprocess.Popen(start.replace("18080", str(port)).split(), cwd=workdir)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.2)
+        overrides = [config.replace("18080", str(port)), "train={max_steps: 1}"]
+        out = run(["snakemake", "--cores", "2", "train", "--config", *overrides], workdir, **offline)
+    finally:
+        server.kill()
+        server.wait()
+    assert "fetch_judge" not in out.stdout + out.stderr
+    (metrics,) = workdir.glob("results/runs/*/train/metrics.jsonl")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+    assert len(rows) == 1 and rows[0]["reward_errors"] == 0
