@@ -10,6 +10,8 @@ average theirs with one all-reduce.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from videogrpo.config import Config
@@ -20,6 +22,10 @@ from videogrpo.parallel import process_groups
 FAKE_BACKEND = "fake"
 """torch's fake process group (torch.testing._internal.distributed.fake_pg): a world of any size in one process
 whose collectives move no data; `videogrpo simulate` builds the recipes' meshes on it."""
+
+
+VIEW_OUTPUT_WARNING = r"FSDP2-wrapped module \(\w+\) returned a view tensor"
+"""torch's warning about a sharded module whose output is a view (see fully_shard_model: harmless here)."""
 
 
 def backend_override(names: tuple[str, ...], backend: str) -> dict:
@@ -88,6 +94,11 @@ def fully_shard_model(
     """FSDP2 over `mesh`: every block, then the root (also TP x FSDP's second step, over its "dp" sub-mesh)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # The transformer's output is a view (Wan unpatchifies with reshape and permute), and FSDP2 warns at every
+    # forward that an in-place op on it would silently skip the pre-backward all-gather. None is made: velocity()
+    # casts or combines it out of place and nothing writes into it, which tests/test_trainer.py's FSDP run guards
+    # (an in-place op would make its gradients differ from replicate's, or fail). So the warning says nothing here.
+    warnings.filterwarnings("ignore", message=VIEW_OUTPUT_WARNING, category=UserWarning)
     dtypes = dict(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(**dtypes))
