@@ -50,8 +50,10 @@ judge-env:
 	$(JUDGE_VENV)/bin/pip install --quiet --disable-pip-version-check -r envs/judge.txt
 	@echo "judge environment ready: set reward.judge_python: $(JUDGE_VENV)/bin/python"
 
+# Each stage as it finishes, training's progress and the report's path: without every job's files and reasons
+# (`snakemake --cores 2` shows those) or Snakemake's header.
 demo: env
-	snakemake --cores 2
+	snakemake --cores 2 --quiet rules host
 	@echo "report: $(CURDIR)/results/runs/$$(videogrpo config --run-id)/report/report.html"
 
 # Two pytest runs side by side: the pipeline's tests (e2e and cluster: one demo, in file order, each rerun

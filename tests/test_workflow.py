@@ -138,6 +138,10 @@ def test_make_demo_prints_the_report_and_every_output_has_a_manifest(demo, workd
                 )
     # The DAG is the stages' (the default target `all` runs nothing): no job checks another's inputs.
     assert set(jobs_run(made.stdout + made.stderr)) == {*RULES, "all"}
+    # A first-time user sees the stages go by, training's progress and the report's path, not every job's files.
+    said = made.stdout + made.stderr
+    assert said.count("Finished jobid") == len(RULES) + 2 * (len(CELLS) - 1) + 1 and "[train] step 4/4" in said
+    assert "reason:" not in said and "localrule all" not in said and len(said.splitlines()) < 250, len(said)
     private = [p for p in (workdir / "results").rglob("*") if not p.stat().st_mode & 0o040]
     assert not private, f"not readable by the group sharing results/: {private[:5]}"
     provenance = json.loads(next(workdir.glob("results/runs/*/report/provenance.json")).read_text())
