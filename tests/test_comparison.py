@@ -12,6 +12,7 @@ import pytest
 from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation import comparison
 from videogrpo.evaluation.aggregate import bootstrap_interval
+from videogrpo.provenance import report_page
 
 
 def scores(path: Path, values: dict[str, float]) -> Path:
@@ -53,7 +54,10 @@ def test_the_paired_difference_is_each_sample_against_itself_with_the_first_runs
     assert row["mean difference"] == pytest.approx(deltas.mean())
     low, high = bootstrap_interval(deltas, 50, 3)
     assert row["95 % interval"] == f"[{low:.4f}, {high:.4f}]" and row["samples"] == 3
-    assert comparison.differing_fields([first, second]) == [{"grpo.algorithm": "-"}, {"grpo.algorithm": '"nft"'}]
+    # Shown as a config file writes them: text bare like every other value.
+    assert comparison.differing_fields([first, second]) == [{"grpo.algorithm": "-"}, {"grpo.algorithm": "nft"}]
+    third = record(tmp_path, "c", {"s1": 0.1}, sampler="euler", sde_window_range=[0, 4], eta_range=None)
+    assert comparison.differing_fields([first, third])[1] == {"grpo.sde_window_range": "[0, 4]"}
 
 
 def test_runs_whose_matrices_scored_other_samples_are_refused_naming_the_file(tmp_path):
@@ -69,6 +73,11 @@ def test_gpu_hours_are_every_updates_flops_at_the_assumed_peak_and_mfu(tmp_path)
     assert row["modelled GPU-h"] == pytest.approx(8e15 / (1e15 * 0.5) / 3600)
     assert row["reward per update"] == pytest.approx(0.3) and row["wall s per update"] == 3.0
     assert row["reward per modelled GPU-h"] == pytest.approx(0.3 / row["modelled GPU-h"])
+    # A tiny run's figures span orders of magnitude: significant digits on the page, never "0.0000".
+    page = comparison.render_html([run], comparison.tables([run], 1e15, 0.5), 1e15, 0.5, "test")
+    assert f"<td>{report_page.significant(row['modelled GPU-h'])}</td>" in page and "0.0000<" not in page
+    assert report_page.significant(row["modelled GPU-h"]) == "0.004444"
+    assert report_page.significant(20_692_776.4) == "20,692,776" and report_page.significant(1.5e-9) == "1.500e-09"
     (held,) = comparison.heldout_rows([run])
     assert (
         held["sampler"] == "euler" and held["trained - base"] == 0.01 and held["95 % interval"] == "[-0.0200, 0.0400]"

@@ -103,20 +103,33 @@ def load_run(run_dir: Path) -> RunRecord:
     )
 
 
-def _flat(params: dict[str, Any]) -> dict[str, str]:
+def _flat(params: dict[str, Any]) -> dict[str, Any]:
     return {
-        f"{section}.{name}": json.dumps(value, sort_keys=True)
+        f"{section}.{name}": value
         for section, values in params.items()
         if isinstance(values, dict)
         for name, value in values.items()
     }
 
 
+def shown(value: Any) -> str:
+    """A field's value as the page shows it: text bare (euler, not "euler"), numbers, lists and mappings as in a
+    config file's flow style ([0, 4], {a: 1}), nothing set as null."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {shown(v)}" for k, v in sorted(value.items())) + "}"
+    return json.dumps(value)
+
+
 def differing_fields(runs: list[RunRecord]) -> list[dict[str, str]]:
-    """Per run, the contract fields whose value is not the same in every run: `section.field` -> value."""
+    """Per run, the contract fields whose value is not the same in every run: `section.field` -> value as shown."""
     flat = [_flat(r.params) for r in runs]
-    keys = sorted({k for f in flat for k in f if len({g.get(k) for g in flat}) > 1})
-    return [{k: f.get(k, "-") for k in keys} for f in flat]
+    same = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731: a text "1" and a number 1 differ
+    keys = sorted({k for f in flat for k in f if len({same(g.get(k, "-")) for g in flat}) > 1})
+    return [{k: shown(f[k]) if k in f else "-" for k in keys} for f in flat]
 
 
 def _update_flops(run: RunRecord) -> np.ndarray:
@@ -126,6 +139,11 @@ def _update_flops(run: RunRecord) -> np.ndarray:
 
 def _gpu_hours(flops: np.ndarray | float, peak_flops: float, mfu: float) -> np.ndarray | float:
     return flops / (peak_flops * mfu) / 3600
+
+
+# The training table's figures that span orders of magnitude (a tiny run's GPU-hours, a reward per GPU-hour): shown
+# to significant digits, not to four decimals.
+SIGNIFICANT = ("reward per update", "PFLOP per update", "modelled GPU-h", "reward per modelled GPU-h", "wall s per update")
 
 
 def training_summary(run: RunRecord, peak_flops: float, mfu: float) -> dict[str, Any]:
@@ -292,7 +310,7 @@ def render_html(runs: list[RunRecord], found: Tables, peak_flops: float, mfu: fl
         f"<p>GPU-hours are modelled from the FLOPs each update's metrics record: {html.escape(assumption)}. Wall "
         "time per update is measured on the hardware each run trained on.</p>",
         f"<img alt='reward per update and per modelled GPU-hour' src='data:image/png;base64,{curves}'>",
-        report_page._table(training, list(training[0])),
+        report_page._table(training, list(training[0]), dict.fromkeys(SIGNIFICANT, report_page.significant)),
         "</body></html>",
     ]
     return "\n".join(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import io
 import json
 import re
@@ -205,6 +206,22 @@ def fixed(value: float, digits: int = 4) -> str:
     reads as a result)."""
     text = f"{value:.{digits}f}"
     return text.lstrip("-") if float(text) == 0 else text
+
+
+def significant(value: Any, digits: int = 4) -> str:
+    """A number to `digits` significant digits, as the CLI prints its figures: 0.0003125, 2.517, 20,692,776 (no digit
+    made up, none dropped before the decimal point), and 1.23e-09 where decimals would be mostly zeros."""
+    value = _number(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return html.escape(str(value))
+    if value != value:
+        return "–"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude < -4:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{max(0, digits - 1 - magnitude)}f}"
 
 
 def learning_rate_text(value: Any) -> str:
