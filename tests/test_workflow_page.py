@@ -8,8 +8,10 @@ shows it drew something."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import html
+import io
 import json
 import os
 import re
@@ -18,9 +20,12 @@ from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from demo import first_run_id, run
+from PIL import Image
 
+from videogrpo.data.video import last_frame
 from videogrpo.provenance.cost_page import axis_of
 
 from harness import assert_check_shows_csv
@@ -139,6 +144,12 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
         for video, variant in ((base, "base"), (trained, "trained")):
             made = cells[variant] / "In-Domain_50" / sample[0] / f"{sample[1]}.mp4"
             assert video["src"] == os.path.relpath(made, report.parent)
+            # Before it plays, each video shows its last frame (what the EvalKit scores), not a blank box.
+            poster = Image.open(io.BytesIO(base64.b64decode(video["poster"].split(",", 1)[1]))).convert("RGB")
+            expected = Image.fromarray(last_frame(made))
+            expected.thumbnail((256, 256))
+            assert poster.size == expected.size
+            assert np.abs(np.asarray(poster, float) - np.asarray(expected, float)).mean() < 4.0  # JPEG's loss
         shown.append(sample)
     assert sorted(shown) == sorted(evaluated)
     (head,) = [t for t in page.tables if t and t[0] == ["task / sample", "base", "trained"]]

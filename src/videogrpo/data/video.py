@@ -68,6 +68,22 @@ def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.nda
     return np.stack(frames)
 
 
+def last_frame(path: str | os.PathLike) -> np.ndarray:
+    """The last frame of a video, uint8 RGB [H, W, 3], decoded one frame at a time (a long video is never held)."""
+    import av
+
+    path, last = Path(path), None
+    try:
+        with av.open(str(path)) as container:
+            for frame in container.decode(video=0):
+                last = frame
+    except (av.error.FFmpegError, OSError) as err:
+        raise DataError(f"{path}: cannot decode video ({err})") from None
+    if last is None:
+        raise DataError(f"{path}: video has no decodable frames")
+    return last.to_ndarray(format="rgb24")
+
+
 def decoded_shape(path: str | os.PathLike) -> tuple[int, int, int]:
     """(frames, height, width) of a video, every frame decoded as read_video decodes it, none converted to RGB:
     what validation needs of tens of thousands of videos (the conversion was half of its time)."""

@@ -127,8 +127,8 @@ def shown(value: Any) -> str:
 def differing_fields(runs: list[RunRecord]) -> list[dict[str, str]]:
     """Per run, the contract fields whose value is not the same in every run: `section.field` -> value as shown."""
     flat = [_flat(r.params) for r in runs]
-    same = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731: a text "1" and a number 1 differ
-    keys = sorted({k for f in flat for k in f if len({same(g.get(k, "-")) for g in flat}) > 1})
+    # Compared as JSON: a text "1" and a number 1 differ, though both show as 1.
+    keys = sorted({k for f in flat for k in f if len({json.dumps(g.get(k, "-"), sort_keys=True) for g in flat}) > 1})
     return [{k: shown(f[k]) if k in f else "-" for k in keys} for f in flat]
 
 
@@ -143,7 +143,13 @@ def _gpu_hours(flops: np.ndarray | float, peak_flops: float, mfu: float) -> np.n
 
 # The training table's figures that span orders of magnitude (a tiny run's GPU-hours, a reward per GPU-hour): shown
 # to significant digits, not to four decimals.
-SIGNIFICANT = ("reward per update", "PFLOP per update", "modelled GPU-h", "reward per modelled GPU-h", "wall s per update")
+SIGNIFICANT = (
+    "reward per update",
+    "PFLOP per update",
+    "modelled GPU-h",
+    "reward per modelled GPU-h",
+    "wall s per update",
+)
 
 
 def training_summary(run: RunRecord, peak_flops: float, mfu: float) -> dict[str, Any]:

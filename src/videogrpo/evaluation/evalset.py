@@ -196,9 +196,9 @@ def _task_id(path: Path) -> str | None:
 
 def last_frame(video: Path) -> np.ndarray:
     """The last frame of a ground-truth video (what the EvalKit compares a generated final frame with)."""
-    from videogrpo.data.video import read_video
+    from videogrpo.data.video import last_frame as decoded_last_frame
 
-    return read_video(video)[-1]
+    return decoded_last_frame(video)
 
 
 def changed_sample_files(path: Path, check: tuple[str, ...]) -> list[tuple[str, Path, str]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -147,10 +147,10 @@ def reward_curve_png(metrics: list[dict]) -> str:
 
 
 def wrap_name(name: str, width: int) -> str:
-    """A task name on lines of at most `width` characters, broken after '_' or '-' where it can be (the whole
-    name stays readable: VBVR task names run to 40 characters and more)."""
+    """A task name on lines of at most `width` characters, broken only after a '_' (the whole name stays readable:
+    VBVR task names run to 70 characters; a hyphen joins the parts of one word, `G-18`, `data-generator`)."""
     lines: list[str] = []
-    for piece in re.findall(r"[^_-]*[_-]|[^_-]+$", name):
+    for piece in re.findall(r"[^_]*_|[^_]+$", name):
         if lines and len(lines[-1]) + len(piece) <= width:
             lines[-1] += piece
         else:
@@ -173,7 +173,7 @@ def per_task_curves_figure(metrics: list[dict], columns: int = 5):
     for ax, task in zip(axes.flat, tasks):
         points = [(m["step"], m["reward_per_task"][task]) for m in metrics if task in m.get("reward_per_task", {})]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1)
-        ax.set_title(wrap_name(task, 30), fontsize=7)
+        ax.set_title(wrap_name(task, 36), fontsize=7)
         ax.tick_params(labelsize=6)
         _updates_axis(ax)
         ax.grid(alpha=0.3)
@@ -258,6 +258,12 @@ def commit_text(commit: Any) -> str:
     return f"<code>{html.escape(str(commit))}</code>"
 
 
+def breakable(text: Any) -> str:
+    """`text` as HTML that a browser may wrap after a separator (/ : . _ -) and nowhere else: an identifier such as
+    `generate_cell:trained:flowcps-0.7.videos` or a path never breaks inside a word."""
+    return re.sub(r"([/:._-])", r"\1<wbr>", html.escape(str(text)))
+
+
 def _cell(value: Any) -> str:
     value = _number(value)
     if isinstance(value, float):
@@ -299,15 +305,18 @@ def video_pairs(
     return shown, len(common)
 
 
-def _videos(videos: dict[str, list[str]]) -> str:
-    """Base beside trained for the same samples, one row per sample, linked relative to the report."""
+def _videos(videos: dict[str, list[str]], posters: dict[str, str] | None = None) -> str:
+    """Base beside trained for the same samples, one row per sample, linked relative to the report; `posters`: a
+    shown video's path -> the image it shows before it plays (its last frame, what the EvalKit scores)."""
     pairs, total = video_pairs(videos)
     if not pairs:
         return "<p class='warn'>No evaluation videos of both base and trained to show.</p>"
+    posters = posters or {}
 
     def video(path: str, variant: str, task: str, sample: str) -> str:
+        poster = f"poster='{html.escape(posters[path])}' " if path in posters else ""
         return (
-            f"<td><video src='{html.escape(path)}' controls muted loop width='256' "
+            f"<td><video src='{html.escape(path)}' {poster}controls muted loop width='256' preload='metadata' "
             f"data-variant='{variant}' data-task='{html.escape(task)}' data-sample='{html.escape(sample)}'>"
             f"</video></td>"
         )
@@ -334,9 +343,11 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; 
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-table.wide { width: 100%; }
-table.wide td { overflow-wrap: anywhere; }
-table.wide td:last-child { overflow-wrap: normal; white-space: nowrap; }
+/* Names and paths break only after a separator (breakable: never inside a word); a digest, one token, anywhere. */
+table.digests { width: 100%; }
+table.digests td { overflow-wrap: normal; }
+table.digests td:nth-child(3) { word-break: break-all; }
+table.digests td:last-child { white-space: nowrap; }
 table.data { width: 100%; }
 table.data td { overflow-wrap: anywhere; }
 table.videos th[scope=row] { max-width: 20em; font-weight: normal; overflow-wrap: anywhere; }
@@ -501,6 +512,7 @@ def render_html(
     videos: dict[str, list[str]] | None = None,
     matrix: list[dict] | None = None,
     check_sampler: str = "",
+    posters: dict[str, str] | None = None,
 ) -> str:
     """The report page. `check`: the held-out check's rows of the matrix's per-task table (the trained and base
     model under the training sampler, `check_sampler`); `videos`: per model (`base`, `trained`), paths of the
@@ -573,7 +585,7 @@ def render_html(
         )
         pivot, columns = check_pivot(check)
         parts.append(f"<div class='fit'>{_table(pivot, columns)}</div>")
-        parts.append(_videos(videos or {}))
+        parts.append(_videos(videos or {}, posters))
     else:
         parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")
     if matrix:
@@ -606,7 +618,8 @@ def render_html(
         _table(
             [{"artifact": k, **v} for k, v in provenance["digests"].items()],
             ["artifact", "path", "sha256", "size"],
-            css="wide",
+            {"artifact": breakable, "path": breakable, "sha256": lambda d: f"<code>{html.escape(str(d))}</code>"},
+            css="digests",
         )
     )
     parts.append("<h2>Software</h2>")

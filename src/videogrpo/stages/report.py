@@ -56,6 +56,28 @@ def check_videos(provenance: dict, models: tuple[str, ...], sampler: str, html: 
     return found
 
 
+def posters(videos: dict[str, list[str]], html: Path, side: int = 256) -> dict[str, str]:
+    """For each video the page shows (report_page.video_pairs picks them), its last frame (what the EvalKit
+    scores; the first is the condition, the same for base and trained) as a small JPEG data URL."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from videogrpo.data.video import last_frame
+    from videogrpo.provenance.report_page import video_pairs
+
+    found = {}
+    for _, _, *shown in video_pairs(videos)[0]:
+        for rel in shown:
+            image = Image.fromarray(last_frame(html.parent / rel))
+            image.thumbnail((side, side))
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=80)
+            found[rel] = "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return found
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -84,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
         check = [row for row in read_csv(args.per_task) if row["sampler"] == sampler and row["model"] in models]
         videos = check_videos(provenance, models, sampler, args.html)
         atomic.write_json(args.provenance, provenance)
-        atomic.write_text(args.html, render_html(provenance, metrics, check, videos, read_csv(args.matrix), sampler))
+        page = render_html(
+            provenance, metrics, check, videos, read_csv(args.matrix), sampler, posters(videos, args.html)
+        )
+        atomic.write_text(args.html, page)
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
         stage.output("crate", write_run_crate(args.crate.parent, provenance))
