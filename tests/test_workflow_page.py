@@ -195,7 +195,6 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
     assert all(v["width"] == 256 and v["error"] is None for v in layout["videos"]), layout["videos"]
 
     # The screenshot: a real image of the window's size, with the page drawn on it (plots, videos, text).
-    from PIL import Image
 
     shot = tmp_path / "report.png"
     # The budget lets the videos load their first frame before the shot.
