@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from videogrpo.provenance import cost, slurm_job, trace
+from videogrpo.provenance import cost, cost_page, slurm_job, trace
 from videogrpo.provenance.manifest import StageRun, read_manifest
 from videogrpo.provenance.verify import run_rows
 
@@ -153,6 +153,19 @@ def fake_sacct(tmp_path, stdout: str, code: int = 0) -> str:
     return str(script)
 
 
+def test_a_span_of_jobs_remade_at_different_times_says_how_much_of_it_jobs_ran():
+    """The download two days before, the rest today: the span is no duration of the run, and the table says so."""
+    stages = {
+        "fetch_model": manifest("fetch_model", "2026-12-01T10:00:00.000+00:00", "2026-12-01T10:01:00.000+00:00"),
+        "train": manifest("train", "2026-12-03T10:00:00.000+00:00", "2026-12-03T10:04:00.000+00:00"),
+        "report": manifest("report", "2026-12-03T10:03:30.000+00:00", "2026-12-03T10:05:00.000+00:00"),
+    }
+    totals = trace.totals(trace.rows_of(stages, sacct=False))
+    assert totals["span_s"] == 2 * 86400 + 300 and totals["busy_s"] == 360  # overlapping jobs counted once
+    text = cost_page.span_text(totals)
+    assert text.startswith("span 48 h 05 min") and "jobs ran in 6 min of it (made at different times" in text, text
+
+
 def test_rows_take_sacct_final_states_and_keep_the_manifests_without_it(tmp_path, monkeypatch):
     stages = {
         "train": manifest("train", T.format(10), T.format(40), "101", gpus=16, gpu_h=0.1333),
@@ -174,7 +187,9 @@ def test_rows_take_sacct_final_states_and_keep_the_manifests_without_it(tmp_path
     ]
     fake_sacct(tmp_path, "sacct: error: Slurm accounting storage is disabled\\n", code=1)
     assert [r["state"] for r in trace.rows_of(stages)] == ["COMPLETED"] * 3
-    assert trace.totals(rows) == {"jobs": 3, "wall_s": 44.0, "cpu_h": 0.03, "gpu_h": 0.1333, "span_s": 50.0}
+    totals = trace.totals(rows)
+    assert totals == {"jobs": 3, "wall_s": 44.0, "cpu_h": 0.03, "gpu_h": 0.1333, "span_s": 50.0, "busy_s": 44.0}
+    assert cost_page.span_text(totals) == "span 50 s"  # jobs ran most of it: the span is the run's time
     lines = trace.tsv(rows).splitlines()
     assert lines[0].split("\t") == list(trace.COLUMNS)
     assert lines[1].split("\t") == ["fetch_model", "-", "COMPLETED", "node-a", T.format(0), T.format(5)] + [

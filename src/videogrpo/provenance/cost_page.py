@@ -64,6 +64,16 @@ def _wall(value: Any) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
+def span_text(totals: dict[str, Any]) -> str:
+    """The totals' time: first start to last end, and, where idle gaps make most of it (jobs remade at different
+    times), how much of it jobs ran, so that the span never reads as the run's duration."""
+    span, busy = totals["span_s"], totals.get("busy_s")
+    text = f"span {duration_text(span)}"
+    if busy is not None and span - busy > max(60.0, 0.5 * busy):
+        text += f": jobs ran in {duration_text(busy)} of it (made at different times; the timeline cuts the gaps)"
+    return html.escape(text)
+
+
 def cost_table(rows: list[dict[str, Any]], totals: dict[str, Any], job_cell) -> str:
     """One row per job, then the totals (`job_cell`: the job id's HTML, `local` outside SLURM)."""
     head = ["stage", "job id", "state", "host", "start", "wall (s)", "CPU-h", "GPUs", "GPU-h"]
@@ -94,7 +104,7 @@ def cost_table(rows: list[dict[str, Any]], totals: dict[str, Any], job_cell) -> 
     )
     foot = (
         f"<tr><td>total ({totals['jobs']} jobs)</td><td></td><td></td><td></td>"
-        f"<td>span {html.escape(duration_text(totals['span_s']))}</td><td>{_wall(totals['wall_s'])}</td>"
+        f"<td>{span_text(totals)}</td><td>{_wall(totals['wall_s'])}</td>"
         f"<td>{_hours(totals['cpu_h'])}</td><td></td><td>{_hours(totals['gpu_h'])}</td></tr>"
     )
     header = "".join(f"<th>{h}</th>" for h in head)

@@ -94,7 +94,20 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_h": total("cpu_h"),
         "gpu_h": total("gpu_h"),
         "span_s": round(span, 3),
+        "busy_s": round(busy_seconds(rows), 3),
     }
+
+
+def busy_seconds(rows: list[dict[str, Any]]) -> float:
+    """Seconds in which at least one job ran (the union of their intervals): the span less the idle gaps, which
+    jobs remade at different times (a rerun stage, a download of days before) leave."""
+    busy, reach = 0.0, None
+    for start, end in sorted((_seconds(r["start"]), _seconds(r["end"])) for r in rows):
+        if reach is None or start > reach:
+            busy, reach = busy + end - start, end
+        elif end > reach:
+            busy, reach = busy + end - reach, end
+    return busy
 
 
 def _field(value: Any) -> str:
