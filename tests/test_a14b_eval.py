@@ -19,7 +19,7 @@ from videogrpo.demo.tiny_ti2v import FLOW_SHIFT
 from videogrpo.errors import ConfigError
 from videogrpo.evaluation import sampling
 from videogrpo.evaluation.generate import SEED_TAG, Settings, generate_video, ode_scheduler, parse_sampler
-from videogrpo.grpo.rollout import seeded_normal
+from videogrpo.grpo.draws import seeded_normal
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, expert_schedule, route, timestep_of
 from videogrpo.provenance.manifest import StageRun

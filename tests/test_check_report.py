@@ -245,7 +245,8 @@ def test_a_dancegrpo_cell_samples_with_the_trainings_own_transition(tiny_model, 
     to the bit: the same transition, the same pinned first frame."""
     from videogrpo.evaluation import generate, sampling
     from videogrpo.evaluation.evalset import EvalSample
-    from videogrpo.grpo.rollout import rollout, seeded_normal
+    from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo.rollout import rollout
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.models.wan import WanTI2V
 

@@ -22,9 +22,9 @@ from videogrpo.data.dataset import batch_for_step, load_split, steps_per_epoch, 
 from videogrpo.data.materialize import split
 from videogrpo.grpo import assignment
 from videogrpo.grpo.assignment import waves
+from videogrpo.grpo.draws import counter_seed, seeded_normal, seeded_uniform
 from videogrpo.grpo.experts import Experts, mesh_dims
 from videogrpo.grpo.replay import total_updates
-from videogrpo.grpo.rollout import counter_seed, seeded_normal, seeded_uniform
 from videogrpo.grpo.trainer import run_plan
 
 # The released topologies: (recipe, parallel.nodes), None for the recipe's own; the VLM recipe runs on 4, 8 or 16

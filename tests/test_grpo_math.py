@@ -10,8 +10,9 @@ import torch
 
 from videogrpo.grpo import assignment, samplers
 from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.draws import counter_seed
 from videogrpo.grpo.loss import ppo_loss
-from videogrpo.grpo.rollout import counter_seed, trained_timesteps
+from videogrpo.grpo.sde_window import trained_timesteps
 
 from conftest import REPO
 

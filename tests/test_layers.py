@@ -75,3 +75,56 @@ def test_every_package_opens_with_what_it_holds_and_what_it_may_import():
         assert len(doc) > 80, f"{init}: a paragraph saying what the package holds"
         if init.parent.name != "stages":
             assert "May import" in doc, f"{init}: say what the package may import"
+
+
+def cycles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (strongly connected components of
+    more than one module), lazy imports included."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for dep in graph.get(module, ()):
+            if dep not in graph or dep == module:
+                continue
+            if dep not in index:
+                visit(dep)
+                low[module] = min(low[module], low[dep])
+            elif dep in stack:
+                low[module] = min(low[module], index[dep])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other():
+    """A cycle, lazy or not, means two modules are one concern split in two: merge them, or move what both need
+    below both (grpo.draws holds the keyed draws that rollout and sde_window both take)."""
+    assert cycles(code.import_graph(named=False)) == []
+
+
+def test_the_cycle_check_finds_a_lazy_pair_and_a_longer_ring():
+    graph = dict(code.import_graph(named=False))
+    graph["videogrpo.grpo.draws"] = graph["videogrpo.grpo.draws"] | {"videogrpo.grpo.sde_window"}
+    graph["videogrpo.models.wan"] = graph["videogrpo.models.wan"] | {"videogrpo.grpo.flops"}
+    graph["videogrpo.grpo.flops"] = graph["videogrpo.grpo.flops"] | {"videogrpo.models.shapes"}
+    graph["videogrpo.models.shapes"] = graph["videogrpo.models.shapes"] | {"videogrpo.models.wan"}
+    assert cycles(graph) == [
+        ["videogrpo.grpo.draws", "videogrpo.grpo.sde_window"],
+        ["videogrpo.grpo.flops", "videogrpo.models.shapes", "videogrpo.models.wan"],
+    ]

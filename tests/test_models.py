@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from videogrpo.demo.tiny_ti2v import build_tiny_pipeline
-from videogrpo.grpo.rollout import replay_log_prob, rollout, seeded_normal
+from videogrpo.grpo.draws import seeded_normal
+from videogrpo.grpo.rollout import replay_log_prob, rollout
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.models.wan import WanTI2V, load_first_frames
 from videogrpo.provenance.digest import tree_digest

@@ -14,7 +14,8 @@ import torch
 from videogrpo import config
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import samplers, sde_window
-from videogrpo.grpo.rollout import frame_mask, rollout, trained_timesteps
+from videogrpo.grpo.rollout import frame_mask, rollout
+from videogrpo.grpo.sde_window import trained_timesteps
 
 from harness import metrics, solo_config, train_in_process
 

@@ -78,7 +78,7 @@ def independent_scores(cfg_dict: dict, transformer_dir, tiny_model, dataset, eva
     from videogrpo import config
     from videogrpo.data.dataset import load_split
     from videogrpo.grpo import assignment, denoise
-    from videogrpo.grpo.rollout import seeded_normal
+    from videogrpo.grpo.draws import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.models.wan import WanTI2V, flow_shift, load_transformer
     from videogrpo.rewards.rule import RuleScorer, score_request

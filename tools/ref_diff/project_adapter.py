@@ -53,8 +53,9 @@ from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
 from videogrpo.demo.tiny_ti2v import save_tiny_pipeline
 from videogrpo.grpo import objectives, replay
 from videogrpo.grpo import trainer as trainer_module
+from videogrpo.grpo.draws import seeded_normal, seeded_uniform
 from videogrpo.grpo.lr_schedule import learning_rate
-from videogrpo.grpo.rollout import seeded_normal, seeded_uniform, trained_timesteps
+from videogrpo.grpo.sde_window import trained_timesteps
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, first_frame_mask
 from videogrpo.models.wan import WanTI2V
 from videogrpo.parallel import process_groups

@@ -40,7 +40,7 @@ ETA_DRAW = 1 << 31
 def sample_eta(sampler: Sampler, seed: int, index: int) -> float:
     """The noise level sample `index` is generated at: the sampler's own, or its draw from the sampler's range,
     keyed by (seed, index) as training keys its per-prompt draw by (seed, batch, prompt)."""
-    from videogrpo.grpo.rollout import seeded_uniform
+    from videogrpo.grpo.draws import seeded_uniform
 
     if sampler.noise_range is None:
         return sampler.noise
@@ -78,7 +78,7 @@ def generate_video(
 
     `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping)."""
     from videogrpo.evaluation import sampling
-    from videogrpo.grpo.rollout import seeded_normal
+    from videogrpo.grpo.draws import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
 
     prompt = (sample_dir / "prompt.txt").read_text(encoding="utf-8").strip()

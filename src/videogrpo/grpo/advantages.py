@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from videogrpo.grpo.rollout import counter_seed
+from videogrpo.grpo.draws import counter_seed
 
 EPS = 1e-4
 CLAMP = 5.0

@@ -25,7 +25,7 @@ import torch
 
 from videogrpo.config import Config
 from videogrpo.errors import ConfigError
-from videogrpo.grpo.rollout import counter_seed
+from videogrpo.grpo.draws import counter_seed
 from videogrpo.models.lora import ADAPTERS_FILE
 
 SEED_TAG = 0x10A4

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from videogrpo.grpo import nft
+from videogrpo.grpo.draws import seeded_normal
 from videogrpo.grpo.loss import guard_log_ratio, ppo_loss
-from videogrpo.grpo.rollout import frame_mask, replay_log_prob, seeded_normal, velocity
+from videogrpo.grpo.rollout import frame_mask, replay_log_prob, velocity
 from videogrpo.grpo.samplers import kl_divergence, masked_mean
 
 

@@ -9,24 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from videogrpo.grpo import samplers
-
-
-def counter_seed(*key: int) -> int:
-    """A 63-bit seed from integer counters (NumPy's SeedSequence hashing)."""
-    return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def seeded_normal(shape: tuple[int, ...], device: torch.device, *key: int) -> torch.Tensor:
-    generator = torch.Generator(device=device).manual_seed(counter_seed(*key))
-    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-
-
-def seeded_uniform(lo: float, hi: float, *key: int) -> float:
-    return float(np.random.default_rng(counter_seed(*key)).uniform(lo, hi))
 
 
 def frame_mask(latent_frames: int, device: torch.device, pinned: bool = True) -> torch.Tensor:
@@ -160,12 +145,3 @@ def replay_log_prob(
     v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
     mean, std = samplers.transition(sampler, x, v, sigma, sigma_next, trajectory.etas)
     return Replayed(samplers.log_prob(sampler, x_next, mean, std, mask), mean, std)
-
-
-def trained_timesteps(steps: int, fraction: float, seed: int, update: int) -> list[int]:
-    """sde_window.fraction_count of the first T - 1 steps by a seeded permutation per update, sorted."""
-    from videogrpo.grpo.sde_window import fraction_count
-
-    keep = fraction_count(steps, fraction)
-    order = np.random.default_rng(counter_seed(seed, 0x7117, update)).permutation(steps - 1)
-    return sorted(int(i) for i in order[:keep])

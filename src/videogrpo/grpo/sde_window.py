@@ -20,12 +20,14 @@ all route to the same expert at each step).
 
 Torch-free: the planner and the FLOP count read `trained_steps` too.
 
-May import: `config` and the core modules.
+May import: `grpo.draws`, `config` and the core modules.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from videogrpo.grpo.draws import counter_seed
 
 WINDOW_TAG = 0x5DE0
 """The key slot of the window's draw (training's other draws use others)."""
@@ -47,8 +49,6 @@ def window(g, seed: int, batch: int) -> tuple[int, int] | None:
     lo, hi = window_range(g)
     starts = hi - size - lo + 1  # how many starts keep the window inside the range
     if g.sde_window_mode == "random":
-        from videogrpo.grpo.rollout import counter_seed
-
         start = lo + int(np.random.default_rng(counter_seed(seed, WINDOW_TAG, batch)).integers(starts))
     else:  # MixGRPO's schedule: starts lo, lo + stride, ... up to hi, the window cut at hi, then back to lo
         positions = (hi - lo) // g.sde_window_stride + 1
@@ -150,14 +150,18 @@ def trained_steps(g) -> int:
 
 def replayed_steps(g, seed: int, batch: int, update: int) -> list[int]:
     """The denoising steps update `update` replays of batch `batch`: the batch's SDE window, else the reference's
-    seeded subset (rollout.trained_timesteps); DiffusionNFT: the noise levels it trains, a seeded subset of all T."""
+    seeded subset (trained_timesteps); DiffusionNFT: the noise levels it trains, a seeded subset of all T."""
     if g.algorithm == "nft":
-        from videogrpo.grpo.rollout import counter_seed
-
         order = np.random.default_rng(counter_seed(seed, NFT_TAG, update)).permutation(g.sampling_steps)
         return sorted(int(i) for i in order[: nft_count(g.sampling_steps, g.timestep_fraction)])
     if (steps := window(g, seed, batch)) is not None:
         return list(range(*steps))
-    from videogrpo.grpo.rollout import trained_timesteps
-
     return trained_timesteps(g.sampling_steps, g.timestep_fraction, seed, update)
+
+
+def trained_timesteps(steps: int, fraction: float, seed: int, update: int) -> list[int]:
+    """The reference's trained steps: fraction_count of the first T - 1 steps by a seeded permutation per update,
+    sorted."""
+    keep = fraction_count(steps, fraction)
+    order = np.random.default_rng(counter_seed(seed, 0x7117, update)).permutation(steps - 1)
+    return sorted(int(i) for i in order[:keep])

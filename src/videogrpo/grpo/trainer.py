@@ -43,15 +43,11 @@ from videogrpo.grpo import (
     validation,
 )
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
+from videogrpo.grpo.draws import seeded_normal, seeded_uniform
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.peak_memory import PeakMemory
-from videogrpo.grpo.rollout import (
-    Trajectory,
-    rollout,
-    seeded_normal,
-    seeded_uniform,
-)
+from videogrpo.grpo.rollout import Trajectory, rollout
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line

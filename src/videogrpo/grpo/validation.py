@@ -28,7 +28,7 @@ from videogrpo.config.cells import parse_sampler
 from videogrpo.data.dataset import SampleRef, load_split
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, denoise, gold_rewards, offload
-from videogrpo.grpo.rollout import seeded_normal, seeded_uniform
+from videogrpo.grpo.draws import seeded_normal, seeded_uniform
 from videogrpo.parallel import process_groups
 from videogrpo.provenance.metric_rows import VALIDATION_PREFIX as VAL
 from videogrpo.rewards.rule import score_request
