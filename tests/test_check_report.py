@@ -352,7 +352,8 @@ def _provenance(**timings) -> dict:
 
 
 def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
-    from videogrpo.provenance.report_page import fixed, render_html
+    from videogrpo.provenance.page_cells import fixed
+    from videogrpo.provenance.report_page import render_html
 
     assert [fixed(v) for v in (-2.9e-05, -0.0, 2.9e-05, -0.00009, -0.0009)] == [
         "0.0000",
@@ -398,7 +399,8 @@ def test_a_value_that_rounds_to_zero_is_shown_without_a_sign():
 
 def test_the_learning_rate_column_shows_the_warm_up_and_the_decay():
     from videogrpo.grpo.lr_schedule import learning_rate
-    from videogrpo.provenance.report_page import learning_rate_text, render_html
+    from videogrpo.provenance.page_cells import learning_rate_text
+    from videogrpo.provenance.report_page import render_html
 
     rates = [learning_rate(k, 3, 8, 1e-4) for k in range(8)]
     metrics = [{"step": k + 1, "reward_mean": 0.5, "reward_std": 0.1, "learning_rate": r} for k, r in enumerate(rates)]

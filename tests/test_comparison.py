@@ -12,7 +12,7 @@ import pytest
 from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation import comparison
 from videogrpo.evaluation.aggregate import bootstrap_interval
-from videogrpo.provenance import report_page
+from videogrpo.provenance import page_cells
 
 
 def scores(path: Path, values: dict[str, float]) -> Path:
@@ -75,9 +75,9 @@ def test_gpu_hours_are_every_updates_flops_at_the_assumed_peak_and_mfu(tmp_path)
     assert row["reward per modelled GPU-h"] == pytest.approx(0.3 / row["modelled GPU-h"])
     # A tiny run's figures span orders of magnitude: significant digits on the page, never "0.0000".
     page = comparison.render_html([run], comparison.tables([run], 1e15, 0.5), 1e15, 0.5, "test")
-    assert f"<td>{report_page.significant(row['modelled GPU-h'])}</td>" in page and "0.0000<" not in page
-    assert report_page.significant(row["modelled GPU-h"]) == "0.004444"
-    assert report_page.significant(20_692_776.4) == "20,692,776" and report_page.significant(1.5e-9) == "1.500e-09"
+    assert f"<td>{page_cells.significant(row['modelled GPU-h'])}</td>" in page and "0.0000<" not in page
+    assert page_cells.significant(row["modelled GPU-h"]) == "0.004444"
+    assert page_cells.significant(20_692_776.4) == "20,692,776" and page_cells.significant(1.5e-9) == "1.500e-09"
     (held,) = comparison.heldout_rows([run])
     assert (
         held["sampler"] == "euler" and held["trained - base"] == 0.01 and held["95 % interval"] == "[-0.0200, 0.0400]"

@@ -10,22 +10,18 @@ core modules (`errors`).
 """
 
 from videogrpo.config.cells import check_models, matrix_cells, training_sampler
-from videogrpo.config.checks import (
+from videogrpo.config.checks import problems, topology_problems, uses_hub_kernel, uses_tracker, validate
+from videogrpo.config.fields import (
     CHOICES,
     HEX40,
     HEX64,
     NON_NEGATIVE,
     POSITIVE,
     kinds_in,
-    problems,
     revision_problem,
     reward_kinds,
     runtime_contract,
-    topology_problems,
     training_reward_kinds,
-    uses_hub_kernel,
-    uses_tracker,
-    validate,
 )
 from videogrpo.config.identity import (
     CONTRACT,

@@ -1,147 +1,32 @@
-"""Validation: every field rule and every cross-field rule, each naming the field, the value and the rule."""
+"""Validation: every field rule (`fields`) and every cross-field rule, the reference's here and the options'
+(`option_rules`), each naming the field, the value and the rule; the topology's rules (world size, waves, tensor
+parallel)."""
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from videogrpo.config.cells import sampler_problem
+from videogrpo.config.fields import (
+    CHOICES,
+    HEX40,
+    HEX64,
+    field_problems,
+    revision_problem,
+    reward_kinds,
+)
+from videogrpo.config.option_rules import (
+    best_model_problems,
+    gold_overlap_problems,
+    gold_problems,
+    lora_problems,
+    nft_problems,
+    sde_window_problems,
+    validation_problems,
+)
 from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
 from videogrpo.errors import ConfigError
-
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-CHOICES = {
-    "model.source": ("hub", "tiny"),
-    "model.kind": ("ti2v", "i2v_a14b"),
-    "train.experts": ("both", "high", "low"),
-    "data.source": ("hub", "synthetic"),
-    "data.inflater": ("auto", "isal", "zlib"),
-    "reward.kind": ("vbvr_rule", "vbvr_vlm"),
-    "grpo.algorithm": ("grpo", "nft"),
-    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "euler"),
-    "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
-    "grpo.sde_window_mode": ("random", "sliding"),
-    "grpo.sde_window_tail": ("euler", "dpm_solver"),
-    "grpo.grpo_guard_scope": ("micro_batch", "row"),
-    "train.lora_base_dtype": ("compute", "float32"),
-    "model.frozen_dtype": ("float32", "bfloat16", "float16"),
-    "model.condition_dtype": ("bfloat16", "float32"),
-    "matrix.split": ("heldout", "rl"),
-    "parallel.data_parallel": ("replicate", "fsdp", "hsdp"),
-    "parallel.device": ("cpu", "cuda"),
-    "parallel.backend": ("gloo", "nccl"),
-    "parallel.param_dtype": ("float32", "bfloat16", "float16"),
-    "parallel.reduce_dtype": ("float32", "bfloat16"),
-    "logging.wandb_mode": ("offline", "online", "disabled"),
-}
-POSITIVE = {
-    "model.max_text_tokens",
-    "grpo.sde_window_stride",
-    "grpo.nft_beta",
-    "grpo.nft_adv_clip",
-    "grpo.sde_window_shift_every",
-    "train.divergence_points",
-    "data.samples_per_task",
-    "data.max_member_mb",
-    "video.num_frames",
-    "video.height",
-    "video.width",
-    "video.fps",
-    "evalkit.workers",
-    "evalkit.threads_per_worker",
-    "evalkit.video_size",
-    "evalkit.max_seconds",
-    "matrix.max_seconds",
-    "reward.judge_frames",
-    "reward.judge_fps",
-    "reward.judge_concurrency",
-    "reward.judge_timeout_s",
-    "reward.judge_tensor_parallel",
-    "reward.judge_data_parallel",
-    "reward.judge_max_model_len",
-    "reward.judge_max_num_seqs",
-    "reward.judge_ready_timeout_s",
-    "grpo.sampling_steps",
-    "grpo.shift",
-    "grpo.clip_range_high",
-    "grpo.group_size",
-    "grpo.prompts_per_step",
-    "grpo.prompts_per_wave",
-    "grpo.sample_batch_size",
-    "grpo.clip_range",
-    "grpo.delayed_clip_range",
-    "train.lr",
-    "train.epochs",
-    "train.max_steps",
-    "train.batch_size",
-    "train.keep_checkpoints",
-    "train.max_grad_norm",
-    "parallel.nodes",
-    "parallel.procs_per_node",
-    "parallel.shard_group_size",
-    "parallel.tensor_parallel",
-    "parallel.cpu_threads",
-    "parallel.device_memory_gib",
-    "matrix.expected_samples",
-    "matrix.samples_per_task",
-    "matrix.num_frames",
-    "matrix.height",
-    "matrix.width",
-    "matrix.procs",
-    "matrix.bootstrap",
-}
-NON_NEGATIVE = {
-    "data.heldout_per_task",
-    "train.save_steps",
-    "grpo.eta",
-    "grpo.kl_coeff",
-    "grpo.guidance_scale",
-    "train.warmup_steps",
-    "train.weight_decay",
-    "evalkit.crf",
-    "model.tiny_seed",
-    "model.prompt_cache_bytes",
-    "grpo.decode_batch_size",
-    "reward.judge_max_retries",
-    "train.retries",
-    "train.lora_rank",
-    "train.lora_dropout",
-    "grpo.nft_old_decay_rate",
-    "grpo.nft_old_decay_after",
-}
-
-
-def _get(cfg: Config, path: str) -> Any:
-    obj: Any = cfg
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _field_problems(cfg: Config, sections: set[str]) -> list[str]:
-    found = []
-    for path, allowed in CHOICES.items():
-        value = _get(cfg, path)
-        if path.split(".")[0] in sections and value not in allowed:
-            found.append(f"{path} = {value!r}: must be one of {', '.join(allowed)}")
-    for paths, test, rule in ((POSITIVE, lambda v: v <= 0, "> 0"), (NON_NEGATIVE, lambda v: v < 0, ">= 0")):
-        for path in sorted(paths):
-            value = _get(cfg, path)
-            if path.split(".")[0] in sections and value is not None and test(value):
-                found.append(f"{path} = {value!r}: must be {rule}")
-    return found
-
-
-def revision_problem(field: str, value: str) -> str | None:
-    """Why `value` is no pinned commit: a lower-case 40-hex id (what the Hub's URLs and listings use)."""
-    if HEX40.match(value):
-        return None
-    if HEX40.match(value.lower()):
-        return f"{field} = {value!r}: must be a lower-case 40-hex commit id: write {value.lower()!r}"
-    return f"{field} = {value!r}: must be a lower-case 40-hex commit id (branch and tag names move: refused)"
 
 
 def _model_problems(cfg: Config) -> list[str]:
@@ -180,29 +65,6 @@ def _evalkit_problems(cfg: Config) -> list[str]:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+", pin):
             found.append(f"evalkit.runtime[{i}] = {pin!r}: must be 'name==version'")
     return found
-
-
-def runtime_contract(cfg: Config) -> dict[str, str]:
-    """evalkit.runtime as {distribution name: version}."""
-    return dict(pin.split("==", 1) for pin in cfg.evalkit.runtime)
-
-
-def reward_kinds(cfg: Config) -> tuple[str, ...]:
-    """The reward kinds a run scores with, whose runtimes it starts and checks: the training reward's
-    (`training_reward_kinds`) and the gold rewards that score its validation points (train.validate_rewards)."""
-    return kinds_in(cfg.reward.kind, cfg.reward.terms, cfg.train.validate_rewards)
-
-
-def training_reward_kinds(cfg: Config) -> tuple[str, ...]:
-    """The reward kinds the policy is trained on: reward.terms' kinds (several rewards), or reward.kind alone."""
-    return kinds_in(cfg.reward.kind, cfg.reward.terms)
-
-
-def kinds_in(kind: str, terms: dict[str, float] | None, gold: list[str] | None = None) -> tuple[str, ...]:
-    """`reward_kinds` of the reward section's values and train.validate_rewards, as a stage recorded them in its
-    params (no Config there)."""
-    trained = tuple(sorted(terms)) if terms else (kind,)
-    return trained + tuple(sorted(set(gold or ()) - set(trained)))
 
 
 def _terms_problems(cfg: Config) -> list[str]:
@@ -283,72 +145,6 @@ def _video_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _sde_window_problems(g) -> list[str]:
-    """The SDE window (docs/options.md#sde-window): a size that fits its range, a range inside the denoising steps."""
-    size = g.sde_window_size
-    if size < 0:
-        return [f"grpo.sde_window_size = {size}: must be >= 0 (0: off, SDE on every step)"]
-    if not size:
-        if g.sde_window_tail != "euler":
-            return [
-                f"grpo.sde_window_tail = {g.sde_window_tail!r} with grpo.sde_window_size = 0: the tail is what follows "
-                "an SDE window; set a window size, or the tail back to 'euler'"
-            ]
-        return []
-    if g.sde_window_range is None:
-        lo, hi = 0, g.sampling_steps
-    elif len(g.sde_window_range) != 2 or not 0 <= g.sde_window_range[0] < g.sde_window_range[1] <= g.sampling_steps:
-        return [
-            f"grpo.sde_window_range = {g.sde_window_range}: must be [lo, hi] with 0 <= lo < hi <= "
-            f"grpo.sampling_steps ({g.sampling_steps}), or null (every step)"
-        ]
-    else:
-        lo, hi = g.sde_window_range
-    if size > hi - lo:
-        return [f"grpo.sde_window_size = {size}: larger than its range [{lo}, {hi}) (grpo.sde_window_range)"]
-    if not 0 < g.sde_window_tail_ratio <= 1:
-        return [
-            f"grpo.sde_window_tail_ratio = {g.sde_window_tail_ratio}: must be in (0, 1] (the share of the steps after "
-            "the window the DPM-Solver tail keeps)"
-        ]
-    return []
-
-
-def _nft_problems(g) -> list[str]:
-    """DiffusionNFT (docs/options.md#diffusionnft) and the Euler sampler only it can train with."""
-    if g.algorithm != "nft":
-        if g.sampler == "euler":
-            return [
-                "grpo.sampler = 'euler': the deterministic ODE has no log-probability for GRPO to train; it samples "
-                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo)"
-            ]
-        return []
-    found = []
-    why = "DiffusionNFT trains the noising process, with no log-probability or ratio"
-    for field, on, what in (
-        ("grpo_guard", g.grpo_guard, "normalises GRPO's ratio"),
-        ("sde_window_size", g.sde_window_size, "picks the steps GRPO replays"),
-        ("clip_range_high", g.clip_range_high, "clips GRPO's ratio"),
-        ("skip_zero_variance_groups", g.skip_zero_variance_groups, "relies on GRPO's zero advantage meaning no loss"),
-    ):
-        if on:
-            found.append(f"grpo.{field} = {on!r} with grpo.algorithm = 'nft': it {what}; {why}. Turn it off")
-    if g.delayed_replay:
-        found.append(
-            "grpo.delayed_replay = true with grpo.algorithm = 'nft': DiffusionNFT reflects the trained policy through "
-            "the old policy that sampled the batch, and a delayed batch was sampled by an older one; set "
-            "grpo.delayed_replay: false"
-        )
-    if g.sampler == "euler" and g.share_group_noise:
-        found.append(
-            "grpo.sampler = 'euler' with grpo.share_group_noise = true: the ODE from one initial noise makes every "
-            "member of a group the same video (no advantage); set grpo.share_group_noise: false"
-        )
-    if not 0 <= g.nft_old_decay_max < 1:
-        found.append(f"grpo.nft_old_decay_max = {g.nft_old_decay_max}: must be in [0, 1) (1 would never update it)")
-    return found
-
-
 def _grpo_problems(cfg: Config) -> list[str]:
     """The reference's sampler rules: a Flow-CPS eta in (0, 1] or a per-prompt range, a DanceGRPO eta > 0."""
     found = []
@@ -372,7 +168,7 @@ def _grpo_problems(cfg: Config) -> list[str]:
         )
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
-    found += _sde_window_problems(g)
+    found += sde_window_problems(g)
     if g.grpo_guard and g.sampler == "flowcps":
         found.append(
             "grpo.grpo_guard = true with grpo.sampler = 'flowcps': GRPO-Guard normalises a Gaussian log-ratio by the "
@@ -453,96 +249,6 @@ def _evaluation_set_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _validation_problems(cfg: Config) -> list[str]:
-    """Validation during training (train.validate_*) samples held-out prompts with a matrix sampler."""
-    t = cfg.train
-    found = []
-    if t.validate_every < 0:
-        found.append(f"train.validate_every = {t.validate_every}: must be >= 0 (0: no validation during training)")
-    if t.validate_prompts <= 0:
-        found.append(
-            f"train.validate_prompts = {t.validate_prompts}: must be > 0 (to turn validation off, set "
-            f"train.validate_every: 0 and train.validate_before_training: false)"
-        )
-    if why := sampler_problem(t.validate_sampler):
-        found.append(f"train.validate_sampler: {why}")
-    on = t.validate_every > 0 or t.validate_before_training
-    if on and cfg.data.heldout_per_task == 0:
-        found.append(
-            f"train.validate_every = {t.validate_every}, train.validate_before_training = "
-            f"{t.validate_before_training}: validation samples held-out prompts, but data.heldout_per_task is 0; "
-            f"hold samples out with data.heldout_per_task >= 1 (which removes them from training), or turn validation "
-            f"off (train.validate_every: 0, train.validate_before_training: false)"
-        )
-    return found
-
-
-def _gold_problems(cfg: Config) -> list[str]:
-    """Gold rewards (train.validate_rewards) score validation points with rewards the policy is not trained on."""
-    t, known = cfg.train, CHOICES["reward.kind"]
-    if t.keep_best_by is not None and t.keep_best_by not in t.validate_rewards:
-        return [
-            f"train.keep_best_by = {t.keep_best_by!r}: not among train.validate_rewards ({t.validate_rewards}); the "
-            "best point is chosen by a gold reward's score: list it there, or unset keep_best_by"
-        ]
-    if t.stop_on_divergence and not t.validate_rewards:
-        return [
-            "train.stop_on_divergence = true with train.validate_rewards empty: the divergence alarm watches gold "
-            "rewards; list one (train.validate_rewards), or set stop_on_divergence false"
-        ]
-    if not t.validate_rewards:
-        return []
-    validating = t.validate_every > 0 or t.validate_before_training
-    found = [
-        f"train.validate_rewards: unknown reward kind {kind!r}; the kinds are {', '.join(known)}"
-        for kind in t.validate_rewards
-        if kind not in known
-    ]
-    if len(set(t.validate_rewards)) != len(t.validate_rewards):
-        found.append(f"train.validate_rewards = {t.validate_rewards}: a reward is listed twice")
-    if not validating:
-        found.append(
-            f"train.validate_rewards = {t.validate_rewards}: gold rewards score the validation points, and this run "
-            f"validates never; set train.validate_every (and/or train.validate_before_training: true)"
-        )
-    if t.stop_on_divergence and t.save_steps <= 0:
-        found.append(
-            "train.stop_on_divergence = true with train.save_steps = 0: the run stops at the checkpoint after the "
-            "alarm, and this one writes none before its end; set train.save_steps"
-        )
-    for field in ("divergence_sigmas", "divergence_min_change"):
-        if not math.isfinite(value := getattr(t, field)) or value < 0:
-            found.append(f"train.{field} = {value}: must be a finite number >= 0")
-    if t.validate_prompts < 2:
-        found.append(
-            f"train.validate_prompts = {t.validate_prompts} with gold rewards: the divergence alarm takes the standard "
-            f"error of a change over the prompts, which needs 2 or more"
-        )
-    return found
-
-
-def _best_model_problems(cfg: Config) -> list[str]:
-    """The matrix's `best` model is the export train.keep_best_by makes."""
-    if "best" in cfg.matrix.models and not cfg.train.keep_best_by:
-        return [
-            "matrix.models lists 'best', the weights of the best validation point, which only a run with "
-            "train.keep_best_by exports; set train.keep_best_by (with train.validate_rewards), or drop 'best'"
-        ]
-    return []
-
-
-def _gold_overlap_problems(cfg: Config) -> list[str]:
-    """A gold reward is none of the rewards the policy trains on."""
-    t = cfg.train
-    if trained := sorted(set(t.validate_rewards) & set(training_reward_kinds(cfg))):
-        return [
-            f"train.validate_rewards = {t.validate_rewards}: {', '.join(trained)} is a training reward (reward.kind "
-            f"or reward.terms), so the policy is trained on it and it cannot show the training reward being gamed; "
-            f"list rewards the run does not train on"
-        ]
-    return []
-
-
 TRACKERS = ("wandb", "mlflow", "none")
 
 
@@ -610,40 +316,6 @@ def _parallel_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _lora_problems(cfg: Config) -> list[str]:
-    """LoRA (docs/options.md#lora): its settings, and the layouts it trains under."""
-    t = cfg.train
-    if t.lora_rank <= 0:
-        return []
-    found = []
-    if t.lora_alpha is not None and t.lora_alpha <= 0:
-        found.append(f"train.lora_alpha = {t.lora_alpha!r}: must be > 0, or null (lora_rank)")
-    if t.lora_dropout >= 1:
-        found.append(f"train.lora_dropout = {t.lora_dropout!r}: must be below 1 (the share of inputs dropped)")
-    if not t.lora_targets or not all(isinstance(n, str) and n.strip() for n in t.lora_targets):
-        found.append(
-            f"train.lora_targets = {t.lora_targets!r}: must name at least one linear layer of the transformer "
-            f"(suffixes of module names, e.g. to_q, ffn.net.2)"
-        )
-    if t.resume_from and t.reset_dataloader:
-        # The weights-only loader maps a checkpoint's transformer keys onto the model's; peft renames the wrapped
-        # layers' (base_layer), so it would find none of them.
-        found.append(
-            f"train.resume_from = {t.resume_from!r} with train.reset_dataloader: true and train.lora_rank = "
-            f"{t.lora_rank}: starting adapters from another run's weights is not supported; start the LoRA run from "
-            f"the base model (remove train.resume_from), or resume its own checkpoint (train.reset_dataloader: false)"
-        )
-    if cfg.parallel.tensor_parallel > 1:
-        # The TP plan replaces the very projections peft wraps (attention and FFN) by sharded ones, whose weights
-        # the adapters' merge and export would need whole.
-        found.append(
-            f"train.lora_rank = {t.lora_rank} with parallel.tensor_parallel = {cfg.parallel.tensor_parallel}: LoRA "
-            f"is not supported under tensor parallelism (its plan shards the attention and FFN projections the "
-            f"adapters wrap); set parallel.tensor_parallel: 1 (FSDP or HSDP shard the frozen base as well)"
-        )
-    return found
-
-
 # Each cross-field rule runs when every section it reads is present (stages receive only their sections).
 CHECKS = (
     (("model",), _model_problems),
@@ -656,24 +328,24 @@ CHECKS = (
     (("grpo",), _grpo_problems),
     # DiffusionNFT's rules read grpo fields beyond those a stage that names the training sampler receives (the
     # report's view: sampler and eta); the stages that receive the whole grpo section receive train too.
-    (("grpo", "train"), lambda cfg: _nft_problems(cfg.grpo)),
+    (("grpo", "train"), lambda cfg: nft_problems(cfg.grpo)),
     (("matrix", "data"), _evaluation_set_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),
     (("logging",), _logging_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
-    (("parallel", "train"), _lora_problems),
-    (("train", "data"), _validation_problems),
-    (("train",), _gold_problems),
-    (("train", "reward"), _gold_overlap_problems),
-    (("matrix", "train"), _best_model_problems),
+    (("parallel", "train"), lora_problems),
+    (("train", "data"), validation_problems),
+    (("train",), gold_problems),
+    (("train", "reward"), gold_overlap_problems),
+    (("matrix", "train"), best_model_problems),
 )
 
 
 def problems(cfg: Config, sections: set[str] | None = None) -> list[str]:
     """Every rule the config breaks, each naming the field, the value and the rule."""
     sections = set(SECTIONS) if sections is None else set(sections)
-    found = _field_problems(cfg, sections)
+    found = field_problems(cfg, sections)
     if "recipe" in sections and not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg.recipe):
         found.append(f"recipe = {cfg.recipe!r}: use letters, digits, '_', '.', '-' (it names the run directory)")
     for needed, check in CHECKS:

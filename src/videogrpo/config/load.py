@@ -6,7 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from videogrpo.config.checks import CHOICES, validate
+from videogrpo.config.checks import validate
+from videogrpo.config.fields import CHOICES
 from videogrpo.config.retired import retired_in_layers, retired_problems
 from videogrpo.config.sections import Config
 from videogrpo.config.types import build

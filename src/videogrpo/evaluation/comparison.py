@@ -25,7 +25,7 @@ import numpy as np
 from videogrpo.config.cells import training_sampler
 from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation.aggregate import ALL, bootstrap_interval
-from videogrpo.provenance import digest, report_page
+from videogrpo.provenance import digest, page_cells, report_page
 from videogrpo.provenance.manifest import read_manifest
 from videogrpo.provenance.metric_rows import training_rows
 
@@ -188,9 +188,9 @@ def heldout_rows(runs: list[RunRecord]) -> list[dict[str, Any]]:
             {
                 "run": run.name,
                 "sampler": sampler,
-                "base": report_page._float(base.get("mean", "")),
-                "trained": report_page._float(trained["mean"]),
-                "trained - base": report_page._float(trained.get("delta_vs_base", "")),
+                "base": page_cells.csv_float(base.get("mean", "")),
+                "trained": page_cells.csv_float(trained["mean"]),
+                "trained - base": page_cells.csv_float(trained.get("delta_vs_base", "")),
                 "95 % interval": _interval(trained.get("delta_ci_low", ""), trained.get("delta_ci_high", "")),
             }
         )
@@ -198,7 +198,7 @@ def heldout_rows(runs: list[RunRecord]) -> list[dict[str, Any]]:
 
 
 def _interval(low: Any, high: Any) -> str:
-    return f"[{report_page.fixed(report_page._float(str(low)))}, {report_page.fixed(report_page._float(str(high)))}]"
+    return f"[{page_cells.fixed(page_cells.csv_float(str(low)))}, {page_cells.fixed(page_cells.csv_float(str(high)))}]"
 
 
 def _scores(path: Path) -> dict[str, float]:
@@ -301,22 +301,22 @@ def render_html(runs: list[RunRecord], found: Tables, peak_flops: float, mfu: fl
         f"<style>{report_page.STYLE}</style></head><body>",
         f"<h1>Comparison of {len(runs)} runs</h1>",
         "<h2>What differs</h2><p>The contract fields whose value is not the same in every run.</p>",
-        report_page._table(what, ["run", *fields]),
+        page_cells.table(what, ["run", *fields]),
         "<h2>Held-out change against the base model</h2><p>Each run's held-out check: the mean EvalKit score of the "
         "base and the trained model under the run's training sampler, and trained minus base on the same samples "
         "and noise with its 95 % paired bootstrap interval.</p>",
-        report_page._table(heldout, list(heldout[0])),
+        page_cells.table(heldout, list(heldout[0])),
         "<h2>Paired difference between the runs</h2>",
         f"<p>Under each sampler every run's matrix evaluated its trained model with: each run minus {first}, "
         "sample by sample (same prompt, first frame and noise), with a 95 % bootstrap interval.</p>",
-        report_page._table(paired, ["sampler", "run", "against", "samples", "mean difference", "95 % interval"])
+        page_cells.table(paired, ["sampler", "run", "against", "samples", "mean difference", "95 % interval"])
         if paired
         else "<p class='warn'>No sampler under which every run evaluated its trained model.</p>",
         "<h2>Reward per update and per modelled GPU-hour</h2>",
         f"<p>GPU-hours are modelled from the FLOPs each update's metrics record: {html.escape(assumption)}. Wall "
         "time per update is measured on the hardware each run trained on.</p>",
         f"<img alt='reward per update and per modelled GPU-hour' src='data:image/png;base64,{curves}'>",
-        report_page._table(training, list(training[0]), dict.fromkeys(SIGNIFICANT, report_page.significant)),
+        page_cells.table(training, list(training[0]), dict.fromkeys(SIGNIFICANT, page_cells.significant)),
         "</body></html>",
     ]
     return "\n".join(parts)

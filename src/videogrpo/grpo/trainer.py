@@ -16,7 +16,6 @@ trajectories live between phases, and how a wave is cut into rollout chunks, is 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import torch
 
 from videogrpo import atomic
 from videogrpo.config import Config, to_dict
-from videogrpo.data.dataset import SampleRef, batch_for_step, load_split, steps_per_epoch, training_order
+from videogrpo.data.dataset import SampleRef, load_split, steps_per_epoch, training_order
 from videogrpo.grpo import (
     assignment,
     checkpoint,
@@ -38,16 +37,15 @@ from videogrpo.grpo import (
     objectives,
     offload,
     replay,
+    rollout_batch,
     sde_window,
     sft_init,
     validation,
 )
-from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
-from videogrpo.grpo.draws import seeded_normal, seeded_uniform
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.peak_memory import PeakMemory
-from videogrpo.grpo.rollout import Trajectory, rollout
+from videogrpo.grpo.rollout_batch import Chunk, Prepared
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
@@ -55,8 +53,7 @@ from videogrpo.models.i2v import WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
 from videogrpo.parallel import process_groups
 from videogrpo.rewards import NoScorer
-from videogrpo.rewards.rule import score_request
-from videogrpo.rewards.terms import term_means, training_scorer
+from videogrpo.rewards.terms import training_scorer
 
 PPO_SUMS = ("ppo_clip_fraction", "ppo_ratio_mean", "ppo_approx_kl")
 NFT_SUMS = ("nft_positive_loss", "nft_negative_loss", "nft_optimality_mean")
@@ -86,30 +83,6 @@ class TrainPaths:
         return cls(
             model, dataset, evalkit, run_dir / "checkpoints", run_dir / "final", run_dir / "metrics.jsonl", run_dir
         )
-
-
-@dataclass
-class Chunk:
-    """One wave of this rank's rollouts: which (prompt, member) each row is, and what was recorded."""
-
-    prompts: list[int]
-    members: list[int]
-    samples: list[SampleRef]
-    trajectory: Trajectory
-    embeds: torch.Tensor
-    condition: torch.Tensor | None = None
-    """The I2V condition (mask and first-frame latent) replay feeds again; None for TI2V (its frame 0 is pinned in
-    the recorded latents)."""
-    futures: list = field(default_factory=list)
-    advantages: torch.Tensor | None = None
-
-
-@dataclass
-class Prepared:
-    batch: int
-    epoch: int
-    chunks: list[Chunk]
-    time_rollout_s: float
 
 
 def run_plan(cfg: Config, num_samples: int) -> list[replay.Action]:
@@ -192,127 +165,15 @@ class Trainer:
 
     # ---- preparing a batch: rollouts and reward submission -----------------------------------------
 
-    def _rollout_wave(self, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
-        cfg = self.cfg
-        samples = [prompts[j] for j, _ in rows]
-        self.placement.enter("encode")
-        embeds, condition = self.model.encode_conditions(
-            [s.prompt for s in samples],
-            [s.first_frame for s in samples],
-            cfg.video.height,
-            cfg.video.width,
-            cfg.video.num_frames,
-        )
-        self.placement.enter("rollout")
-        positions = offload.rollout_chunks(rows, cfg.grpo.sample_batch_size)
-        parts = []
-        for at in positions:  # each chunk's record goes to CPU before the next chunk rolls out (when offloading)
-            parts.append(
-                self.placement.park(self._rollout_chunk(batch_index, [rows[i] for i in at], embeds[at], condition[at]))
-            )
-        trajectory = offload.assemble(parts, positions)
-        chunk = Chunk(
-            [j for j, _ in rows],
-            [g for _, g in rows],
-            samples,
-            trajectory,
-            self.placement.park_tensor(embeds),
-            None if self.model.pins_first_frame else self.placement.park_tensor(condition),
-        )
-        if not self.scores:  # a TP peer: its tp_rank 0 decodes and scores the same rollouts
-            return chunk
-        self.placement.enter("decode")
-        videos = offload.decode_in_batches(self.model.decode, trajectory.latents[:, -1], cfg.grpo.decode_batch_size)
-        chunk.futures = [
-            self.scorer.submit(score_request(cfg.evalkit, cfg.video.fps, v, s.task, str(s.directory)))
-            for v, s in zip(videos, samples)
-        ]
-        return chunk
-
-    def _rollout_chunk(self, batch_index: int, rows: list[tuple[int, int]], embeds, condition) -> Trajectory:
-        cfg, dev, seed, b = self.cfg, self.ctx.device, self.cfg.train.seed, batch_index
-        # Draws are keyed by batch, prompt and member (assignment): independent of ranks, waves, chunks and resumes.
-        shared = cfg.grpo.share_group_noise
-        init = torch.stack(
-            [seeded_normal(self.shape, dev, *assignment.init_noise_key(seed, b, j, g, shared)) for j, g in rows]
-        )
-        if cfg.grpo.eta_range:
-            lo, hi = cfg.grpo.eta_range
-            etas = torch.tensor([seeded_uniform(lo, hi, *assignment.eta_key(seed, b, j)) for j, _ in rows], device=dev)
-        else:
-            etas = torch.full((len(rows),), cfg.grpo.eta, device=dev)
-
-        def step_noise(i: int) -> torch.Tensor:
-            return torch.stack(
-                [seeded_normal(self.shape, dev, *assignment.step_noise_key(seed, b, j, g, i)) for j, g in rows]
-            )
-
-        sampling = self.nft_old.swapped_in() if self.nft_old is not None else contextlib.nullcontext()
-        window = sde_window.window(cfg.grpo, seed, b)
-        with torch.no_grad(), sampling:
-            return rollout(
-                self.model,
-                self.experts.policy,
-                embeds,
-                condition,
-                init,
-                self.sigmas,
-                cfg.grpo.sampler,
-                etas,
-                step_noise,
-                cfg.grpo.guidance_scale,
-                window,
-                keep_means=cfg.grpo.grpo_guard,
-                tail=sde_window.tail(cfg.grpo, self.shift, window),
-            )
-
     def prepare(self, batch_index: int) -> Prepared:
-        t0 = time.monotonic()
-        self.memory.enter("rollout")
-        epoch, prompts = batch_for_step(self.order, self.cfg.grpo.prompts_per_step, batch_index)
-        chunks = [self._rollout_wave(batch_index, prompts, rows) for rows in self.waves]
-        self.rolled_out.append(batch_index)
-        return Prepared(batch_index, epoch, chunks, time.monotonic() - t0)
+        """This rank's rollouts of batch `batch_index`, scoring submitted (rollout_batch.prepare)."""
+        return rollout_batch.prepare(self, batch_index)
 
     # ---- replaying prepared batches: one optimizer update ------------------------------------------
 
     def _advantages(self, prepared: Prepared) -> dict:
-        """Collect this rank's rewards, gather every rank's, set each chunk's advantages; reward stats."""
-        mine = []
-        for chunk in prepared.chunks:
-            results = self.scorer.collect(chunk.futures)
-            mine += [
-                (j, g, r["score"], s.task, bool(r.get("error")), r.get("terms"))
-                for j, g, r, s in zip(chunk.prompts, chunk.members, results, chunk.samples)
-            ]
-        everyone = [row for part in process_groups.all_gather_objects(mine) for row in part]
-        table = torch.full((self.cfg.grpo.prompts_per_step, self.cfg.grpo.group_size), float("nan"))
-        for j, g, score, *_ in everyone:
-            table[j, g] = score
-        if torch.isnan(table).any():
-            raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
-        adv = group_advantages(table)
-        if self.cfg.grpo.shuffle_advantages:
-            adv = shuffled_within_groups(adv, self.cfg.train.seed, prepared.batch)
-        for chunk in prepared.chunks:
-            chunk.advantages = torch.stack([adv[j, g] for j, g in zip(chunk.prompts, chunk.members)]).to(
-                self.ctx.device
-            )
-        per_task: dict[str, list[float]] = {}
-        for _, _, score, task, *_ in everyone:
-            per_task.setdefault(task, []).append(score)
-        errors = sum(row[4] for row in everyone)
-        terms = term_means([row[5] for row in everyone])  # reward.terms: each term's raw mean
-        # grpo.skip_zero_variance_groups: such groups contribute no loss (docs/options.md#groups-without-signal).
-        skipped = zero_variance_groups(table) if self.cfg.grpo.skip_zero_variance_groups else None
-        return {
-            "rewards": table,
-            "advantages": adv,
-            "per_task": per_task,
-            "errors": errors,
-            "terms": terms,
-            "skipped": skipped,
-        }
+        """Rewards collected and gathered, each chunk's advantages set; reward stats (rollout_batch.advantages)."""
+        return rollout_batch.advantages(self, prepared)
 
     def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
         """The rows of `chunk` each replay forward takes: the rollout's chunks (docs/reference-system.md#a14b)."""

@@ -117,3 +117,37 @@ def sharded_numels(shapes: dict[str, tuple[int, ...]], layout: RankLayout) -> tu
         a, h = local_numels(name, shape, layout)
         allocated, held = allocated + a, held + h
     return allocated, held
+
+
+def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> int:
+    """Ranks one parameter is split over by data parallelism over `world` data replicas (tensor parallelism
+    divides further)."""
+    if world == 1 or data_parallel == "replicate":
+        return 1
+    return world if data_parallel == "fsdp" else shard_group_size
+
+
+def sharded_state_bytes(shape, layout: RankLayout) -> dict[str, int]:
+    """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and
+    gradients in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two
+    moments shaped like the unpadded local shard (torch.zeros_like of it), and DiffusionNFT's old policy shaped so too
+    (a clone of it; counted only under grpo.algorithm nft). `videogrpo simulate` checks these against torch's own
+    sharding at the recipes' world sizes. `shape`: preflight.model_shape.ModelShape (its trained experts' parameter
+    shapes, `trained_counts`, and LoRA's adapter shapes, `adapters`)."""
+    allocated = held = 0
+    trainable_allocated = trainable_held = 0
+    for index, counts in enumerate(shape.trained_counts):
+        if not counts.shapes:
+            raise ValueError("the memory plan needs every trained parameter's shape (ParamCounts.from_shapes)")
+        adapters = shape.adapters[index] if shape.adapters else {}
+        a, h = sharded_numels({**counts.shapes, **adapters}, layout)
+        allocated, held = allocated + a, held + h
+        # LoRA: FSDP shards each adapter like any parameter; only they have gradients and moments.
+        ta, th = sharded_numels(adapters, layout) if adapters else (a, h)
+        trainable_allocated, trainable_held = trainable_allocated + ta, trainable_held + th
+    return {
+        "master weights": 4 * allocated,
+        "AdamW moments": 8 * trainable_held,
+        "gradients": 4 * trainable_allocated,
+        "old policy": 4 * trainable_held,
+    }

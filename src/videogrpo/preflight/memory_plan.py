@@ -227,39 +227,6 @@ def trained_transformers(kind: str, experts: str) -> tuple[str, ...]:
     return tuple(EXPERT_FOLDERS[name] for name in (EXPERTS if experts == "both" else (experts,)))
 
 
-def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> int:
-    """Ranks one parameter is split over by data parallelism over `world` data replicas (tensor parallelism
-    divides further)."""
-    if world == 1 or data_parallel == "replicate":
-        return 1
-    return world if data_parallel == "fsdp" else shard_group_size
-
-
-def sharded_state_bytes(shape: ModelShape, layout: shard_layout.RankLayout) -> dict[str, int]:
-    """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and
-    gradients in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two
-    moments shaped like the unpadded local shard (torch.zeros_like of it), and DiffusionNFT's old policy shaped so too
-    (a clone of it; counted only under grpo.algorithm nft). `videogrpo simulate` checks these against torch's own
-    sharding at the recipes' world sizes."""
-    allocated = held = 0
-    trainable_allocated = trainable_held = 0
-    for index, counts in enumerate(shape.trained_counts):
-        if not counts.shapes:
-            raise ValueError("the memory plan needs every trained parameter's shape (ParamCounts.from_shapes)")
-        adapters = shape.adapters[index] if shape.adapters else {}
-        a, h = shard_layout.sharded_numels({**counts.shapes, **adapters}, layout)
-        allocated, held = allocated + a, held + h
-        # LoRA: FSDP shards each adapter like any parameter; only they have gradients and moments.
-        ta, th = shard_layout.sharded_numels(adapters, layout) if adapters else (a, h)
-        trainable_allocated, trainable_held = trainable_allocated + ta, trainable_held + th
-    return {
-        "master weights": 4 * allocated,
-        "AdamW moments": 8 * trainable_held,
-        "gradients": 4 * trainable_allocated,
-        "old policy": 4 * trainable_held,
-    }
-
-
 def rows_per_rank(cfg, world: int) -> tuple[int, int, int]:
     """(rows of this rank's largest wave, rows of its whole batch, rows of its largest rollout chunk: the
     wave's prompts x grpo.sample_batch_size members), the largest over all ranks."""
@@ -333,7 +300,7 @@ def plan(
     latent = shape.latent_shape(frames, height, width)
     tokens = video_tokens(latent, tuple(config["patch_size"]))
     # FSDP shards over the data-parallel sub-mesh (world / tensor_parallel ranks), TP within each TP group.
-    shard = sharding_degree(data_parallel, world // tensor_parallel, shard_group_size) * tensor_parallel
+    shard = shard_layout.sharding_degree(data_parallel, world // tensor_parallel, shard_group_size) * tensor_parallel
     p = shape.params
     # The optimizer state is every trained expert's; working sets are one expert's (one runs at a time).
     trained, trainable = shape.trained, shape.trainable
@@ -343,7 +310,7 @@ def plan(
     both = (ROLLOUT, REPLAY, STEP) if first_update else (ROLLOUT, REPLAY)
     replay_only = (REPLAY, STEP) if first_update else (REPLAY,)
     # Rank 0 holds the largest share (FSDP's first shards are the full ones); every rank allocates the padded one.
-    state = sharded_state_bytes(
+    state = shard_layout.sharded_state_bytes(
         shape, shard_layout.rank_layout(data_parallel, world, shard_group_size, tensor_parallel, 0)
     )
     split = f"split {shard} ways, FSDP's padded shards"

@@ -37,6 +37,7 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, offload, sde_window
 from videogrpo.grpo.flops import forward_flops, step_flops, video_tokens
 from videogrpo.models import shapes
+from videogrpo.parallel import shard_layout
 from videogrpo.preflight import memory_plan
 from videogrpo.preflight.memory_plan import GIB
 from videogrpo.preflight.model_shape import ModelShape
@@ -243,7 +244,7 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
     params = shape.params.total // tp
     c, r = memory_plan.BYTES[par.param_dtype], memory_plan.BYTES[par.reduce_dtype]
     replicas = world // tp
-    shard = memory_plan.sharding_degree(par.data_parallel, replicas, par.shard_group_size)
+    shard = shard_layout.sharding_degree(par.data_parallel, replicas, par.shard_group_size)
     per_node = par.procs_per_node
 
     def bandwidth(span: int) -> float:  # ranks a collective spans, consecutive: inside a node if they fit in one

@@ -149,7 +149,7 @@ def simulate(
 
     def start(rank: int):
         layout = shard_layout.rank_layout(par.data_parallel, world, par.shard_group_size, par.tensor_parallel, rank)
-        planned = memory_plan.sharded_state_bytes(model_shape, layout)
+        planned = shard_layout.sharded_state_bytes(model_shape, layout)
         return _start_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, latent if steps else None)
 
     # Up to `jobs` ranks at a time, each in its own process; reported in rank order as each finishes.

@@ -6,13 +6,12 @@ import base64
 import html
 import io
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 from videogrpo.config import options_on
-from videogrpo.provenance import cost_page, gold_page, metric_rows, trace
+from videogrpo.provenance import cost_page, gold_page, metric_rows, page_cells, trace
 from videogrpo.provenance.manifest import now_iso, read_manifest, record_digest
 
 VALIDATION_MEAN = metric_rows.VALIDATION_PREFIX + "reward_mean"
@@ -188,49 +187,6 @@ def per_task_curves_png(metrics: list[dict], columns: int = 5) -> str | None:
     return None if fig is None else _figure_png(fig)
 
 
-def _number(value: Any) -> Any:
-    """CSV cells as numbers where they are numbers."""
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            try:
-                return float(value)
-            except ValueError:
-                return value
-    return value
-
-
-def fixed(value: float, digits: int = 4) -> str:
-    """`value` to `digits` decimals; a value that rounds to zero is 0, never -0 (a sign with no digit behind it
-    reads as a result)."""
-    text = f"{value:.{digits}f}"
-    return text.lstrip("-") if float(text) == 0 else text
-
-
-def significant(value: Any, digits: int = 4) -> str:
-    """A number to `digits` significant digits, as the CLI prints its figures: 0.0003125, 2.517, 20,692,776 (no digit
-    made up, none dropped before the decimal point), and 1.23e-09 where decimals would be mostly zeros."""
-    value = _number(value)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return html.escape(str(value))
-    if value != value:
-        return "–"
-    if value == 0:
-        return "0"
-    magnitude = math.floor(math.log10(abs(value)))
-    if magnitude < -4:
-        return f"{value:.{digits - 1}e}"
-    return f"{value:,.{max(0, digits - 1 - magnitude)}f}"
-
-
-def learning_rate_text(value: Any) -> str:
-    """A learning rate to three significant digits (1.00e-04, 8.54e-05): the schedule's warm-up and decay
-    differ in the digits that fixed decimals drop."""
-    value = _number(value)
-    return f"{value:.2e}" if isinstance(value, (int, float)) else html.escape(str(value))
-
-
 LOCAL_TITLE = "not run inside a SLURM job (SLURM_JOB_ID was unset): it ran on the host named, outside SLURM"
 UNCONFIRMED_TITLE = (
     "its environment held SLURM_JOB_ID={claimed}, but SLURM did not confirm that it ran in that job (the stage's "
@@ -256,31 +212,6 @@ def commit_text(commit: Any) -> str:
     if isinstance(commit, list):
         return "differs between stages: " + ", ".join(f"<code>{html.escape(c)}</code>" for c in commit)
     return f"<code>{html.escape(str(commit))}</code>"
-
-
-def breakable(text: Any) -> str:
-    """`text` as HTML that a browser may wrap after a separator (/ : . _ -) and nowhere else: an identifier such as
-    `generate_cell:trained:flowcps-0.7.videos` or a path never breaks inside a word."""
-    return re.sub(r"([/:._-])", r"\1<wbr>", html.escape(str(text)))
-
-
-def _cell(value: Any) -> str:
-    value = _number(value)
-    if isinstance(value, float):
-        return "–" if value != value else fixed(value)  # NaN: not defined (an interval of a single sample)
-    return html.escape(str(value))
-
-
-def _table(rows: list[dict], columns: list[str], formats: dict[str, Any] | None = None, css: str = "") -> str:
-    """An HTML table; `formats`: per column, the function from a cell's value to its HTML (default: numbers to
-    four decimals, text as it is)."""
-    formats = formats or {}
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{formats.get(c, _cell)(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows
-    )
-    opening = f"<table class='{css}'>" if css else "<table>"
-    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def video_pairs(
@@ -343,7 +274,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; 
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-/* Names and paths break only after a separator (breakable: never inside a word); a digest, one token, anywhere. */
+/* Names and paths break only after a separator (breakable); a digest, one token, anywhere. */
 table.digests { width: 100%; }
 table.digests td { overflow-wrap: normal; }
 table.digests td:nth-child(3) { word-break: break-all; }
@@ -362,11 +293,6 @@ code { font-size: 0.85em; }
 """
 
 
-def _float(text: str) -> float:
-    """A CSV cell as a number; empty (an interval of one sample) is NaN."""
-    return float(text) if text != "" else float("nan")
-
-
 def matrix_png(matrix: list[dict]) -> str:
     """Overall mean per sampler, one bar per model, with the 95 % bootstrap interval."""
     plt = _pyplot()
@@ -379,9 +305,9 @@ def matrix_png(matrix: list[dict]) -> str:
     for k, model in enumerate(models):
         rows = {row["sampler"]: row for row in overall if row["model"] == model}
         cells = [rows.get(s, missing) for s in samplers]
-        means = [_float(c["mean"]) for c in cells]
-        low = [_float(c["mean"]) - _float(c["ci_low"]) for c in cells]
-        high = [_float(c["ci_high"]) - _float(c["mean"]) for c in cells]
+        means = [page_cells.csv_float(c["mean"]) for c in cells]
+        low = [page_cells.csv_float(c["mean"]) - page_cells.csv_float(c["ci_low"]) for c in cells]
+        high = [page_cells.csv_float(c["ci_high"]) - page_cells.csv_float(c["mean"]) for c in cells]
         xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(samplers))]
         ax.bar(xs, means, width, yerr=[low, high], capsize=3, label=model)
     ax.set_xticks(range(len(samplers)), samplers)
@@ -396,8 +322,8 @@ CHECK_CHANGE = "trained - base [95 % paired interval]"
 
 def _number_text(text: str) -> str:
     """A CSV number to four decimals; empty or NaN (no interval below two samples) as a dash."""
-    value = _float(text)
-    return "–" if value != value else fixed(value)
+    value = page_cells.csv_float(text)
+    return "–" if value != value else page_cells.fixed(value)
 
 
 def _change_text(trained: dict) -> str:
@@ -432,7 +358,10 @@ def _matrix_pivot(matrix: list[dict]) -> tuple[list[dict], list[str]]:
     rows = []
     for model in dict.fromkeys(row["model"] for row in overall):
         cells = {row["sampler"]: row for row in overall if row["model"] == model}
-        shown = {s: [fixed(_float(c[k]), 3) for k in ("mean", "ci_low", "ci_high")] for s, c in cells.items()}
+        shown = {
+            s: [page_cells.fixed(page_cells.csv_float(c[k]), 3) for k in ("mean", "ci_low", "ci_high")]
+            for s, c in cells.items()
+        }
         shown_text = {s: f"{mean} [{low}, {high}]" for s, (mean, low, high) in shown.items()}
         rows.append({"model": model, **{s: shown_text.get(s, "–") for s in samplers}})  # "–": no such cell
     return rows, ["model", *samplers]
@@ -458,7 +387,9 @@ def verdict_rows(matrix: list[dict], check_sampler: str) -> list[dict]:
         row["base"] = _number_text(base["mean"]) if base else "–"
         if trained.get("delta_vs_base", ""):
             row[CHECK_CHANGE] = _change_text(trained)
-            row["verdict"] = _verdict_word(_float(trained["delta_ci_low"]), _float(trained["delta_ci_high"]))
+            row["verdict"] = _verdict_word(
+                page_cells.csv_float(trained["delta_ci_low"]), page_cells.csv_float(trained["delta_ci_high"])
+            )
         rows.append(row)
     return rows
 
@@ -545,7 +476,7 @@ def render_html(
             "base",
             *([CHECK_CHANGE, "verdict"] if any("verdict" in r for r in verdict) else []),
         ]
-        parts.append(_table(verdict, columns))
+        parts.append(page_cells.table(verdict, columns))
     else:
         parts.append("<p class='warn'>No trained-against-base comparison in the matrix.</p>")
     parts.append(
@@ -565,14 +496,16 @@ def render_html(
         nft_run = bool(trained) and "nft_optimality_mean" in trained[0]
         objective = ["nft_optimality_mean", "nft_negative_loss"] if nft_run else ["ppo_ratio_mean", "ppo_clip_fraction"]
         columns = ["step", "reward_mean", "reward_std", "policy_loss", *objective, "grad_norm", "learning_rate"]
-        parts.append(_table(trained, [*columns, "time_step_s"], {"learning_rate": learning_rate_text}))
+        parts.append(
+            page_cells.table(trained, [*columns, "time_step_s"], {"learning_rate": page_cells.learning_rate_text})
+        )
         if validated := metric_rows.validation_rows(metrics):
             parts.append(
                 "<h3>Validation during training: held-out prompts with fixed noise (the dashed series above)</h3>"
             )
             columns = ["step", "val/reward_mean", "val/reward_std", "val/prompts", "val/reward_errors", "val/time_s"]
-            parts.append(_table(validated, columns))
-            parts.append(gold_page.section(validated, _figure_png, _pyplot, _updates_axis, wrap_name, _table))
+            parts.append(page_cells.table(validated, columns))
+            parts.append(gold_page.section(validated, _figure_png, _pyplot, _updates_axis, wrap_name, page_cells.table))
     under = f" (<code>{html.escape(check_sampler)}</code>)" if check_sampler else ""
     parts.append(f"<h2>Held-out check: trained against base under the training sampler{under}</h2>")
     if check:
@@ -584,7 +517,7 @@ def render_html(
             "interval.</p>"
         )
         pivot, columns = check_pivot(check)
-        parts.append(f"<div class='fit'>{_table(pivot, columns)}</div>")
+        parts.append(f"<div class='fit'>{page_cells.table(pivot, columns)}</div>")
         parts.append(_videos(videos or {}, posters))
     else:
         parts.append("<p class='warn'>No held-out check in the matrix's per-task table.</p>")
@@ -596,9 +529,9 @@ def render_html(
             "(<code>delta_vs_base</code>).</p>"
         )
         pivot, columns = _matrix_pivot(matrix)
-        parts.append(_table(pivot, columns))
+        parts.append(page_cells.table(pivot, columns))
         parts.append(f"<img alt='evaluation matrix' src='data:image/png;base64,{matrix_png(matrix)}'>")
-        parts.append(_table(matrix, list(matrix[0].keys()), css="data"))
+        parts.append(page_cells.table(matrix, list(matrix[0].keys()), css="data"))
     parts.append("<h2>Stages: what each job cost</h2>")
     parts.append(
         "<p>One row per stage job, by start (UTC): <code>job id</code> is the SLURM job the stage ran in, "
@@ -615,16 +548,22 @@ def render_html(
         parts.append(cost_page.timeline(cost["jobs"]))
     parts.append("<h2>Artifact digests (SHA-256)</h2>")
     parts.append(
-        _table(
+        page_cells.table(
             [{"artifact": k, **v} for k, v in provenance["digests"].items()],
             ["artifact", "path", "sha256", "size"],
-            {"artifact": breakable, "path": breakable, "sha256": lambda d: f"<code>{html.escape(str(d))}</code>"},
+            {
+                "artifact": page_cells.breakable,
+                "path": page_cells.breakable,
+                "sha256": lambda d: f"<code>{html.escape(str(d))}</code>",
+            },
             css="digests",
         )
     )
     parts.append("<h2>Software</h2>")
     parts.append(
-        _table([{"package": k, "version": v} for k, v in provenance["versions"].items()], ["package", "version"])
+        page_cells.table(
+            [{"package": k, "version": v} for k, v in provenance["versions"].items()], ["package", "version"]
+        )
     )
     parts.append("<h2>Configuration</h2>")
     parts.append(f"<pre>{html.escape(json.dumps(provenance['config'], indent=2, sort_keys=True))}</pre>")

@@ -1,0 +1,204 @@
+"""The cross-field rules of the options beyond the reference (docs/options.md): the SDE window, DiffusionNFT,
+validation during training and gold rewards, the best point's export, LoRA. Each returns the rules a config breaks,
+naming the field, the value and the fix; `checks.CHECKS` runs each where the sections it reads are present.
+
+May import: `config.fields`, `config.cells`, `config.sections` and the core modules.
+"""
+
+from __future__ import annotations
+
+import math
+
+from videogrpo.config.cells import sampler_problem
+from videogrpo.config.fields import CHOICES, training_reward_kinds
+from videogrpo.config.sections import Config
+
+
+def sde_window_problems(g) -> list[str]:
+    """The SDE window (docs/options.md#sde-window): a size that fits its range, a range inside the denoising steps."""
+    size = g.sde_window_size
+    if size < 0:
+        return [f"grpo.sde_window_size = {size}: must be >= 0 (0: off, SDE on every step)"]
+    if not size:
+        if g.sde_window_tail != "euler":
+            return [
+                f"grpo.sde_window_tail = {g.sde_window_tail!r} with grpo.sde_window_size = 0: the tail is what follows "
+                "an SDE window; set a window size, or the tail back to 'euler'"
+            ]
+        return []
+    if g.sde_window_range is None:
+        lo, hi = 0, g.sampling_steps
+    elif len(g.sde_window_range) != 2 or not 0 <= g.sde_window_range[0] < g.sde_window_range[1] <= g.sampling_steps:
+        return [
+            f"grpo.sde_window_range = {g.sde_window_range}: must be [lo, hi] with 0 <= lo < hi <= "
+            f"grpo.sampling_steps ({g.sampling_steps}), or null (every step)"
+        ]
+    else:
+        lo, hi = g.sde_window_range
+    if size > hi - lo:
+        return [f"grpo.sde_window_size = {size}: larger than its range [{lo}, {hi}) (grpo.sde_window_range)"]
+    if not 0 < g.sde_window_tail_ratio <= 1:
+        return [
+            f"grpo.sde_window_tail_ratio = {g.sde_window_tail_ratio}: must be in (0, 1] (the share of the steps after "
+            "the window the DPM-Solver tail keeps)"
+        ]
+    return []
+
+
+def nft_problems(g) -> list[str]:
+    """DiffusionNFT (docs/options.md#diffusionnft) and the Euler sampler only it can train with."""
+    if g.algorithm != "nft":
+        if g.sampler == "euler":
+            return [
+                "grpo.sampler = 'euler': the deterministic ODE has no log-probability for GRPO to train; it samples "
+                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo)"
+            ]
+        return []
+    found = []
+    why = "DiffusionNFT trains the noising process, with no log-probability or ratio"
+    for field, on, what in (
+        ("grpo_guard", g.grpo_guard, "normalises GRPO's ratio"),
+        ("sde_window_size", g.sde_window_size, "picks the steps GRPO replays"),
+        ("clip_range_high", g.clip_range_high, "clips GRPO's ratio"),
+        ("skip_zero_variance_groups", g.skip_zero_variance_groups, "relies on GRPO's zero advantage meaning no loss"),
+    ):
+        if on:
+            found.append(f"grpo.{field} = {on!r} with grpo.algorithm = 'nft': it {what}; {why}. Turn it off")
+    if g.delayed_replay:
+        found.append(
+            "grpo.delayed_replay = true with grpo.algorithm = 'nft': DiffusionNFT reflects the trained policy through "
+            "the old policy that sampled the batch, and a delayed batch was sampled by an older one; set "
+            "grpo.delayed_replay: false"
+        )
+    if g.sampler == "euler" and g.share_group_noise:
+        found.append(
+            "grpo.sampler = 'euler' with grpo.share_group_noise = true: the ODE from one initial noise makes every "
+            "member of a group the same video (no advantage); set grpo.share_group_noise: false"
+        )
+    if not 0 <= g.nft_old_decay_max < 1:
+        found.append(f"grpo.nft_old_decay_max = {g.nft_old_decay_max}: must be in [0, 1) (1 would never update it)")
+    return found
+
+
+def validation_problems(cfg: Config) -> list[str]:
+    """Validation during training (train.validate_*) samples held-out prompts with a matrix sampler."""
+    t = cfg.train
+    found = []
+    if t.validate_every < 0:
+        found.append(f"train.validate_every = {t.validate_every}: must be >= 0 (0: no validation during training)")
+    if t.validate_prompts <= 0:
+        found.append(
+            f"train.validate_prompts = {t.validate_prompts}: must be > 0 (to turn validation off, set "
+            f"train.validate_every: 0 and train.validate_before_training: false)"
+        )
+    if why := sampler_problem(t.validate_sampler):
+        found.append(f"train.validate_sampler: {why}")
+    on = t.validate_every > 0 or t.validate_before_training
+    if on and cfg.data.heldout_per_task == 0:
+        found.append(
+            f"train.validate_every = {t.validate_every}, train.validate_before_training = "
+            f"{t.validate_before_training}: validation samples held-out prompts, but data.heldout_per_task is 0; "
+            f"hold samples out with data.heldout_per_task >= 1 (which removes them from training), or turn validation "
+            f"off (train.validate_every: 0, train.validate_before_training: false)"
+        )
+    return found
+
+
+def gold_problems(cfg: Config) -> list[str]:
+    """Gold rewards (train.validate_rewards) score validation points with rewards the policy is not trained on."""
+    t, known = cfg.train, CHOICES["reward.kind"]
+    if t.keep_best_by is not None and t.keep_best_by not in t.validate_rewards:
+        return [
+            f"train.keep_best_by = {t.keep_best_by!r}: not among train.validate_rewards ({t.validate_rewards}); the "
+            "best point is chosen by a gold reward's score: list it there, or unset keep_best_by"
+        ]
+    if t.stop_on_divergence and not t.validate_rewards:
+        return [
+            "train.stop_on_divergence = true with train.validate_rewards empty: the divergence alarm watches gold "
+            "rewards; list one (train.validate_rewards), or set stop_on_divergence false"
+        ]
+    if not t.validate_rewards:
+        return []
+    validating = t.validate_every > 0 or t.validate_before_training
+    found = [
+        f"train.validate_rewards: unknown reward kind {kind!r}; the kinds are {', '.join(known)}"
+        for kind in t.validate_rewards
+        if kind not in known
+    ]
+    if len(set(t.validate_rewards)) != len(t.validate_rewards):
+        found.append(f"train.validate_rewards = {t.validate_rewards}: a reward is listed twice")
+    if not validating:
+        found.append(
+            f"train.validate_rewards = {t.validate_rewards}: gold rewards score the validation points, and this run "
+            f"validates never; set train.validate_every (and/or train.validate_before_training: true)"
+        )
+    if t.stop_on_divergence and t.save_steps <= 0:
+        found.append(
+            "train.stop_on_divergence = true with train.save_steps = 0: the run stops at the checkpoint after the "
+            "alarm, and this one writes none before its end; set train.save_steps"
+        )
+    for field in ("divergence_sigmas", "divergence_min_change"):
+        if not math.isfinite(value := getattr(t, field)) or value < 0:
+            found.append(f"train.{field} = {value}: must be a finite number >= 0")
+    if t.validate_prompts < 2:
+        found.append(
+            f"train.validate_prompts = {t.validate_prompts} with gold rewards: the divergence alarm takes the standard "
+            f"error of a change over the prompts, which needs 2 or more"
+        )
+    return found
+
+
+def best_model_problems(cfg: Config) -> list[str]:
+    """The matrix's `best` model is the export train.keep_best_by makes."""
+    if "best" in cfg.matrix.models and not cfg.train.keep_best_by:
+        return [
+            "matrix.models lists 'best', the weights of the best validation point, which only a run with "
+            "train.keep_best_by exports; set train.keep_best_by (with train.validate_rewards), or drop 'best'"
+        ]
+    return []
+
+
+def gold_overlap_problems(cfg: Config) -> list[str]:
+    """A gold reward is none of the rewards the policy trains on."""
+    t = cfg.train
+    if trained := sorted(set(t.validate_rewards) & set(training_reward_kinds(cfg))):
+        return [
+            f"train.validate_rewards = {t.validate_rewards}: {', '.join(trained)} is a training reward (reward.kind "
+            f"or reward.terms), so the policy is trained on it and it cannot show the training reward being gamed; "
+            f"list rewards the run does not train on"
+        ]
+    return []
+
+
+def lora_problems(cfg: Config) -> list[str]:
+    """LoRA (docs/options.md#lora): its settings, and the layouts it trains under."""
+    t = cfg.train
+    if t.lora_rank <= 0:
+        return []
+    found = []
+    if t.lora_alpha is not None and t.lora_alpha <= 0:
+        found.append(f"train.lora_alpha = {t.lora_alpha!r}: must be > 0, or null (lora_rank)")
+    if t.lora_dropout >= 1:
+        found.append(f"train.lora_dropout = {t.lora_dropout!r}: must be below 1 (the share of inputs dropped)")
+    if not t.lora_targets or not all(isinstance(n, str) and n.strip() for n in t.lora_targets):
+        found.append(
+            f"train.lora_targets = {t.lora_targets!r}: must name at least one linear layer of the transformer "
+            f"(suffixes of module names, e.g. to_q, ffn.net.2)"
+        )
+    if t.resume_from and t.reset_dataloader:
+        # The weights-only loader maps a checkpoint's transformer keys onto the model's; peft renames the wrapped
+        # layers' (base_layer), so it would find none of them.
+        found.append(
+            f"train.resume_from = {t.resume_from!r} with train.reset_dataloader: true and train.lora_rank = "
+            f"{t.lora_rank}: starting adapters from another run's weights is not supported; start the LoRA run from "
+            f"the base model (remove train.resume_from), or resume its own checkpoint (train.reset_dataloader: false)"
+        )
+    if cfg.parallel.tensor_parallel > 1:
+        # The TP plan replaces the very projections peft wraps (attention and FFN) by sharded ones, whose weights
+        # the adapters' merge and export would need whole.
+        found.append(
+            f"train.lora_rank = {t.lora_rank} with parallel.tensor_parallel = {cfg.parallel.tensor_parallel}: LoRA "
+            f"is not supported under tensor parallelism (its plan shards the attention and FFN projections the "
+            f"adapters wrap); set parallel.tensor_parallel: 1 (FSDP or HSDP shard the frozen base as well)"
+        )
+    return found
