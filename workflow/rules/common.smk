@@ -18,7 +18,16 @@ from videogrpo.artifacts import attention_kernel
 from videogrpo.config.retired import retired_in_layers
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import k8s_job
-from videogrpo.pipeline import driver_lock, job_error_lines, layout, object_storage, start, start_check, unstarted_jobs
+from videogrpo.pipeline import (
+    driver_interrupt,
+    driver_lock,
+    job_error_lines,
+    layout,
+    object_storage,
+    start,
+    start_check,
+    unstarted_jobs,
+)
 from videogrpo.pipeline.resources import job_resources
 from videogrpo.pipeline.stage_config import code_param, config_path, rule_params
 from videogrpo.provenance import digest_cache, interconnect
@@ -32,6 +41,9 @@ driver_lock.install()
 unstarted_jobs.install()
 # A failed job is shown without Snakemake's `message: None` line (pipeline/job_error_lines.py).
 job_error_lines.install()
+# A second Ctrl-C while Snakemake waits for the jobs it stopped is ignored by the driver, not shown as Snakemake's
+# tracebacks (pipeline/driver_interrupt.py).
+driver_interrupt.install()
 # A field that is gone is refused naming the file (or --config) that still gives it, and its new home.
 if _gone := retired_in_layers(workflow.configfiles, workflow.config_settings.config):
     raise WorkflowError("fields that are gone:\n  - " + "\n  - ".join(_gone))
@@ -67,7 +79,9 @@ def storage_endpoint():
     return getattr(settings, "endpoint_url", None)
 
 
-if OBJECT_STORAGE and workflow.is_main_process:  # what Snakemake's S3 plugin has not refused by now, one line each (pipeline/object_storage.py)
+if (
+    OBJECT_STORAGE and workflow.is_main_process
+):  # what Snakemake's S3 plugin has not refused by now, one line each (pipeline/object_storage.py)
     _s3 = (workflow.storage_provider_settings or {}).get("s3")
     _s3 = _s3.get_settings() if _s3 is not None else None
     if _found := object_storage.problems(
