@@ -24,8 +24,10 @@ def main() -> None:
     from videogrpo.grpo.advantages import group_advantages
     from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.loss import ppo_loss
-    from videogrpo.grpo.rollout import replay_log_prob, rollout, seeded_normal, trained_timesteps
+    from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo.rollout import replay_log_prob, rollout
     from videogrpo.grpo.samplers import sigma_schedule
+    from videogrpo.grpo.sde_window import trained_timesteps
     from videogrpo.models.wan import WanTI2V, flow_shift
     from videogrpo.parallel import process_groups
     from videogrpo.rewards.rule import RuleScorer, score_request

@@ -83,9 +83,9 @@ def test_every_step_goes_to_the_expert_the_boundary_names_in_rollout_and_replay(
 def test_an_expert_that_served_no_replayed_step_gets_no_gradient(tiny_i2v, dataset, tmp_path, monkeypatch):
     """Only high-noise steps (0 and 1, t >= 875) replayed: the low-noise expert is not updated at all (no
     moments, no weight decay), the high-noise one is, and the joint norm is the high expert's alone."""
-    import videogrpo.grpo.rollout as rollout_module
+    import videogrpo.grpo.sde_window as sde_window_module
 
-    monkeypatch.setattr(rollout_module, "trained_timesteps", lambda *a: [0, 1])  # what replayed_steps asks
+    monkeypatch.setattr(sde_window_module, "trained_timesteps", lambda *a: [0, 1])  # what replayed_steps asks
     trainer = trainer_in_process(a14b(), tmp_path, tiny_i2v, dataset)
     served = []
     original = trainer.experts.step

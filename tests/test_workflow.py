@@ -105,7 +105,7 @@ def test_a_driver_inside_a_slurm_allocation_runs_to_its_report(demo, workdir):
     run_dir = next(workdir.glob("results/runs/*/report")).parent
     manifest = json.loads((run_dir / "report.manifest.json").read_text())
     assert manifest["slurm_job_id"] is None and manifest["slurm_job"]["claimed"] == "4242"
-    assert not manifest["slurm_job"]["confirmed"] and "SLURM" not in manifest["cost"]["gpus_from"]
+    assert not manifest["slurm_job"]["confirmed"] and "SLURM allocation" not in manifest["cost"]["gpus_from"]
     lines = run(["videogrpo", "trace", str(run_dir)], workdir).stdout.splitlines()
     assert "4242" not in "\n".join(lines) and {line.split("\t")[1] for line in lines[1:]} == {"-"}
 
@@ -384,7 +384,8 @@ def test_the_tiny_default_with_lora_and_validation_runs_to_its_report(demo, work
 def test_cli_commands_of_the_readme(demo, workdir):
     out = run(["videogrpo", "--help"], workdir)
     shown = re.findall(r"^    (\S+)", out.stdout, re.M)  # what a person runs; the rules' commands under `stage`
-    assert shown == ["config", "simulate", "plan", "schema", "verify", "diff", "compare", "trace", "stage"], out.stdout
+    commands = ["config", "simulate", "plan", "schema", "verify", "diff", "compare", "trace", "check-storage", "stage"]
+    assert shown == commands, out.stdout
     out = run(["videogrpo", "stage", "--help"], workdir)
     for rule in RULES:
         assert rule.replace("_", "-") in out.stdout
