@@ -23,8 +23,8 @@ def main() -> None:
     from videogrpo.data.dataset import batch_for_step, load_split, training_order
     from videogrpo.grpo.advantages import group_advantages
     from videogrpo.grpo.assignment import waves
-    from videogrpo.grpo.loss import ppo_loss
     from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo.loss import ppo_loss
     from videogrpo.grpo.rollout import replay_log_prob, rollout
     from videogrpo.grpo.samplers import sigma_schedule
     from videogrpo.grpo.sde_window import trained_timesteps
