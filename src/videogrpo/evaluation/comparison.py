@@ -26,7 +26,7 @@ from videogrpo.config.cells import training_sampler
 from videogrpo.errors import VideoGRPOError
 from videogrpo.evaluation.aggregate import ALL, bootstrap_interval
 from videogrpo.provenance import digest, page_cells, report_page
-from videogrpo.provenance.manifest import read_manifest
+from videogrpo.provenance.manifest import MODEL_INPUT, read_manifest
 from videogrpo.provenance.metric_rows import training_rows
 
 
@@ -86,7 +86,7 @@ def load_run(run_dir: Path) -> RunRecord:
     with open(per_task, newline="") as f:
         check = {f"{r['model']}:{r['sampler']}": r for r in csv.DictReader(f) if r["task"] == ALL}
     cells = {label: _checked(record, matrix_manifest, f"scores of cell {label}")
-             for label, record in matrix["inputs"].items()}  # fmt: skip
+             for label, record in matrix["inputs"].items() if not label.startswith(MODEL_INPUT)}  # fmt: skip
     devices = (train.get("accelerator") or {}).get("devices") or []
     accelerator = devices[0] if devices else f"CPU ({train.get('host', 'unknown host')})"
     params = train["params"]

@@ -25,6 +25,8 @@ from videogrpo.errors import DigestMismatch, VideoGRPOError
 from videogrpo.provenance import cost, digest, digest_cache, slurm_job
 
 MANIFEST_VERSION = 1
+MODEL_INPUT = "model:"
+"""The prefix of the inputs that name a model a stage presents or evaluates (`model:<name>`), beside its data."""
 SECRET_ENV_VARS = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",

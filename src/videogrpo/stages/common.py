@@ -7,6 +7,7 @@ from pathlib import Path
 
 from videogrpo import config as config_mod
 from videogrpo.config import Config, canonical_json
+from videogrpo.provenance.manifest import MODEL_INPUT
 
 
 def add_config_argument(parser: argparse.ArgumentParser, manifest_required: bool = True) -> None:
@@ -43,7 +44,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_inputs(args: argparse.Namespace) -> dict[str, Path]:
     """StageRun inputs of --model-files: `model:<name>` -> its path."""
-    return {f"model:{name}": Path(path) for name, _, path in (item.partition("=") for item in args.model_files)}
+    return {f"{MODEL_INPUT}{name}": Path(path) for name, _, path in (item.partition("=") for item in args.model_files)}
 
 
 def load_config(args: argparse.Namespace) -> tuple[Config, dict]:
