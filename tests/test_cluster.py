@@ -79,34 +79,60 @@ def final_state(run_dir: Path) -> tuple[bytes, list[dict], str]:
     )
 
 
-def test_two_node_training_through_the_slurm_profile_equals_the_local_run(slurm, checkout, demo, workdir):
+def test_two_node_training_killed_once_resumes_and_equals_the_local_run(slurm, checkout, demo, workdir):
     """The local run to compare with is the shared demo (`snakemake --cores 2` on the same checkout); here the
-    shared stages run locally first (--omit-from preflight), so that the cluster run must reuse them."""
+    shared stages run locally first (--omit-from preflight), so that the cluster run must reuse them. Its training
+    job is killed once it has a checkpoint (scancel stands in for a job SLURM kills at its time limit): Snakemake
+    resubmits it (train.retries: 1, an execution setting: the run is the demo's), it resumes from the checkpoint
+    and finishes, bit-identical to the uninterrupted local run. (That a plain rerun after a failed run resumes is
+    Snakemake's and the trainer's, without SLURM: test_workflow_reruns.)"""
     local_run = workdir / "results/runs" / first_run_id(workdir)
     run(["snakemake", "--cores", "2", "--omit-from", "preflight"], checkout)
     assert not list(checkout.glob("results/runs/*/preflight.manifest.json"))
     # The driver as one started inside an sbatch or salloc allocation: SLURM_JOB_ID in its environment. It is
     # still the driver (Snakemake's onstart, not the environment, says so): it records its invocation.
     (checkout / "results/.stage-config/invocation.json").unlink()
-    out = run(["snakemake", *TEST_PROFILE], checkout, SLURM_JOB_ID="4242")
-    jobs = jobs_run(out.stdout + out.stderr)
+    env = dict(
+        os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID="4242"
+    )
+    driver_log = checkout / "driver.log"  # a file, not a pipe: nobody reads a pipe while we poll
+    argv = ["snakemake", *TEST_PROFILE, "--config", "train={retries: 1}"]
+    with open(driver_log, "w") as sink:
+        driver = subprocess.Popen(argv, cwd=checkout, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        kill_when_checkpointed(checkout, driver, driver_log)
+        driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    output = driver_log.read_text()
+    # The killed attempt, as the driver saw it (a failed job's log, which it prints, says "Error in rule" too).
+    killed = re.findall(r"SLURM-job '(\d+)' failed, SLURM status is: 'CANCELLED'", output)
+    assert len(set(killed)) == 1 and "Trying to restart job" in output, output[-4000:]
+    assert driver.returncode == 0, output[-4000:]  # resubmitted, resumed, finished
+    jobs = jobs_run(output)
     assert {"preflight", "train", "matrix", "report"} <= set(jobs)  # shared stages were reused
     # The base model's matrix cells are shared by the runs; the trained model's are this run's.
     assert jobs["generate_cell"] == 3 and jobs["score_cell"] == 3 and "eval_set" not in jobs
     (cluster_run,) = [p.parent for p in checkout.glob("results/runs/*/preflight.manifest.json")]
-    log = (cluster_run / "logs/train.log").read_text()
+    assert cluster_run.name == local_run.name
+    log = (cluster_run / "logs/train.log").read_text()  # the resubmitted job's
+    total = json.loads((cluster_run / "train.manifest.json").read_text())["params"]["train"]["max_steps"]
+    resumed = re.search(rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)", log)
+    assert resumed and int(resumed.group(1)) >= 2, log
     assert re.search(r"\[rank \d/2\] host \S+ slurm node node1", log), log
     assert re.search(r"\[rank \d/2\] host \S+ slurm node node2", log), log
     assert "[launch] node 0/2" in log and "[launch] node 1/2" in log and "(slurm)" in log
     assert list((checkout / "results/slurm-logs/rule_train").glob("*.log"))
     # Same seeds, same world size (1 node x 2 processes vs 2 nodes x 1 process), same CPU thread count:
     # every random draw is keyed by counters, and a two-rank all-reduce is a + b on either topology,
-    # so the trained weights, the metrics and the evaluation must be bit-identical.
+    # so the trained weights, the metrics (each update once) and the evaluation must be bit-identical.
     assert final_state(cluster_run) == final_state(local_run)
     # What the jobs cost: training's manifest counts its 2 nodes (no GPU on CPU), the trace names each job's id
     # (sacct has no accounting storage here: the manifests' COMPLETED stands), a stage run outside SLURM none.
     train = json.loads((cluster_run / "train.manifest.json").read_text())
     assert train["slurm_job_id"] and (train["cost"]["nodes"], train["cost"]["gpus"]) == (2, 0), train["cost"]
+    assert train["slurm_job_id"] not in killed  # the attempt that finished
     # The profile's interconnect settings (tests/cluster/profile: set-resources: train) reached both nodes' ranks
     # through the job's environment and srun, and the manifest records what the ranks saw.
     assert train["interconnect"]["NCCL_DEBUG"] == "WARN", train["interconnect"]
@@ -164,14 +190,11 @@ def squeue_train_job() -> str | None:
     return None
 
 
-def kill_when_checkpointed(
-    checkout: Path, driver: subprocess.Popen, past: tuple[int, str | None], output: Path
-) -> tuple[int, str]:
-    """scancel the running training job, one other than the job `past` killed, once its run has a complete
-    checkpoint of an update after past's; returns that update and the job."""
+def kill_when_checkpointed(checkout: Path, driver: subprocess.Popen, output: Path) -> int:
+    """scancel the running training job once its run has a complete checkpoint; returns the checkpoint's update."""
     deadline, seen = time.monotonic() + 300, []
     while time.monotonic() < deadline and driver.poll() is None:
-        # Complete checkpoints of a run still training (earlier runs of this checkout have a final).
+        # Complete checkpoints of a run still training.
         updates = [
             int(m.parent.name.removeprefix("step-"))
             for m in checkout.glob("results/runs/*/checkpoints/step-*/COMPLETE")
@@ -179,55 +202,10 @@ def kill_when_checkpointed(
         ]
         job = squeue_train_job()
         seen.append((max(updates, default=0), job))
-        # A resubmitted job resumes from the newest checkpoint: kill it only once it has written one itself.
-        if job and job != past[1] and max(updates, default=0) > past[0]:
+        if job and updates:
             subprocess.run(["scancel", job], check=True)
-            return max(updates), job
+            return max(updates)
         time.sleep(0.1)
     raise AssertionError(
-        f"never saw a running training job with a checkpoint after update {past[0]} (killed before: {past[1]}):"
-        f" {seen[-20:]}\n"
-        f"{output.read_text()[-4000:]}"
+        f"never saw a running training job with a checkpoint: {seen[-20:]}\n{output.read_text()[-4000:]}"
     )
-
-
-def test_a_killed_training_job_resumes_from_the_last_checkpoint(slurm, checkout):
-    """scancel stands in for a job SLURM kills at its time limit: Snakemake resubmits it (train.retries: 1)
-    and it resumes from the last checkpoint and finishes. (That a plain rerun after a failed run resumes is
-    Snakemake's and the trainer's, without SLURM: test_workflow_reruns.)"""
-    total = 8
-    override = [
-        "train",  # the target: what follows training is the other test's
-        "--config",
-        f"train={{max_steps: {total}, save_steps: 2, epochs: 2, retries: 1}}",
-    ]
-    env = dict(os.environ, PATH=f"{Path(os.sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    driver_log = checkout / "driver.log"  # a file, not a pipe: nobody reads a pipe while we poll
-    driver = subprocess.Popen(
-        ["snakemake", *TEST_PROFILE, *override],
-        cwd=checkout,
-        env=env,
-        stdout=open(driver_log, "w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        kill_when_checkpointed(checkout, driver, (0, None), driver_log)
-        driver.wait(timeout=600)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    output = driver_log.read_text()
-    # The killed attempt, as the driver saw it (a failed job's log, which it prints, says "Error in rule" too).
-    killed = re.findall(r"SLURM-job '(\d+)' failed, SLURM status is: 'CANCELLED'", output)
-    assert len(set(killed)) == 1 and "Trying to restart job" in output, output[-4000:]
-    assert driver.returncode == 0, output[-4000:]  # resubmitted, resumed, finished
-    (run_dir,) = {
-        p.parents[1]
-        for p in checkout.glob("results/runs/*/checkpoints/step-*")
-        if json.loads((p.parents[1] / "preflight.manifest.json").read_text())["params"]["train"]["max_steps"] == total
-    }
-    log = (run_dir / "logs/train.log").read_text()
-    resumed = re.search(rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)", log)
-    assert resumed and int(resumed.group(1)) >= 2, log
-    steps = [json.loads(line)["step"] for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, total + 1))
