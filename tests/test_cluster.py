@@ -83,7 +83,7 @@ def test_two_node_training_killed_once_resumes_and_equals_the_local_run(slurm, c
     """The local run to compare with is the shared demo (`snakemake --cores 2` on the same checkout); here the
     shared stages run locally first (--omit-from preflight), so that the cluster run must reuse them. Its training
     job is killed once it has a checkpoint (scancel stands in for a job SLURM kills at its time limit): Snakemake
-    resubmits it (train.retries: 1, an execution setting: the run is the demo's), it resumes from the checkpoint
+    resubmits it (train.retries: 1), it resumes from the checkpoint
     and finishes, bit-identical to the uninterrupted local run. (That a plain rerun after a failed run resumes is
     Snakemake's and the trainer's, without SLURM: test_workflow_reruns.)"""
     local_run = workdir / "results/runs" / first_run_id(workdir)
@@ -115,7 +115,6 @@ def test_two_node_training_killed_once_resumes_and_equals_the_local_run(slurm, c
     # The base model's matrix cells are shared by the runs; the trained model's are this run's.
     assert jobs["generate_cell"] == 3 and jobs["score_cell"] == 3 and "eval_set" not in jobs
     (cluster_run,) = [p.parent for p in checkout.glob("results/runs/*/preflight.manifest.json")]
-    assert cluster_run.name == local_run.name
     log = (cluster_run / "logs/train.log").read_text()  # the resubmitted job's
     total = json.loads((cluster_run / "train.manifest.json").read_text())["params"]["train"]["max_steps"]
     resumed = re.search(rf"resumed from \S+/step-\d{{8}} \(update (\d+) of {total}\)", log)

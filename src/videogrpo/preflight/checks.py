@@ -360,6 +360,8 @@ def check_video_io() -> Check:
 
 
 def check_attention_backend(name: str) -> Check:
+    if name == "native":  # diffusers' default, known to every release and needing no package: importing diffusers to
+        return Check("attention_backend", True, "native available")  # ask costs a node launcher seconds of CPU
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     known = {b.value for b in AttentionBackendName}
