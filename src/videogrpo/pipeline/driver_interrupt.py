@@ -16,15 +16,13 @@ from __future__ import annotations
 import signal
 import threading
 
+from videogrpo.pipeline import snakemake_patch
+
 
 def install() -> None:
-    try:
-        from snakemake.executors.local import Executor
-    except ImportError:
+    if (found := snakemake_patch.originals("snakemake.executors.local", "Executor", "cancel")) is None:
         return
-    cancel = getattr(Executor, "cancel", None)
-    if cancel is None or getattr(cancel, "videogrpo", False):
-        return
+    executor, cancel = found
 
     def cancel_ignoring_sigint(self, *args, **kwargs):
         if threading.current_thread() is not threading.main_thread():
@@ -35,5 +33,4 @@ def install() -> None:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    cancel_ignoring_sigint.videogrpo = True
-    Executor.cancel = cancel_ignoring_sigint
+    snakemake_patch.replace(executor, cancel=cancel_ignoring_sigint)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from videogrpo import atomic
+from videogrpo.pipeline import snakemake_patch
 
 RECORD_PREFIX = "videogrpo-driver-"
 UNLOCK_WHEN = (
@@ -251,13 +252,9 @@ def install() -> None:
     first taken over when provably stale, or explained (take_over_or_explain); where a dry run only warns of it, the
     warning says which of the two a run will do (dry_run_note). Without the Snakemake internals this relies on,
     Snakemake's own check and message stay."""
-    try:
-        from snakemake.persistence import PersistenceBase
-    except ImportError:
+    if (found := snakemake_patch.originals("snakemake.persistence", "PersistenceBase", "lock")) is None:
         return
-    original = getattr(PersistenceBase, "lock", None)
-    if original is None or getattr(original, "videogrpo", False):
-        return
+    persistence, original = found
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -283,9 +280,8 @@ def install() -> None:
             print(dry_run_note(Path(lockdir)), file=sys.stderr)
         yield
 
-    lock.videogrpo = True
-    PersistenceBase.lock = lock
+    snakemake_patch.replace(persistence, lock=lock)
     # A dry run (Snakemake only warns there, as "Error: Directory cannot be locked. Another Snakemake instance is
     # running.", even when the holder is long dead): the same account, changing nothing.
-    if hasattr(PersistenceBase, "lock_warn_only"):
-        PersistenceBase.lock_warn_only = lock_warn_only
+    if hasattr(persistence, "lock_warn_only"):
+        snakemake_patch.replace(persistence, lock_warn_only=lock_warn_only)

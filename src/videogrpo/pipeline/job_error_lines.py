@@ -9,20 +9,17 @@ the Snakemake internals it relies on, Snakemake's output stays as it is.
 
 from __future__ import annotations
 
+from videogrpo.pipeline import snakemake_patch
+
 EMPTY_MESSAGE = "    message: None"
 
 
 def install() -> None:
-    try:
-        from snakemake.logging import DefaultFormatter
-    except ImportError:
+    if (found := snakemake_patch.originals("snakemake.logging", "DefaultFormatter", "_format_job_error")) is None:
         return
-    original = getattr(DefaultFormatter, "_format_job_error", None)
-    if original is None or getattr(original, "videogrpo", False):
-        return
+    formatter, original = found
 
     def format_job_error(self, msg):
         return [line for line in original(self, msg) if line != EMPTY_MESSAGE]
 
-    format_job_error.videogrpo = True
-    DefaultFormatter._format_job_error = format_job_error
+    snakemake_patch.replace(formatter, _format_job_error=format_job_error)

@@ -30,6 +30,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from videogrpo.pipeline import snakemake_patch
+
 # Output path -> its stamp when the run started (None: absent then), for every job about to run.
 _AT_START: dict[str, tuple[int, ...] | None] = {}
 # Output paths of the jobs this run handed to an executor (Snakemake registers a job when its submission succeeded).
@@ -84,13 +86,9 @@ def _take_back_marks(job: Any) -> None:
 
 def install() -> None:
     """Wrap Snakemake's Job.register (a submission that succeeded) and Job.postprocess (a failed job's cleanup)."""
-    try:
-        from snakemake.jobs import Job
-    except ImportError:
+    if (found := snakemake_patch.originals("snakemake.jobs", "Job", "postprocess", "register")) is None:
         return
-    postprocess, register = getattr(Job, "postprocess", None), getattr(Job, "register", None)
-    if postprocess is None or register is None or getattr(postprocess, "videogrpo", False):
-        return
+    job, postprocess, register = found
 
     def registered(self, *args, **kwargs):
         _SUBMITTED.update(_paths(self))
@@ -110,9 +108,7 @@ def install() -> None:
             return None
         return await postprocess(self, *args, **kwargs)
 
-    registered.videogrpo = kept_or_postprocessed.videogrpo = True
-    Job.register = registered
-    Job.postprocess = kept_or_postprocessed
+    snakemake_patch.replace(job, register=registered, postprocess=kept_or_postprocessed)
 
 
 def scheduler_problem(executor: str, jobs: Iterable[Any]) -> str | None:
