@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_matrix.py [--per-task 4] [--repeats 2] [--samplers unipc euler flowcps-0.7] [--smoke]
 
-In one invocation, for every sampler of the tiny default (unipc, euler, flowcps-0.7): the whole
+In one invocation, for the ODE samplers unipc and euler and the training sampler flowcps-0.7: the whole
 `videogrpo stage generate-cell` stage (process start, model load, every video generated, validated and
 promoted, its manifest) with one process and with two data-parallel processes, against the bare
 generation loop of the same videos in this process (model already loaded: what the stage cannot go

@@ -343,7 +343,7 @@ IDENTITY_CASES = {
         ("parallel", "master_port", 29600),
         ("parallel", "cpu_threads", 2),
         ("parallel", "attention_backend", "_native_math"),
-        ("evalkit", "workers", 1),
+        ("evalkit", "workers", 2),
         ("evalkit", "path", "elsewhere"),
         ("train", "keep_checkpoints", 5),
         ("train", "resume_from", "/ckpt/step-00000100"),

@@ -48,7 +48,7 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
         "logging={wandb_mode: disabled}",
         "train={keep_checkpoints: 3}",
         "parallel={master_port: 29871, cpu_threads: 1}",
-        "evalkit={workers: 1, threads_per_worker: 2}",
+        "evalkit={workers: 2, threads_per_worker: 2}",
     ]
     for argv in (["snakemake", "-n", *override], ["snakemake", "--cores", "2", *override]):
         out = run(argv, workdir)
@@ -62,14 +62,14 @@ def test_an_execution_setting_reruns_nothing_and_applies_at_the_next_run(demo, w
     # The first run that starts writes the stages' config files and says, once per stage, what changed.
     notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
     (note,) = [line for line in notes if line.startswith("note: train: ")]
-    assert "evalkit.workers 2 -> 1" in note and "parallel.master_port 29500 -> 29871" in note, note
+    assert "evalkit.workers 1 -> 2" in note and "parallel.master_port 29500 -> 29871" in note, note
     assert note.endswith("next run applies it (`--forcerun train` reruns it and what follows it)"), note
     (scoring,) = [line for line in notes if line.startswith("note: score_cell: ")]
-    assert "evalkit.workers 2 -> 1" in scoring and "evalkit.threads_per_worker 1 -> 2" in scoring, scoring
+    assert "evalkit.workers 1 -> 2" in scoring and "evalkit.threads_per_worker 1 -> 2" in scoring, scoring
     configs = [json.loads(p.read_text()) for p in (workdir / "results/.stage-config").glob("score_cell-*.json")]
-    assert any(c["evalkit"]["workers"] == 1 and c["evalkit"]["threads_per_worker"] == 2 for c in configs)
+    assert any(c["evalkit"]["workers"] == 2 and c["evalkit"]["threads_per_worker"] == 2 for c in configs)
     log = (cell / "score_cell.log").read_text()
-    assert "scoring with 1 scorer workers (evalkit.workers)" in log, log[-2000:]
+    assert "scoring with 2 scorer workers (evalkit.workers)" in log, log[-2000:]
     assert train_digest(workdir, run_id) == before
     out = run(["snakemake", "-n"], workdir)  # back to the defaults
     assert "Nothing to be done" in out.stdout + out.stderr, out.stdout[-3000:]
