@@ -40,6 +40,16 @@ RULES = [
 MODELS, SAMPLERS = ["base", "trained"], ["unipc", "flowcps-0.7"]
 CHECK_SAMPLER = "flowcps-0.7"
 CELLS = [f"{model}:{sampler}" for model in MODELS for sampler in SAMPLERS]
+# The jobs of a new run of the tiny default: its training, and the trained model's cells (the base model's are shared).
+NEW_RUN_JOBS = {
+    "preflight": 1,
+    "train": 1,
+    "generate_cell": len(SAMPLERS),
+    "score_cell": len(SAMPLERS),
+    "matrix": 1,
+    "report": 1,
+    "all": 1,
+}
 # Stages as the report's provenance names them: a cell's stages once per cell.
 PROVENANCE_STAGES = {r for r in RULES if r not in ("generate_cell", "score_cell", "report")} | {
     f"{stage}:{cell}" for stage in ("generate_cell", "score_cell") for cell in CELLS

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster.localslurm import SYSTEM_CONF, ClusterUnavailable, LocalSlurm, _alive, free_port
-from demo import copy_checkout, first_run_id, jobs_run, run
+from demo import CELLS, SAMPLERS, copy_checkout, first_run_id, jobs_run, run
 
 pytestmark = pytest.mark.cluster
 TEST_PROFILE = ["--profile", "profiles/slurm", "--workflow-profile", "tests/cluster/profile"]
@@ -113,7 +113,7 @@ def test_two_node_training_killed_once_resumes_and_equals_the_local_run(slurm, c
     jobs = jobs_run(output)
     assert {"preflight", "train", "matrix", "report"} <= set(jobs)  # shared stages were reused
     # The base model's matrix cells are shared by the runs; the trained model's are this run's.
-    assert jobs["generate_cell"] == 3 and jobs["score_cell"] == 3 and "eval_set" not in jobs
+    assert jobs["generate_cell"] == jobs["score_cell"] == len(SAMPLERS) and "eval_set" not in jobs
     (cluster_run,) = [p.parent for p in checkout.glob("results/runs/*/preflight.manifest.json")]
     log = (cluster_run / "logs/train.log").read_text()  # the resubmitted job's
     total = json.loads((cluster_run / "train.manifest.json").read_text())["params"]["train"]["max_steps"]
@@ -158,7 +158,7 @@ def test_a_failed_submission_costs_no_output_and_a_silent_scheduler_stops_the_ru
     no node has) fails, and every output, the cells' included, is as it was; a plain dry run then has nothing to do.
     With a controller that does not answer, the run stops in one line before anything is submitted."""
     before = output_files(checkout)
-    assert sum(path.endswith("score_cell.manifest.json") for path in before) == 6  # both models' cells
+    assert sum(path.endswith("score_cell.manifest.json") for path in before) == len(CELLS)  # both models' cells
     refused = ["--forcerun", "score_cell", "--set-resources", "score_cell:mem_mb=1000000"]
     out = run(["snakemake", *TEST_PROFILE, *refused], checkout, check=False)
     said = out.stdout + out.stderr

@@ -15,7 +15,7 @@ from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment
 
 from conftest import REPO
-from harness import adam_tolerance, metrics, tensors, train, train_in_process, trainer_config
+from harness import adam_tolerance, layout, metrics, tensors, train, train_in_process, trainer_config
 
 LAYOUTS = {
     1: {"procs_per_node": 1, "data_parallel": "replicate"},
@@ -46,6 +46,11 @@ def test_one_two_and_four_ranks_make_the_same_updates(mode, tiny_model, dataset,
         runs[world] = metrics(out), tensors(out)
     log = (tmp_path / "world2/log.txt").read_text()
     assert "rank 0 rolls out 4 member(s) of each of 1 prompt(s) a batch" in log
+    # HSDP at 4 ranks: 2 shard groups of 2 ranks (a 2-D mesh), every parameter sharded within its group.
+    hsdp = layout(tmp_path / "world4")
+    assert hsdp["sharded"] == hsdp["parameters"] and hsdp["mesh_shape"] == [2, 2]
+    assert hsdp["mesh_dims"] == ["replicate", "shard"] and hsdp["local_fraction"] == pytest.approx(0.5, abs=0.02)
+    assert layout(tmp_path / "world1")["sharded"] == 0
     one, one_weights = runs[1]
     updates = len(one)
     assert updates == (3 if mode == "sync" else 2)

@@ -8,17 +8,16 @@ from __future__ import annotations
 import re
 
 import pytest
-from demo import first_run_id, jobs_run, run
+from demo import NEW_RUN_JOBS, SAMPLERS, first_run_id, jobs_run, run
 
 pytestmark = pytest.mark.e2e
 
 WINDOW = "grpo={sde_window_size: 2, sde_window_range: [0, 4]}"
 NFT = "grpo={algorithm: nft, sampler: euler, share_group_noise: false, delayed_replay: false}"
 GUARD = "grpo={grpo_guard: true, sampler: dancegrpo, eta: 0.3}"
-NEW_RUN_JOBS = {"preflight": 1, "train": 1, "generate_cell": 2, "score_cell": 2, "matrix": 1, "report": 1, "all": 1}
 
 
-def new_run(workdir, overrides: str | list[str], cells: int = 2) -> str:
+def new_run(workdir, overrides: str | list[str], cells: int = len(SAMPLERS)) -> str:
     """A run of the tiny default with `overrides`: its stages and its `cells` new matrix cells (the trained model
     under the matrix's two samplers; a training sampler outside them adds the held-out check's two)."""
     before = {p.name for p in (workdir / "results/runs").iterdir()}
