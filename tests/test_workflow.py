@@ -338,8 +338,6 @@ def test_forcerun_matrix_reruns_only_matrix_and_report(demo, workdir):
     assert jobs_run(out.stdout + out.stderr) == {"matrix": 1, "report": 1, "all": 1}
 
 
-# A new run of the tiny default: the base model's matrix cells are shared with the demo run, only the trained
-# model's cells are new.
 def test_an_override_from_the_readme_makes_a_new_run(demo, workdir):
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     out = run(["snakemake", "--cores", "2", "--config", "train={lr: 2.0e-4, max_steps: 2}"], workdir)
