@@ -181,6 +181,11 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def without_times(rows: list[dict]) -> list[dict]:
+    """Metrics lines without their wall-clock fields (`time_`), which no two runs share."""
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
 def layout(out: Path) -> dict:
     return json.loads((out / "final/training_state.json").read_text())["layout"]
 

@@ -19,7 +19,7 @@ from videogrpo.grpo import flops, lora
 from videogrpo.models import lora as exported
 from videogrpo.preflight import memory_plan, model_shape
 
-from harness import metrics, solo_config, train, trainer_config, trainer_in_process
+from harness import metrics, solo_config, train, trainer_config, trainer_in_process, without_times
 
 LORA = {"lora_rank": 4, "lora_export_merged": True}
 TINY_ADAPTERS = 8448
@@ -31,10 +31,6 @@ def lora_config(**sections) -> dict:
     for section, values in sections.items():
         cfg[section].update(values)
     return cfg
-
-
-def without_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 def adapters_of(module) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from videogrpo.grpo.rollout import Trajectory
 from videogrpo.models.prompt_cache import PromptCache
 from videogrpo.models.wan import clean_prompt
 
-from harness import metrics, solo_config, tensors, trainer_in_process, weights
+from harness import metrics, solo_config, tensors, trainer_in_process, weights, without_times
 
 # Two prompts of 4 members in one wave (replica mode), so that chunks of members cut across prompts.
 TWO_PROMPTS = dict(
@@ -35,10 +35,6 @@ def options(**sections) -> dict:
     for section, values in sections.items():
         cfg[section].update(values)
     return cfg
-
-
-def without_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 def run(cfg: dict, out, tiny_model, dataset):

@@ -2,8 +2,9 @@
 and the optimizer step is the one the release topology takes (docs/reference-system.md#shared-prompt-waves).
 
 The same tiny run on 1, 2 and 4 ranks (4: two ranks per prompt, as the 5B recipes at 128 GPUs; 2: one prompt a
-rank; 1: both prompts on one rank), synchronous and under delayed replay, under the layouts the recipes use
-(HSDP, FSDP; replicate for the world of one): the same advantages, losses, gradient norms and weights to round-off.
+rank; 1: both prompts on one rank), synchronous and under delayed replay (with two updates a batch), under the
+layouts the recipes use (HSDP, FSDP; replicate for the world of one): the same advantages, losses, gradient norms
+and weights to round-off.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ LAYOUTS = {
     4: {"procs_per_node": 4, "data_parallel": "hsdp", "shard_group_size": 2},
 }
 # Two prompts a step over 6 training samples: 3 batches an epoch. Delayed: a prefill, an update replaying the slot,
-# and a flush at the epoch's end that replays the slot and skips its own batch (updates 0 and 1 stale).
+# and a flush at the epoch's end that replays the slot and skips its own batch (updates 0 and 1 stale). It also
+# takes two updates a batch on shuffled halves, replayed two members at a time: the halves split a prompt's members
+# unevenly over the ranks that share it, so the FSDP and HSDP ranks pad (grpo.minibatches).
 MODES = {
     "sync": dict(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "epochs": 2, "save_steps": 0}),
     "delayed": dict(
-        grpo={"prompts_per_step": 2, "delayed_replay": True}, train={"max_steps": None, "epochs": 1, "save_steps": 0}
+        grpo={"prompts_per_step": 2, "delayed_replay": True, "updates_per_batch": 2, "sample_batch_size": 2},
+        train={"max_steps": None, "epochs": 1, "save_steps": 0},
     ),
 }
 
@@ -55,6 +59,7 @@ def test_one_two_and_four_ranks_make_the_same_updates(mode, tiny_model, dataset,
     updates = len(one)
     assert updates == (3 if mode == "sync" else 2)
     assert {m["delayed_replay_staleness"] for m in one} == ({0.0} if mode == "sync" else {0.0, 1.0})
+    assert [m.get("optimizer_updates", 1) for m in one] == [1 if mode == "sync" else 2] * updates
     for world in (2, 4):
         lines, weights = runs[world]
         assert [m["step"] for m in lines] == [m["step"] for m in one]
@@ -70,12 +75,14 @@ def test_one_two_and_four_ranks_make_the_same_updates(mode, tiny_model, dataset,
             # The gradient's norm shows a wrong loss normaliser or a prompt left out (AdamW's step would hide a
             # scale); seen within 1e-4 relative.
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3), where
+            assert a.get("grad_norm_per_update") == pytest.approx(b.get("grad_norm_per_update"), rel=1e-3), where
             assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6), where
             assert a["ppo_ratio_mean"] == pytest.approx(b["ppo_ratio_mean"], abs=1e-6), where
         assert weights.keys() == one_weights.keys()
         for key in weights:
             # Reduction order differs per world and layout (seen: 1.2e-5 after four updates at world 4).
-            assert (weights[key] - one_weights[key]).abs().max() <= adam_tolerance(1e-4, updates), (world, key)
+            drift = adam_tolerance(1e-4, sum(m.get("optimizer_updates", 1) for m in one))
+            assert (weights[key] - one_weights[key]).abs().max() <= drift, (world, key)
 
 
 def test_every_member_of_every_prompt_is_rolled_out_once_at_every_world_size():

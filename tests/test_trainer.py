@@ -25,11 +25,8 @@ from harness import (
     train_in_process,
     trainer_config,
     weights,
+    without_times,
 )
-
-
-def without_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 def checkpoint_exists(update: int):

@@ -23,6 +23,7 @@ from videogrpo.config.option_rules import (
     lora_problems,
     nft_problems,
     sde_window_problems,
+    update_problems,
     validation_problems,
 )
 from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
@@ -329,6 +330,7 @@ CHECKS = (
     # DiffusionNFT's rules read grpo fields beyond those a stage that names the training sampler receives (the
     # report's view: sampler and eta); the stages that receive the whole grpo section receive train too.
     (("grpo", "train"), lambda cfg: nft_problems(cfg.grpo)),
+    (("grpo",), lambda cfg: update_problems(cfg.grpo)),
     (("matrix", "data"), _evaluation_set_problems),
     (("parallel",), _parallel_problems),
     (("matrix",), _matrix_problems),

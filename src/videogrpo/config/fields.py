@@ -30,6 +30,7 @@ CHOICES = {
     "grpo.sde_window_mode": ("random", "sliding"),
     "grpo.sde_window_tail": ("euler", "dpm_solver"),
     "grpo.grpo_guard_scope": ("micro_batch", "row"),
+    "grpo.update_order": ("shuffled", "by_member"),
     "train.lora_base_dtype": ("compute", "float32"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
     "model.condition_dtype": ("bfloat16", "float32"),
@@ -45,6 +46,8 @@ CHOICES = {
 
 POSITIVE = {
     "model.max_text_tokens",
+    "grpo.updates_per_batch",
+    "grpo.update_passes",
     "grpo.sde_window_stride",
     "grpo.nft_beta",
     "grpo.nft_adv_clip",

@@ -365,6 +365,7 @@ def flat_fields(view: dict[str, Any]) -> dict[str, Any]:
 OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
+    ({"grpo.updates_per_batch": 1, "grpo.update_passes": 1}, ("grpo.update_order",)),
     ({"grpo.vae_tile_size": None}, ()),
     ({"grpo.grpo_guard": False}, ("grpo.grpo_guard_scope",)),
     (

@@ -45,6 +45,25 @@ def sde_window_problems(g) -> list[str]:
     return []
 
 
+def update_problems(g) -> list[str]:
+    """Several updates per batch (docs/options.md#several-updates-per-batch): sets of equal size."""
+    u = g.updates_per_batch
+    if u <= 1 or g.group_size <= 0 or g.prompts_per_step <= 0:  # field_problems names a count that is not > 0
+        return []
+    if g.update_order == "by_member" and g.group_size % u:
+        return [
+            f"grpo.updates_per_batch = {u} with grpo.update_order = 'by_member': must divide grpo.group_size "
+            f"({g.group_size}), each update taking as many members of every prompt"
+        ]
+    rows = g.prompts_per_step * g.group_size
+    if g.update_order == "shuffled" and rows % u:
+        return [
+            f"grpo.updates_per_batch = {u}: must divide the batch's {rows} rollouts (grpo.prompts_per_step x "
+            "grpo.group_size), each update taking as many"
+        ]
+    return []
+
+
 def nft_problems(g) -> list[str]:
     """DiffusionNFT (docs/options.md#diffusionnft) and the Euler sampler only it can train with."""
     if g.algorithm != "nft":

@@ -293,9 +293,19 @@ class GRPOConfig:
     clip_range_high: float | None = None
     """Upper clip range of the PPO ratio (the ratio is clipped to [1 - c, 1 + clip_range_high], c the active clip
     range: delayed_clip_range under delayed replay, else clip_range); null: symmetric, as the reference."""
+    updates_per_batch: int = 1
+    """Optimizer updates per pass over a rollout batch (PPO's inner loop): the batch's rows split into this many
+    equal sets (update_order), one update each. Every update's ratio is taken against the rollout's
+    log-probabilities, so only the first is on-policy. 1: one update per batch, as the reference."""
+    update_passes: int = 1
+    """Passes over a rollout batch, each of updates_per_batch updates (the authors' num_inner_epochs)."""
+    update_order: str = "shuffled"
+    """How a pass splits the batch's rows: `shuffled`, a seeded permutation of every prompt's members, keyed by the
+    batch and the pass; `by_member`, update m takes members [m G / U, (m + 1) G / U) of every prompt (MixGRPO)."""
     skip_zero_variance_groups: bool = False
-    """A group whose rewards are all equal contributes no loss (its rollouts are not replayed) and is counted in
-    the `zero_variance_groups` metric; false: kept with zero advantages, as the reference (docs/options.md)."""
+    """A group whose rewards are all equal contributes no loss (its rollouts are replayed still, left out of the
+    mean) and is counted in the `zero_variance_groups` metric; false: kept with zero advantages, as the reference
+    (docs/options.md)."""
 
 
 @dataclass

@@ -233,15 +233,18 @@ def step_flops(
     reference: bool,
     gradient_checkpointing: bool,
     old_policy: bool = False,
+    passes: int = 1,
 ) -> StepFlops:
     """The trainer's transformer evaluations of one step: `samples` (prompts per step x group size) each
     replayed at `trained_timesteps` with gradients (and by the reference model without, when the KL weight
     is > 0), and, when the step rolled out a batch, denoised over `sampling_steps` forwards (fewer with a
     DPM-Solver tail: sde_window.rollout_forwards, or its mean over windows in the planner); classifier-free
     guidance doubles every evaluation (an unconditional forward beside the conditional one). `old_policy`: every
-    replay also asks the old policy, without gradients (DiffusionNFT)."""
+    replay also asks the old policy, without gradients (DiffusionNFT). `passes`: the replays over the batch
+    (grpo.update_passes; however many updates a pass takes, it replays each row once). The padding forwards of
+    uneven update sets under FSDP (grpo.minibatches) are no model FLOPs and not counted."""
     branches = 2 if guidance else 1
-    replays = samples * trained_timesteps * branches
+    replays = samples * trained_timesteps * branches * passes
     no_grad = replays * (int(reference) + int(old_policy)) + (samples * sampling_steps * branches if rolled_out else 0)
     return StepFlops(
         train=replays * per_sample.training(gradient_checkpointing),
@@ -310,6 +313,7 @@ def update_metrics(trainer, metrics: dict, rolled_out: int | None) -> dict:
         trainer.experts.reference is not None,
         cfg.train.gradient_checkpointing,
         old_policy=cfg.grpo.algorithm == "nft",
+        passes=cfg.grpo.update_passes,
     )
     seconds = metrics["time_step_s"]
     peak = device_peak_flops(trainer.ctx.device)

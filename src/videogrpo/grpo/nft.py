@@ -28,6 +28,8 @@ from videogrpo.grpo.samplers import masked_mean
 
 NOISE_TAG = 0x4E57
 """The key slot of the forward process's noise (training's other draws use others)."""
+PASS_TAG = 0x9A55
+"""Marks the pass of a batch's second and later passes in that noise's key (grpo.update_passes)."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 transition's log-prob (with GRPO-Guard's normalised ratio as an option), and DiffusionNFT's forward-process term on
 a freshly noised clean latent. Each returns (loss, KL term, diagnostics) for a slice of a rollout chunk's rows; the
 trainer (`trainer.Trainer`, passed in) owns the weights, the sigmas and the placement of the trajectories.
+`replay_update` runs them over the forwards of one optimizer update (`minibatches`) and backpropagates.
 
 May import what `grpo` may, and the `grpo` modules below the trainer.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from videogrpo.grpo import nft
+from videogrpo.grpo import minibatches, nft
 from videogrpo.grpo.draws import seeded_normal
 from videogrpo.grpo.loss import guard_log_ratio, ppo_loss
 from videogrpo.grpo.rollout import frame_mask, replay_log_prob, velocity
@@ -53,14 +54,15 @@ def grpo_terms(trainer, chunk, at: list[int], index: int, embeds, condition, cli
     return loss, kl, terms
 
 
-def nft_terms(trainer, batch: int, chunk, at: list[int], index: int, embeds, condition):
+def nft_terms(trainer, batch: int, chunk, at: list[int], index: int, embeds, condition, pass_index: int = 0):
     """(DiffusionNFT loss, KL, diagnostics) of the chunk's rows `at` at sampling sigma `index`: each row's clean
-    latent noised afresh (keyed by batch, prompt, member and step), the old policy's velocity beside the
-    trained one's, and the KL term the velocities' mean squared difference to the reference's."""
+    latent noised afresh (keyed by batch, prompt, member and step, and by the pass after the first: each pass over
+    a batch draws its own noise, as its authors' inner epochs), the old policy's velocity beside the trained one's,
+    and the KL term the velocities' mean squared difference to the reference's."""
     g, dev = trainer.cfg.grpo, trainer.ctx.device
     sigma = float(trainer.sigmas[index])
     x0 = trainer.placement.final(chunk.trajectory, at).float()
-    key = (trainer.cfg.train.seed, nft.NOISE_TAG, batch)
+    key = (trainer.cfg.train.seed, nft.NOISE_TAG, batch, *((nft.PASS_TAG, pass_index) if pass_index else ()))
     eps = torch.stack([seeded_normal(trainer.shape, dev, *key, chunk.prompts[i], chunk.members[i], index) for i in at])
     xt = nft.noised(x0, sigma, eps)
     mask = frame_mask(x0.shape[2], dev, trainer.model.pins_first_frame)
@@ -84,3 +86,48 @@ def nft_terms(trainer, batch: int, chunk, at: list[int], index: int, embeds, con
         "nft_optimality_mean": stats.optimality_mean,
     }
     return loss, kl, terms
+
+
+def replay_update(
+    trainer, prepared, rows, pass_index: int, timesteps: list[int], clip: float, skipped, sums: dict
+) -> float:
+    """Backward of one optimizer update's loss: every trained step of `rows` (None: the whole batch) of this rank,
+    one backward per forward, scaled so the gradient is the mean over the set's (kept) rows x steps over every data
+    replica. Adds each term x rows to `sums`; returns the largest |ratio| seen (GRPO)."""
+    cfg, g = trainer.cfg, trainer.cfg.grpo
+    world = trainer.ctx.world_size
+    members = rows if rows is not None else [(j, m) for j in range(g.prompts_per_step) for m in range(g.group_size)]
+    kept = len(members) if skipped is None else sum(1 for j, _ in members if not skipped[j])
+    # Each rollout's loss counts once per trained timestep in a mean over |T| x rows terms; FSDP and the all-reduce
+    # average gradients over the data replicas (the ranks, or under TP the TP pairs, whose peers compute one
+    # replica's loss together), hence the replica count. A set with no kept row trains nothing (0).
+    normalizer = len(timesteps) * kept
+    grad_scale = trainer.experts.replicas(world) / normalizer if normalizer else 0.0
+    forwards = minibatches.rank_forwards(cfg, trainer.waves, world, rows)
+    nft_run = g.algorithm == "nft"
+    ratio_abs_max = 0.0
+    for index in timesteps:
+        # One backward per forward (grpo.sample_batch_size members of each prompt), scaled by its rows.
+        for forward in forwards:
+            chunk, at = prepared.chunks[forward.chunk], forward.at
+            n = len(at)
+            embeds = chunk.embeds[at].to(trainer.ctx.device)
+            condition = None if chunk.condition is None else chunk.condition[at].to(trainer.ctx.device)
+            # A skipped group's rows (advantage 0: no policy term) are replayed still, every rank running the
+            # same forwards; they are left out of the KL term.
+            keep = None if skipped is None else [k for k, i in enumerate(at) if not skipped[chunk.prompts[i]]]
+            if nft_run:
+                loss, kl, terms = nft_terms(trainer, prepared.batch, chunk, at, index, embeds, condition, pass_index)
+            else:
+                loss, kl, terms = grpo_terms(trainer, chunk, at, index, embeds, condition, clip, keep)
+                largest = terms.pop("ratio_abs_max")
+                if forward.weight:
+                    ratio_abs_max = max(ratio_abs_max, largest)
+            if keep is None:
+                ((loss + g.kl_coeff * kl) * n * grad_scale * forward.weight).backward()
+            else:
+                ((loss * n + g.kl_coeff * kl * len(keep)) * grad_scale * forward.weight).backward()
+            if forward.weight:
+                for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()), *terms.items()):
+                    sums[key] += value * n
+    return ratio_abs_max

@@ -33,6 +33,7 @@ from videogrpo.grpo import (
     export,
     flops,
     gold_rewards,
+    minibatches,
     nft,
     objectives,
     offload,
@@ -45,7 +46,7 @@ from videogrpo.grpo import (
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.lr_schedule import learning_rate
 from videogrpo.grpo.peak_memory import PeakMemory
-from videogrpo.grpo.rollout_batch import Chunk, Prepared
+from videogrpo.grpo.rollout_batch import Prepared
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
@@ -175,12 +176,9 @@ class Trainer:
         """Rewards collected and gathered, each chunk's advantages set; reward stats (rollout_batch.advantages)."""
         return rollout_batch.advantages(self, prepared)
 
-    def _replay_chunks(self, chunk: Chunk) -> list[list[int]]:
-        """The rows of `chunk` each replay forward takes: the rollout's chunks (docs/reference-system.md#a14b)."""
-        return offload.rollout_chunks(list(zip(chunk.prompts, chunk.members)), self.cfg.grpo.sample_batch_size)
-
     def update(self, action: replay.Action, prepared: Prepared) -> dict:
-        """One optimizer update replaying `prepared`; returns the update's metrics, reduced over all ranks."""
+        """Replay `prepared` in its optimizer updates (one, as the reference, or grpo.updates_per_batch in each of
+        grpo.update_passes passes: minibatches); returns the step's metrics, reduced over all ranks."""
         cfg, g = self.cfg, self.cfg.grpo
         t0 = time.monotonic()
         gathered = self._advantages(prepared)
@@ -189,48 +187,28 @@ class Trainer:
         t1 = time.monotonic()
         timesteps = sde_window.replayed_steps(g, cfg.train.seed, prepared.batch, action.update)
         clip = g.delayed_clip_range if g.delayed_replay else g.clip_range
-        # Each rollout's loss counts once per trained timestep in a global mean over |T| x G x P terms;
-        # FSDP and the all-reduce average gradients over the data replicas (the ranks, or under TP the TP pairs,
-        # whose peers compute one replica's loss together), hence the replica count.
-        normalizer = len(timesteps) * g.group_size * g.prompts_per_step
         if not timesteps:  # a sliding window at the end of its sweep (MixGRPO's schedule): this update trains nothing
             self._log(f"update {action.update}: batch {prepared.batch}'s SDE window holds no step; nothing trained")
-        grad_scale = self.experts.replicas(self.ctx.world_size) / normalizer if normalizer else 0.0
         skipped = gathered["skipped"]
-        if skipped is not None and timesteps:  # the loss is a mean over the kept groups' terms only (0 if none is kept)
-            kept = g.prompts_per_step - int(skipped.sum())
-            grad_scale = (
-                self.experts.replicas(self.ctx.world_size) / (normalizer // g.prompts_per_step * kept) if kept else 0.0
-            )
         nft_run = g.algorithm == "nft"
         sums = dict.fromkeys(("policy_loss", "kl_loss", *(NFT_SUMS if nft_run else PPO_SUMS)), 0.0)
-        ratio_abs_max = 0.0
-        for index in timesteps:
-            # One backward per rollout chunk (grpo.sample_batch_size members of each prompt), scaled by its rows.
-            for chunk, at in ((c, at) for c in prepared.chunks for at in self._replay_chunks(c)):
-                rows = len(at)
-                embeds = chunk.embeds[at].to(self.ctx.device)
-                condition = None if chunk.condition is None else chunk.condition[at].to(self.ctx.device)
-                # A skipped group's rows (advantage 0: no policy term) are replayed still, every rank running the
-                # same forwards; they are left out of the KL term.
-                keep = None if skipped is None else [k for k, i in enumerate(at) if not skipped[chunk.prompts[i]]]
-                if nft_run:
-                    loss, kl, terms = objectives.nft_terms(self, prepared.batch, chunk, at, index, embeds, condition)
-                else:
-                    loss, kl, terms = objectives.grpo_terms(self, chunk, at, index, embeds, condition, clip, keep)
-                    ratio_abs_max = max(ratio_abs_max, terms.pop("ratio_abs_max"))
-                if keep is None:
-                    ((loss + g.kl_coeff * kl) * rows * grad_scale).backward()
-                else:
-                    ((loss * rows + g.kl_coeff * kl * len(keep)) * grad_scale).backward()
-                for key, value in (("policy_loss", loss.item()), ("kl_loss", kl.item()), *terms.items()):
-                    sums[key] += value * rows
-        lr = learning_rate(action.update - 1, cfg.train.warmup_steps, self.total, cfg.train.lr)
-        grad_norm = self.experts.step(lr, cfg.train.max_grad_norm) if timesteps else 0.0
-        if self.nft_old is not None:  # after the update, as DiffusionNFT's authors: old <- d old + (1 - d) new
+        ratio_abs_max, grad_norms, rates = 0.0, [], []
+        per_step = minibatches.updates_per_step(g)
+        for k, (pass_index, rows) in enumerate(minibatches.update_sets(g, cfg.train.seed, prepared.batch)):
+            largest = objectives.replay_update(self, prepared, rows, pass_index, timesteps, clip, skipped, sums)
+            ratio_abs_max = max(ratio_abs_max, largest)
+            t = cfg.train  # the schedule runs over every optimizer update of the run
+            lr = learning_rate((action.update - 1) * per_step + k, t.warmup_steps, self.total * per_step, t.lr)
+            grad_norms.append(self.experts.step(lr, cfg.train.max_grad_norm) if timesteps else 0.0)
+            rates.append(lr)
+        if self.nft_old is not None:  # after the batch's updates, as DiffusionNFT's authors: old <- d old + (1 - d) new
             self.nft_old.mix(
-                nft.old_decay(action.update, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after)
+                nft.old_decay(
+                    action.update * per_step, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after
+                )
             )
+        # The metrics' means are over every term replayed: |T| x G x P a pass.
+        normalizer = len(timesteps) * g.group_size * g.prompts_per_step * g.update_passes
         t2 = time.monotonic()
         # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
         reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
@@ -254,8 +232,9 @@ class Trainer:
             **gathered["terms"],
             **({} if nft_run else {"ppo_ratio_abs_max": ratio_abs_max, "ppo_clip_range": clip}),
             **({} if skipped is None else {"zero_variance_groups": int(skipped.sum())}),
-            grad_norm=grad_norm,
-            learning_rate=lr,
+            grad_norm=float(np.mean(grad_norms)),
+            learning_rate=rates[0],
+            **({"optimizer_updates": per_step, "grad_norm_per_update": grad_norms} if per_step > 1 else {}),
             delayed_replay_staleness=action.staleness,
             trained_timesteps=len(timesteps),
             peak_memory_bytes=int(peaks[0]),

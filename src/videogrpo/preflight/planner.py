@@ -14,10 +14,11 @@ The time model, per update and every assumption printed and settable (`Assumptio
   bf16 FLOP/s at a stated MFU;
 - collectives, not overlapped with compute (an upper bound): FSDP's all-gather of the compute-dtype weights per
   forward (and again for the backward), its reduce-scatter of gradients per backward, HSDP's all-reduce across shard
-  groups per backward, replicate's one all-reduce per update, and tensor parallelism's two activation all-reduces
-  per block per forward and backward; inside a node at the NVLink bandwidth, across nodes at the network's;
+  groups per backward, replicate's one all-reduce per optimizer update, and tensor parallelism's two activation
+  all-reduces per block per forward and backward; inside a node at the NVLink bandwidth, across nodes at the
+  network's;
 - host copies over PCIe: the frozen models to the device and back once per wave when offloaded, and the optimizer
-  state's two copies per update when offloaded;
+  state's two copies per optimizer update when offloaded;
 - a fixed cost per video of a scoring rank (decoding, encoding and the reward), fitted with the MFU to the only
   GPU measurements of this training code (docs/what-fits.md lists them beside the model).
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 from videogrpo.config import Config, checks
 from videogrpo.errors import ConfigError
-from videogrpo.grpo import assignment, offload, sde_window
+from videogrpo.grpo import assignment, minibatches, offload, sde_window
 from videogrpo.grpo.flops import forward_flops, step_flops, video_tokens
 from videogrpo.models import shapes
 from videogrpo.parallel import shard_layout
@@ -229,18 +230,23 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         g.kl_coeff > 0,
         cfg.train.gradient_checkpointing,
         old_policy=g.algorithm == "nft",
+        passes=g.update_passes,
     )
     compute = (step.train + step.inference) / (world * assume.peak_flops * assume.mfu)
 
     # This rank's forwards: rollout chunks x steps, replay chunks x trained timesteps (forward, recompute, backward).
+    # Several updates a batch replay each update's rows chunk by chunk, padded to the most any rank runs under FSDP
+    # (grpo.minibatches; the sets of the first batch).
     rank_waves = assignment.waves(cfg, 0, world)
     chunks = sum(len(offload.rollout_chunks(w, g.sample_batch_size)) for w in rank_waves)
+    updates = minibatches.update_sets(g, cfg.train.seed, 0)
+    replayed = sum(len(minibatches.rank_forwards(cfg, rank_waves, world, rows)) for _, rows in updates)
     rows = max(len(c) for w in rank_waves for c in offload.rollout_chunks(w, g.sample_batch_size))
     branches = 2 if guidance else 1
     rollout_forwards = chunks * sde_window.mean_rollout_forwards(g)  # fewer with a DPM-Solver tail
     # DiffusionNFT asks the old policy too: one more forward, without gradients, per replayed chunk and step.
-    replay_forwards = chunks * timesteps * ((2 if cfg.train.gradient_checkpointing else 1) + (g.algorithm == "nft"))
-    backwards = chunks * timesteps
+    replay_forwards = replayed * timesteps * ((2 if cfg.train.gradient_checkpointing else 1) + (g.algorithm == "nft"))
+    backwards = replayed * timesteps
     params = shape.params.total // tp
     c, r = memory_plan.BYTES[par.param_dtype], memory_plan.BYTES[par.reduce_dtype]
     replicas = world // tp
@@ -258,8 +264,8 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         if replicas > shard:  # HSDP: the shard groups all-reduce their shards
             groups = replicas // shard
             comm += backwards * 2 * r * (params / shard) * (groups - 1) / groups / bandwidth(replicas)
-    elif replicas > 1:
-        comm += 2 * 4 * params * (replicas - 1) / replicas / bandwidth(replicas)
+    elif replicas > 1:  # one all-reduce per optimizer update
+        comm += len(updates) * 2 * 4 * params * (replicas - 1) / replicas / bandwidth(replicas)
     if tp > 1:
         d = config["num_attention_heads"] * config["attention_head_dim"]
         activation = rows * branches * tokens * d * c * 2 * (tp - 1) / tp
@@ -267,8 +273,8 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
     host = 0.0
     if cfg.train.offload_inference_models:
         host += len(rank_waves) * 2 * shape.frozen_params * memory_plan.BYTES[cfg.model.frozen_dtype]
-    if par.offload_optimizer:
-        host += 2 * 4 * shape.trainable / max(1, shard * tp)
+    if par.offload_optimizer:  # per optimizer update
+        host += len(updates) * 2 * 4 * shape.trainable / max(1, shard * tp)
     scoring_rows = sum(len(w) for w in rank_waves)
     return {
         "compute": compute,
