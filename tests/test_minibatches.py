@@ -77,7 +77,7 @@ def test_each_set_is_replayed_once_over_the_ranks_and_sharded_ranks_run_as_many_
         assert (padded > 0) == (layout == "fsdp" and world // tp > 1), (world, tp, padded)
 
 
-def test_the_sets_must_divide_the_batch_and_the_group():
+def test_the_sets_must_divide_the_batch_and_dropping_takes_shuffled_sets_and_grpo():
     with pytest.raises(ConfigError, match=r"grpo.updates_per_batch = 5: must divide the batch's 32 rollouts"):
         grpo_config(updates_per_batch=5)
     with pytest.raises(ConfigError, match=r"grpo.updates_per_batch = 16 with grpo.update_order = 'by_member'"):
@@ -86,6 +86,12 @@ def test_the_sets_must_divide_the_batch_and_the_group():
         grpo_config(update_passes=0)
     with pytest.raises(ConfigError, match=r"grpo.update_order = 'random'"):
         grpo_config(update_order="random")
+    with pytest.raises(ConfigError, match=r"grpo.drop_zero_advantage and grpo.skip_zero_variance_groups"):
+        grpo_config(drop_zero_advantage=True, skip_zero_variance_groups=True)
+    with pytest.raises(ConfigError, match=r"grpo.drop_zero_advantage with grpo.update_order = 'by_member'"):
+        grpo_config(drop_zero_advantage=True, updates_per_batch=2, update_order="by_member")
+    with pytest.raises(ConfigError, match=r"grpo.drop_zero_advantage = True with grpo.algorithm = 'nft'"):
+        grpo_config(drop_zero_advantage=True, algorithm="nft", delayed_replay=False)
 
 
 def record_gradients(monkeypatch) -> list[list[torch.Tensor]]:

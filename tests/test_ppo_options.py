@@ -1,15 +1,19 @@
-"""The PPO options beyond the reference: asymmetric clipping (grpo.clip_range_high) and groups without signal left
-out of the loss (grpo.skip_zero_variance_groups), each off by default (docs/options.md)."""
+"""The PPO options beyond the reference: asymmetric clipping (grpo.clip_range_high), groups without signal left
+out of the loss (grpo.skip_zero_variance_groups), rollouts without advantage dropped (grpo.drop_zero_advantage)
+and the advantages' std (grpo.advantage_std, advantage_std_unbiased, advantage_eps), each off by default
+(docs/options.md)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from videogrpo import config
+from videogrpo.grpo import minibatches
 from videogrpo.grpo.advantages import group_advantages, zero_variance_groups
 from videogrpo.grpo.loss import ppo_loss, ppo_objective
 
-from harness import metrics, solo_config, trainer_in_process, weights
+from harness import metrics, solo_config, trainer_config, trainer_in_process, weights
 
 RATIOS = torch.tensor([0.5, 0.995, 1.005, 1.05, 1.5], dtype=torch.float64)
 
@@ -137,3 +141,54 @@ def test_the_report_names_the_options_that_are_on_beside_the_recipe():
     assert recipe_summary(config, 3).endswith(
         "options grpo.clip_range_high = 0.28, grpo.skip_zero_variance_groups = true"
     )
+
+
+def test_the_advantage_std_of_each_author():
+    """Each rollout's advantage is (r - its group's mean) / (std + eps), clamped to +-5; the std as each author's
+    stat tracker takes it, written here in numpy as they do: the reference's and MixGRPO's per group with n - 1,
+    Flow-GRPO's and GRPO-Guard's per group and the population's, Flow-GRPO-Fast's and DiffusionNFT's one population
+    std over the whole batch."""
+    import numpy as np
+
+    rewards = torch.tensor([[0.1, 0.9, 0.4, 0.4], [0.2, 0.2, 0.2, 0.2], [1.0, 0.0, 0.5, 0.25]])
+    r = rewards.double().numpy()
+    mean = r.mean(axis=1, keepdims=True)
+    for over, unbiased, eps, std in (
+        ("group", True, 1e-4, r.std(axis=1, ddof=1, keepdims=True)),
+        ("group", True, 1e-8, r.std(axis=1, ddof=1, keepdims=True)),
+        ("group", False, 1e-4, r.std(axis=1, keepdims=True)),
+        ("batch", False, 1e-4, np.std(r)),
+        ("batch", True, 1e-4, np.std(r, ddof=1)),
+    ):
+        want = np.clip((r - mean) / (std + eps), -5, 5)
+        got = group_advantages(rewards, over, unbiased, eps)
+        assert np.allclose(got.numpy(), want, rtol=1e-6, atol=0), (over, unbiased, eps)
+    assert torch.equal(group_advantages(rewards), group_advantages(rewards, "group", True, 1e-4))  # the reference
+    # The batch std lets a group without signal keep zeros and scales every group alike: the groups' ratio survives.
+    batch = group_advantages(rewards, "batch", False)
+    assert not batch[1].any() and float(batch[0, 1] / batch[2, 0]) == pytest.approx(0.45 / 0.5625, rel=1e-6)
+
+
+def test_the_kept_rollouts_are_those_with_an_advantage_refilled_to_a_multiple_of_the_updates():
+    grpo = {"prompts_per_step": 3, "group_size": 4, "updates_per_batch": 2}
+    g = config.from_dict(trainer_config(grpo=grpo, parallel={"procs_per_node": 1})).grpo
+    adv = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    kept = minibatches.kept_rows(g, 42, 5, adv)
+    assert {r for r in kept if adv[r] != 0} == {(1, 0), (1, 1), (1, 3)} and len(kept) == 4  # 3 + one put back
+    assert kept == minibatches.kept_rows(g, 42, 5, adv)  # keyed by the batch: the same on every rank
+    assert len(minibatches.kept_rows(g, 42, 5, torch.zeros(3, 4))) == 2  # none: as many as updates, refilled
+    sets = minibatches.update_sets(g, 42, 5, kept)
+    assert [len(s) for _, s in sets] == [2, 2] and set().union(*(s for _, s in sets)) == set(kept)
+
+
+def test_dropped_rollouts_leave_the_loss_and_are_not_replayed(tiny_model, dataset, tmp_path):
+    """One group of two without signal: its four rollouts have advantage 0 and are dropped, so the first update's
+    gradient is the kept group's alone, twice the reference's (as skip_zero_variance_groups'); every group flat,
+    one rollout is put back and the update has no gradient."""
+    kept = run(tmp_path / "kept", tiny_model, dataset)
+    dropped = run(tmp_path / "dropped", tiny_model, dataset, drop_zero_advantage=True)
+    assert "dropped_rollouts" not in kept[0] and [m["dropped_rollouts"] for m in dropped] == [4, 4]
+    assert kept[0]["reward_mean"] == dropped[0]["reward_mean"]
+    assert dropped[0]["grad_norm"] == pytest.approx(2 * kept[0]["grad_norm"], rel=1e-5)
+    flat = run(tmp_path / "flat", tiny_model, dataset, flat=True, drop_zero_advantage=True)
+    assert [m["dropped_rollouts"] for m in flat] == [7, 7] and [m["grad_norm"] for m in flat] == [0.0, 0.0]

@@ -366,6 +366,8 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.clip_range_high": None}, ()),
     ({"grpo.skip_zero_variance_groups": False}, ()),
     ({"grpo.updates_per_batch": 1, "grpo.update_passes": 1}, ("grpo.update_order",)),
+    ({"grpo.advantage_std": "group", "grpo.advantage_std_unbiased": True, "grpo.advantage_eps": 1e-4}, ()),
+    ({"grpo.drop_zero_advantage": False}, ()),
     ({"grpo.vae_tile_size": None}, ()),
     ({"grpo.grpo_guard": False}, ("grpo.grpo_guard_scope",)),
     (

@@ -46,8 +46,19 @@ def sde_window_problems(g) -> list[str]:
 
 
 def update_problems(g) -> list[str]:
-    """Several updates per batch (docs/options.md#several-updates-per-batch): sets of equal size."""
+    """Several updates per batch (docs/options.md#several-updates-per-batch): sets of equal size; the
+    zero-advantage filter beside one, not both, of the ways to leave rollouts without signal out."""
     u = g.updates_per_batch
+    if g.drop_zero_advantage and g.skip_zero_variance_groups:
+        return [
+            "grpo.drop_zero_advantage and grpo.skip_zero_variance_groups are both true: a group without signal has "
+            "only zero advantages, which the first drops already; turn one off"
+        ]
+    if g.drop_zero_advantage and u > 1 and g.update_order == "by_member":
+        return [
+            "grpo.drop_zero_advantage with grpo.update_order = 'by_member': the kept rollouts do not split into "
+            "equal member blocks; use update_order 'shuffled' (as the authors who drop them)"
+        ]
     if u <= 1 or g.group_size <= 0 or g.prompts_per_step <= 0:  # field_problems names a count that is not > 0
         return []
     if g.update_order == "by_member" and g.group_size % u:
@@ -80,6 +91,7 @@ def nft_problems(g) -> list[str]:
         ("sde_window_size", g.sde_window_size, "picks the steps GRPO replays"),
         ("clip_range_high", g.clip_range_high, "clips GRPO's ratio"),
         ("skip_zero_variance_groups", g.skip_zero_variance_groups, "relies on GRPO's zero advantage meaning no loss"),
+        ("drop_zero_advantage", g.drop_zero_advantage, "relies on GRPO's zero advantage meaning no loss"),
     ):
         if on:
             found.append(f"grpo.{field} = {on!r} with grpo.algorithm = 'nft': it {what}; {why}. Turn it off")

@@ -302,6 +302,18 @@ class GRPOConfig:
     update_order: str = "shuffled"
     """How a pass splits the batch's rows: `shuffled`, a seeded permutation of every prompt's members, keyed by the
     batch and the pass; `by_member`, update m takes members [m G / U, (m + 1) G / U) of every prompt (MixGRPO)."""
+    advantage_std: str = "group"
+    """The std that scales a rollout's advantage (r - its group's mean): `group`, its group's, as the reference;
+    `batch`, one over every reward of the batch (Flow-GRPO-Fast's and DiffusionNFT's global std)."""
+    advantage_std_unbiased: bool = True
+    """The std with n - 1 (the reference's, MixGRPO's); false: the population std (Flow-GRPO's, GRPO-Guard's,
+    DiffusionNFT's)."""
+    advantage_eps: float = 1e-4
+    """Added to the std before dividing (the reference 1e-4; MixGRPO 1e-8)."""
+    drop_zero_advantage: bool = False
+    """Rollouts whose advantage is exactly 0 leave the loss and are not replayed; where the kept count is not a
+    multiple of updates_per_batch, seeded zero-advantage rollouts are put back until it is (Flow-GRPO-Fast's and
+    GRPO-Guard's filter). The metric `dropped_rollouts` counts them."""
     skip_zero_variance_groups: bool = False
     """A group whose rewards are all equal contributes no loss (its rollouts are replayed still, left out of the
     mean) and is counted in the `zero_variance_groups` metric; false: kept with zero advantages, as the reference

@@ -11,12 +11,19 @@ EPS = 1e-4
 CLAMP = 5.0
 
 
-def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """clamp((r - mean) / (std + 1e-4), -5, 5) per row of [groups, G] rewards; std is unbiased."""
+def group_advantages(
+    rewards: torch.Tensor, std_over: str = "group", unbiased: bool = True, eps: float = EPS
+) -> torch.Tensor:
+    """clamp((r - group mean) / (std + eps), -5, 5) of [groups, G] rewards. The reference's std is each group's,
+    unbiased, eps 1e-4; `std_over` "batch" takes one std over every reward of the batch (Flow-GRPO's global_std),
+    and `unbiased` False the population std (numpy's, as Flow-GRPO's and DiffusionNFT's stat trackers)."""
     rewards = rewards.double()
     mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, unbiased=True, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
-    return ((rewards - mean) / (std + EPS)).clamp(-CLAMP, CLAMP).float()
+    if std_over == "batch":
+        std = rewards.std(unbiased=unbiased) if rewards.numel() > 1 else torch.zeros(())
+    else:
+        std = rewards.std(dim=1, unbiased=unbiased, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
+    return ((rewards - mean) / (std + eps)).clamp(-CLAMP, CLAMP).float()
 
 
 def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ A rank replays its rows of a set chunk by chunk, at most grpo.sample_batch_size 
 it rolled them out (the memory plan's replay chunk). Under a sharded layout every rank must run as many forwards as
 every other (each forward all-gathers, each backward reduce-scatters); a rank with fewer rows in a set pads with
 forwards of weight 0 on a row of its own. With one update per batch (the reference) the set is every row, the
-forwards are the rollout's chunks and nothing is padded.
+forwards are the rollout's chunks and nothing is padded. With grpo.drop_zero_advantage the sets are made of the
+rows whose advantage is not 0 (`kept_rows`): the others are not replayed at all.
 
 May import `grpo.assignment`, `grpo.offload`, `grpo.draws`, `config` and the core modules (the planner counts
 the forwards with it).
@@ -30,6 +31,8 @@ from videogrpo.grpo.draws import counter_seed
 
 ORDER_TAG = 0x0DE5
 """The draw of a pass's permutation of a batch's rows (update_order shuffled)."""
+REFILL_TAG = 0x2E0
+"""The draw of the zero-advantage rows put back (drop_zero_advantage)."""
 
 Row = tuple[int, int]
 
@@ -39,11 +42,31 @@ def updates_per_step(g) -> int:
     return g.updates_per_batch * g.update_passes
 
 
-def update_sets(g, seed: int, batch: int) -> list[tuple[int, frozenset[Row] | None]]:
-    """(pass, rows) of each optimizer update of batch `batch`, in order; rows None: every row of the batch."""
+def batch_rows(g) -> list[Row]:
+    """Every (prompt slot, member) of a batch, in order."""
+    return [(j, m) for j in range(g.prompts_per_step) for m in range(g.group_size)]
+
+
+def kept_rows(g, seed: int, batch: int, advantages) -> list[Row]:
+    """grpo.drop_zero_advantage: the rows whose advantage is not exactly 0 ([P, G] advantages), and, where their
+    count is not a multiple of updates_per_batch (or is 0), seeded zero-advantage rows put back until it is, as its
+    authors' code refills its mini-batches; in batch order."""
+    rows = batch_rows(g)
+    kept = [r for r in rows if float(advantages[r]) != 0.0]
+    short = -len(kept) % g.updates_per_batch if kept else g.updates_per_batch
+    if short:
+        zero = [r for r in rows if float(advantages[r]) == 0.0]
+        order = np.random.default_rng(counter_seed(seed, REFILL_TAG, batch)).permutation(len(zero))
+        kept += [zero[i] for i in order[:short]]
+    return sorted(kept)
+
+
+def update_sets(g, seed: int, batch: int, rows: list[Row] | None = None) -> list[tuple[int, frozenset[Row] | None]]:
+    """(pass, rows) of each optimizer update of batch `batch`, in order, over `rows` (kept_rows), else the whole
+    batch; rows None: every row of the batch (one update a pass over the whole batch)."""
     if g.updates_per_batch == 1:
-        return [(p, None) for p in range(g.update_passes)]
-    rows = [(j, m) for j in range(g.prompts_per_step) for m in range(g.group_size)]
+        return [(p, None if rows is None else frozenset(rows)) for p in range(g.update_passes)]
+    rows = batch_rows(g) if rows is None else rows
     sets = []
     for p in range(g.update_passes):
         if g.update_order == "by_member":

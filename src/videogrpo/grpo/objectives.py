@@ -96,7 +96,7 @@ def replay_update(
     replica. Adds each term x rows to `sums`; returns the largest |ratio| seen (GRPO)."""
     cfg, g = trainer.cfg, trainer.cfg.grpo
     world = trainer.ctx.world_size
-    members = rows if rows is not None else [(j, m) for j in range(g.prompts_per_step) for m in range(g.group_size)]
+    members = rows if rows is not None else minibatches.batch_rows(g)
     kept = len(members) if skipped is None else sum(1 for j, _ in members if not skipped[j])
     # Each rollout's loss counts once per trained timestep in a mean over |T| x rows terms; FSDP and the all-reduce
     # average gradients over the data replicas (the ranks, or under TP the TP pairs, whose peers compute one

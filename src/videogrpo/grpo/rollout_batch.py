@@ -151,7 +151,8 @@ def advantages(trainer, prepared: Prepared) -> dict:
         table[j, g] = score
     if torch.isnan(table).any():
         raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
-    adv = group_advantages(table)
+    g = trainer.cfg.grpo
+    adv = group_advantages(table, g.advantage_std, g.advantage_std_unbiased, g.advantage_eps)
     if trainer.cfg.grpo.shuffle_advantages:
         adv = shuffled_within_groups(adv, trainer.cfg.train.seed, prepared.batch)
     for chunk in prepared.chunks:

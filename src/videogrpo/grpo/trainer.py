@@ -194,7 +194,13 @@ class Trainer:
         sums = dict.fromkeys(("policy_loss", "kl_loss", *(NFT_SUMS if nft_run else PPO_SUMS)), 0.0)
         ratio_abs_max, grad_norms, rates = 0.0, [], []
         per_step = minibatches.updates_per_step(g)
-        for k, (pass_index, rows) in enumerate(minibatches.update_sets(g, cfg.train.seed, prepared.batch)):
+        # grpo.drop_zero_advantage: only the rollouts with an advantage (and those put back) are replayed.
+        kept = (
+            minibatches.kept_rows(g, cfg.train.seed, prepared.batch, gathered["advantages"])
+            if g.drop_zero_advantage
+            else None
+        )
+        for k, (pass_index, rows) in enumerate(minibatches.update_sets(g, cfg.train.seed, prepared.batch, kept)):
             largest = objectives.replay_update(self, prepared, rows, pass_index, timesteps, clip, skipped, sums)
             ratio_abs_max = max(ratio_abs_max, largest)
             t = cfg.train  # the schedule runs over every optimizer update of the run
@@ -207,8 +213,9 @@ class Trainer:
                     action.update * per_step, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after
                 )
             )
-        # The metrics' means are over every term replayed: |T| x G x P a pass.
-        normalizer = len(timesteps) * g.group_size * g.prompts_per_step * g.update_passes
+        # The metrics' means are over every term replayed: |T| x G x P a pass (the kept rows when dropping).
+        replayed = len(kept) if kept is not None else g.group_size * g.prompts_per_step
+        normalizer = len(timesteps) * replayed * g.update_passes
         t2 = time.monotonic()
         # Sums count each data replica once: a TP peer's terms are its tp_rank 0's.
         reduced = process_groups.reduce_floats([v if self.scores else 0.0 for v in sums.values()], self.ctx.device)
@@ -232,6 +239,7 @@ class Trainer:
             **gathered["terms"],
             **({} if nft_run else {"ppo_ratio_abs_max": ratio_abs_max, "ppo_clip_range": clip}),
             **({} if skipped is None else {"zero_variance_groups": int(skipped.sum())}),
+            **({} if kept is None else {"dropped_rollouts": g.group_size * g.prompts_per_step - len(kept)}),
             grad_norm=float(np.mean(grad_norms)),
             learning_rate=rates[0],
             **({"optimizer_updates": per_step, "grad_norm_per_update": grad_norms} if per_step > 1 else {}),
