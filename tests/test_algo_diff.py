@@ -2,8 +2,9 @@
 
 tests/data/algo_diff/flow_grpo_steps.pt holds a 10-step schedule, per step a latent, a velocity and a next latent,
 and what Flow-GRPO's `sde_step_with_logprob` (yifan123/flow_grpo, run by tools/algo_diff/flow_grpo_steps.py from a
-checkout) computed from them. This project's Flow-CPS transition, its log-probability and the Euler step outside an
-SDE window must agree to float round-off.
+checkout) computed from them. This project's Flow-CPS transition, its log-probability, the Euler step outside an
+SDE window and the flowgrpo_sde transition (their `sde` type) with its log-probability must agree to float
+round-off.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ sys.path.insert(0, str(REPO / "tools/algo_diff"))
 import flow_grpo_steps  # noqa: E402
 
 
-def test_the_flowcps_step_and_the_ode_step_are_flow_grpos_to_round_off():
+def test_the_flowcps_sde_and_ode_steps_are_flow_grpos_to_round_off():
     stored = torch.load(REPO / "tests/data/algo_diff/flow_grpo_steps.pt", weights_only=True)
     assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
     ours = flow_grpo_steps.project_side(stored["inputs"])
     rows = flow_grpo_steps.compare(stored["theirs"], ours)
-    assert [name for name, *_ in rows] == ["cps_mean", "cps_std", "cps_log_prob", "ode_mean"]
+    assert [name for name, *_ in rows] == [
+        "cps_mean",
+        "cps_std",
+        "cps_log_prob",
+        "ode_mean",
+        "sde_mean",
+        "sde_log_prob",
+    ]
     assert all(ok for *_, ok in rows), rows
     # The comparison can fail: a mean off by 0.1 % is caught.
     other = {**ours, "cps_mean": ours["cps_mean"] * 1.001}

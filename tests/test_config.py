@@ -144,6 +144,7 @@ def test_sampler_settings_the_reference_accepts():
         {"sampler": "flowcps", "eta": 0.0, "eta_range": [0.0, 1.0]},
         {"sampler": "dancegrpo", "eta": 0.3},
         {"sampler": "flowgrpo", "eta": 0.0},
+        {"sampler": "flowgrpo_sde", "eta": 0.7},
     ):
         config.from_dict({"grpo": grpo}, partial=True)
     assert config.from_dict({"train": {"save_steps": 0}}, partial=True).train.save_steps == 0  # no periodic save

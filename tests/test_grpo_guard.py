@@ -37,6 +37,8 @@ def gaussian_step(sampler: str, sigma: float, sigma_next: float, eta):
         ("dancegrpo", 0.3, 0.2, torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)),  # one eta per row
         ("flowgrpo", 0.6, 0.5, 0.0),
         ("flowgrpo", 0.1, 0.05, 0.0),
+        ("flowgrpo_sde", 1.0, 0.9, 0.7),  # the first step: its noise level takes sigma' (Flow-GRPO's sigma_max)
+        ("flowgrpo_sde", 0.5, 0.4, 0.7),
     ],
 )
 def test_the_normalised_log_ratio_is_the_noise_times_the_mean_shift_at_every_noise_level(

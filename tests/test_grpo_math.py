@@ -36,10 +36,12 @@ def reference(sampler, x, v, eps, s, s_next, eta):
     elif sampler == "dancegrpo":
         std = eta * math.sqrt(s - s_next)
         mu = x + d * (v + eta**2 * (x + (1 - s) * v) / (2 * s))
-    else:
-        st = s
+    else:  # flowgrpo: s_t = sigma; flowgrpo_sde: eta sqrt(sigma / (1 - sigma)), sigma' in the root where sigma = 1
+        # (sigma' as float32 holds it, as the sampler and its authors' scheduler do: 1 - sigma' is 0.004 at step 0,
+        # so sigma''s float32 rounding alone moves the root by 1e-5)
+        st = s if sampler == "flowgrpo" else eta * np.sqrt(s / (1 - (float(np.float32(s_next)) if s == 1 else s)))
         mu = x * (1 + st**2 * d / (2 * s)) + v * (1 + st**2 * (1 - s) / (2 * s)) * d
-        std = np.full_like(eta, st * math.sqrt(-d))
+        std = np.broadcast_to(st * math.sqrt(-d), eta.shape).copy()
     xn = mu + std * eps
     diff = (xn - mu)[:, :, 1:]
     if sampler == "flowcps":
@@ -72,6 +74,8 @@ def t(a):
         ("dancegrpo", 0.3),
         ("dancegrpo", [0.2, 0.3, 0.9]),
         ("flowgrpo", 0.0),
+        ("flowgrpo_sde", 0.7),
+        ("flowgrpo_sde", [0.2, 0.7, 1.0]),
     ],
 )
 @pytest.mark.parametrize("index", [0, 5, 28])
@@ -90,7 +94,9 @@ def test_transition_mean_std_and_log_prob_match_the_closed_form(sampler, eta, in
     np.testing.assert_allclose(logp.numpy(), rlogp, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0)])
+@pytest.mark.parametrize(
+    "sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0), ("flowgrpo_sde", 0.7)]
+)
 def test_kl_term_matches_the_closed_form(sampler, eta):
     """mean((mu - mu_ref)^2) for Flow-CPS; divided by 2 s^2 for DanceGRPO and Flow-GRPO."""
     sigmas = samplers.sigma_schedule(30, 5.0)

@@ -69,7 +69,9 @@ def rollout_of(wan, dataset, sampler, eta, steps=4):
     return traj, embeds, cond, sigmas
 
 
-@pytest.mark.parametrize("sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0)])
+@pytest.mark.parametrize(
+    "sampler,eta", [("flowcps", 0.7), ("dancegrpo", 0.3), ("flowgrpo", 0.0), ("flowgrpo_sde", 0.7)]
+)
 def test_on_policy_ratio_is_exactly_one_before_the_first_update(wan, dataset, sampler, eta):
     traj, embeds, cond, sigmas = rollout_of(wan, dataset, sampler, eta)
     shape = wan.geometry(17, 64, 64).shape

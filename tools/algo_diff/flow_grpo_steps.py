@@ -9,8 +9,11 @@ FlowMatchEulerDiscreteScheduler schedule (shift 3, as their SD3 configs) and two
 - `cps` (Coefficients-Preserving Sampling at noise level 0.8, Flow-GRPO-Fast's sampler): the transition mean, its
   std and the log-probability of a given next latent against this project's `flowcps` sampler at eta 0.8;
 - noise level 0 (the steps outside an SDE window): their mean against this project's Euler ODE step.
-Their 'sde' type (std noise_level sqrt(sigma / (1 - sigma)) sqrt(-dt)) is recorded but not compared: this
-project's `flowgrpo` sampler is the reference system's Wan port (std sigma sqrt(-dt)), another formula by design.
+- their `sde` type at noise level 0.7 (std noise_level sqrt(sigma / (1 - sigma)) sqrt(-dt): MixGRPO's window
+  and GRPO-Guard's sampler): the transition mean and the log-probability against this project's `flowgrpo_sde`
+  sampler at eta 0.7, at every step but the last (whose std they leave undefined at sigma' = 0).
+This project's `flowgrpo` sampler is the reference system's Wan port (std sigma sqrt(-dt)), another formula by
+design, and is not compared.
 
 --store FILE writes the inputs and their outputs (what tests/test_algo_diff.py compares against without the
 checkout). Exit status: 0 when every comparison is within round-off, 1 when one is not, 2 when it could not run.
@@ -81,7 +84,7 @@ def project_side(data: dict) -> dict:
     """This project's flowcps transition and log-probability at eta 0.8, and its Euler ODE step, per index."""
     from videogrpo.grpo import samplers
 
-    out = {k: [] for k in ("cps_mean", "cps_std", "cps_log_prob", "ode_mean")}
+    out = {k: [] for k in ("cps_mean", "cps_std", "cps_log_prob", "ode_mean", "sde_mean", "sde_log_prob")}
     for i in range(STEPS):
         sigma, sigma_next = float(data["sigmas"][i]), float(data["sigmas"][i + 1])
         x, v, nxt = (data[k][i].unsqueeze(2) for k in ("sample", "velocity", "next_sample"))  # F = 1
@@ -90,6 +93,10 @@ def project_side(data: dict) -> dict:
         out["cps_std"].append(torch.as_tensor(std, dtype=torch.float32).flatten()[:1].expand(SHAPE[0]).clone())
         out["cps_log_prob"].append(samplers.log_prob("flowcps", nxt, mean, std))
         out["ode_mean"].append(samplers.euler_step(x, v, sigma, sigma_next, torch.float32).squeeze(2))
+        if i < STEPS - 1:
+            mean, std = samplers.transition("flowgrpo_sde", x, v, sigma, sigma_next, SDE_NOISE)
+            out["sde_mean"].append(mean.squeeze(2))
+            out["sde_log_prob"].append(samplers.log_prob("flowgrpo_sde", nxt, mean, std))
     return {k: torch.stack(v) for k, v in out.items()}
 
 

@@ -9,7 +9,8 @@ Sampler names, one grammar for the config check, the workflow's wildcards and ge
 - `unipc`, `euler`: the ODE samplers;
 - `flowcps-<eta>`, eta in [0, 1]: the Flow-CPS transition at that noise level;
 - `dancegrpo-<eta>`, eta > 0: DanceGRPO's RF-SDE transition;
-- `flowgrpo`: the Flow-GRPO SDE (its noise level is the sigma schedule's own: no eta);
+- `flowgrpo`: the Flow-GRPO SDE of its Wan ports (its noise level is the sigma schedule's own: no eta);
+- `flowgrpo_sde-<eta>`, eta > 0: Flow-GRPO's own `sde` step (its image models, MixGRPO, GRPO-Guard);
 - `flowcps-uniform-<lo>-<hi>`, 0 <= lo < hi <= 1: Flow-CPS with each sample's eta drawn uniformly from [lo, hi]
   (training's per-prompt range, grpo.eta_range), keyed by the cell's seed and the sample.
 """
@@ -24,17 +25,20 @@ from videogrpo.errors import ConfigError
 
 _NUMBER = r"((?:0|[1-9]\d*)(?:\.\d+)?)"  # no leading zeros: one name per noise level
 _PLAIN = re.compile(r"^(unipc|euler|flowgrpo)$")
-_AT_ETA = re.compile(rf"^(flowcps|dancegrpo)-{_NUMBER}$")
+_AT_ETA = re.compile(rf"^(flowcps|dancegrpo|flowgrpo_sde)-{_NUMBER}$")
 _UNIFORM = re.compile(rf"^flowcps-uniform-{_NUMBER}-{_NUMBER}$")
-GRAMMAR = "unipc, euler, flowgrpo, flowcps-<eta in [0, 1]>, dancegrpo-<eta > 0> or flowcps-uniform-<lo>-<hi>"
+GRAMMAR = (
+    "unipc, euler, flowgrpo, flowcps-<eta in [0, 1]>, dancegrpo-<eta > 0>, flowgrpo_sde-<eta > 0> or "
+    "flowcps-uniform-<lo>-<hi>"
+)
 
 
 @dataclass(frozen=True)
 class Sampler:
     kind: str
-    """`unipc`, `euler` (ODE), or a training transition: `flowcps`, `dancegrpo`, `flowgrpo`."""
+    """`unipc`, `euler` (ODE), or a training transition: `flowcps`, `dancegrpo`, `flowgrpo`, `flowgrpo_sde`."""
     noise: float = 0.0
-    """The transition's noise level eta (flowcps, dancegrpo)."""
+    """The transition's noise level eta (flowcps, dancegrpo, flowgrpo_sde)."""
     noise_range: tuple[float, float] | None = None
     """Flow-CPS only: each sample's eta drawn uniformly from [lo, hi] instead of `noise`."""
 
@@ -48,6 +52,8 @@ def _sampler_or_problem(name: str) -> Sampler | str:
             return f"{name!r}: Flow-CPS noise must be in [0, 1]"
         if kind == "dancegrpo" and eta == 0:
             return f"{name!r}: DanceGRPO needs eta > 0 (its noise std eta sqrt(sigma - sigma') must not vanish)"
+        if kind == "flowgrpo_sde" and eta == 0:
+            return f"{name!r}: Flow-GRPO's sde step needs eta > 0 (its noise std must not vanish)"
         return Sampler(kind, eta)
     if match := _UNIFORM.match(name):
         lo, hi = float(match.group(1)), float(match.group(2))

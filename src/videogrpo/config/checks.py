@@ -167,13 +167,16 @@ def _grpo_problems(cfg: Config) -> list[str]:
         found.append(
             f"grpo.eta = {g.eta}: DanceGRPO needs eta > 0 (its noise std eta sqrt(sigma - sigma') must not vanish)"
         )
+    if g.sampler == "flowgrpo_sde" and g.eta <= 0:
+        found.append(f"grpo.eta = {g.eta}: Flow-GRPO's sde step needs eta > 0 (its noise std must not vanish)")
     if not 0 < g.timestep_fraction <= 1:
         found.append(f"grpo.timestep_fraction = {g.timestep_fraction}: must be in (0, 1]")
     found += sde_window_problems(g)
     if g.grpo_guard and g.sampler == "flowcps":
         found.append(
             "grpo.grpo_guard = true with grpo.sampler = 'flowcps': GRPO-Guard normalises a Gaussian log-ratio by the "
-            "transition's std, and Flow-CPS's log-probability has no variance; use grpo.sampler dancegrpo or flowgrpo"
+            "transition's std, and Flow-CPS's log-probability has no variance; use grpo.sampler dancegrpo, flowgrpo or "
+            "flowgrpo_sde"
         )
     if g.sampling_steps < 2:
         found.append(f"grpo.sampling_steps = {g.sampling_steps}: must be >= 2 (the last step is never trained)")

@@ -81,7 +81,7 @@ def nft_problems(g) -> list[str]:
         if g.sampler == "euler":
             return [
                 "grpo.sampler = 'euler': the deterministic ODE has no log-probability for GRPO to train; it samples "
-                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo)"
+                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo, flowgrpo_sde)"
             ]
         return []
     found = []

@@ -206,10 +206,11 @@ class GRPOConfig:
     """The objective: `grpo`, the PPO-clipped GRPO on the sampler's log-probabilities (the reference); `nft`,
     DiffusionNFT (docs/options.md#diffusionnft): a forward-process objective that needs no log-probability."""
     sampler: str = "flowcps"
-    """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE), `flowgrpo`, or `euler` (the deterministic ODE: for
-    grpo.algorithm nft only, which trains without log-probabilities)."""
+    """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE), `flowgrpo` (its Wan ports' noise level sigma),
+    `flowgrpo_sde` (Flow-GRPO's own sde step, noise level eta sqrt(sigma / (1 - sigma)): MixGRPO, GRPO-Guard), or
+    `euler` (the deterministic ODE: for grpo.algorithm nft only, which trains without log-probabilities)."""
     eta: float = 0.7
-    """Noise level of the sampler (Flow-CPS 0.7, DanceGRPO 0.3)."""
+    """Noise level of the sampler (Flow-CPS 0.7, DanceGRPO 0.3, flowgrpo_sde 0.7)."""
     eta_range: list[float] | None = None
     """Draw one eta per prompt uniformly from [lo, hi] (grpo_cps_noise_scale_range); null: fixed eta."""
     sampling_steps: int = 30
@@ -241,7 +242,7 @@ class GRPOConfig:
     grpo_guard: bool = False
     """GRPO-Guard (docs/options.md#grpo-guard): each replayed step's log-ratio normalised by its transition std (the
     mean-shift term added back), and the step's loss divided by sigma - sigma'; Gaussian samplers (dancegrpo,
-    flowgrpo) only. Off: the reference's ratio."""
+    flowgrpo, flowgrpo_sde) only. Off: the reference's ratio."""
     grpo_guard_scope: str = "micro_batch"
     """What GRPO-Guard's mean-shift term and std are taken over: `micro_batch`, the rows of one replay forward (its
     authors' code: their mean over the micro-batch), or `row`, each row's own (their paper's derivation)."""
@@ -498,7 +499,8 @@ class MatrixConfig:
         default_factory=lambda: ["flowcps-0.1", "flowcps-0.3", "flowcps-0.7", "flowcps-0.9", "euler", "unipc"]
     )
     """Samplers, one matrix column each: `unipc` (UniPC ODE), `euler` (Euler ODE), `flowcps-<eta>`,
-    `dancegrpo-<eta>`, `flowgrpo`, or `flowcps-uniform-<lo>-<hi>` (each sample's eta drawn from the range)."""
+    `dancegrpo-<eta>`, `flowgrpo`, `flowgrpo_sde-<eta>`, or `flowcps-uniform-<lo>-<hi>` (each sample's eta drawn
+    from the range)."""
     seed: int = 0
     """Base seed: sample i of the evaluation set draws its noise from (seed, i), and the bootstrap draws from it;
     its own field, since the evaluation's noise stays fixed (the release evaluation's 0) whatever train.seed is.

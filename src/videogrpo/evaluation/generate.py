@@ -3,8 +3,8 @@
 Samplers (config/cells.py names them): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
 UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
 with the model's flow shift), and training's own transitions (`grpo.samplers`) over
-sigma = shift t / (1 + (shift - 1) t): `flowcps-<noise>`, `dancegrpo-<noise>`, `flowgrpo`, and
-`flowcps-uniform-<lo>-<hi>`, whose every sample draws its noise level from the range. Noise, and a drawn noise
+sigma = shift t / (1 + (shift - 1) t): `flowcps-<noise>`, `dancegrpo-<noise>`, `flowgrpo`, `flowgrpo_sde-<noise>`
+and `flowcps-uniform-<lo>-<hi>`, whose every sample draws its noise level from the range. Noise, and a drawn noise
 level, are keyed by (matrix.seed, the sample's position, step): the same in every cell, whichever process makes
 a sample. Both model kinds sample through `videogrpo.evaluation.sampling`: for TI2V latent
 frame 0 is the first frame's latent after every step; for I2V-A14B nothing is pinned and each step goes to

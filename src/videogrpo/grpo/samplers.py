@@ -13,7 +13,7 @@ import math
 
 import torch
 
-SAMPLERS = ("flowcps", "dancegrpo", "flowgrpo")
+SAMPLERS = ("flowcps", "dancegrpo", "flowgrpo", "flowgrpo_sde")
 
 
 def sigma_schedule(steps: int, shift: float) -> torch.Tensor:
@@ -48,11 +48,18 @@ def transition(
         std = eta * math.sqrt(sigma - sigma_next)
         mean = x + d * (v + eta**2 * (x + (1 - sigma) * v) / (2 * sigma))
         return mean, std
-    if sampler == "flowgrpo":
-        # Wan ports of Flow-GRPO: s_t = sigma_min + (sigma_max - sigma_min) sigma with 0 and 1, i.e. sigma.
-        s_t = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
+    if sampler in ("flowgrpo", "flowgrpo_sde"):
         if sigma == 0:
             return x + d * v, torch.zeros((), device=x.device)
+        if sampler == "flowgrpo":
+            # Wan ports of Flow-GRPO: s_t = sigma_min + (sigma_max - sigma_min) sigma with 0 and 1, i.e. sigma.
+            s_t = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
+        else:
+            # Flow-GRPO's own `sde` step (its image models; MixGRPO's window, GRPO-Guard): s_t = eta sqrt(sigma /
+            # (1 - sigma)), where sigma = 1 takes the schedule's second noise level instead, as theirs
+            # (scheduler.sigmas[1], the first step's sigma').
+            at = torch.as_tensor(sigma_next if sigma == 1 else sigma, dtype=torch.float32, device=x.device)
+            s_t = torch.sqrt(torch.as_tensor(sigma, dtype=torch.float32, device=x.device) / (1 - at)) * eta
         mean = x * (1 + s_t**2 * d / (2 * sigma)) + v * (1 + s_t**2 * (1 - sigma) / (2 * sigma)) * d
         return mean, s_t * math.sqrt(-d)
     raise ValueError(f"unknown sampler {sampler!r}; known: {SAMPLERS}")
