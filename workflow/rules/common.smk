@@ -52,6 +52,10 @@ CFG = vg.from_dict(config)
 config.clear()
 config.update(vg.to_dict(CFG))
 validate(config, "../schemas/config.schema.json")
+# Settings that run but leave an algorithm a shadow of itself: said once, by the driver (a dry run too).
+if workflow.is_main_process:
+    for _warning in vg.setting_warnings(CFG):
+        print(f"warning: {_warning}", file=sys.stderr)
 if "mlflow" in CFG.logging.tracker:  # before any job: the URI lives in the environment, which every job inherits
     from videogrpo.grpo import mlflow_run
 

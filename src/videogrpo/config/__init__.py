@@ -47,6 +47,7 @@ from videogrpo.config.identity import (
     training_contract,
 )
 from videogrpo.config.load import deep_merge, from_dict, json_schema, load, sections_from_argument
+from videogrpo.config.option_rules import setting_warnings
 from videogrpo.config.sections import (
     SECTIONS,
     Config,
@@ -62,6 +63,7 @@ from videogrpo.config.sections import (
 )
 
 __all__ = [
+    "setting_warnings",
     "CONTRACT",
     "COSMETIC",
     "EVALUATION",

@@ -32,6 +32,7 @@ CHOICES = {
     "grpo.grpo_guard_scope": ("micro_batch", "row"),
     "grpo.update_order": ("shuffled", "by_member"),
     "grpo.advantage_std": ("group", "batch"),
+    "train.lr_schedule": ("cosine", "constant"),
     "train.lora_base_dtype": ("compute", "float32"),
     "model.frozen_dtype": ("float32", "bfloat16", "float16"),
     "model.condition_dtype": ("bfloat16", "float32"),

@@ -110,6 +110,7 @@ _FIELD_CLASSES = {
         for f in (
             "lr",
             "warmup_steps",
+            "lr_schedule",
             "weight_decay",
             "max_grad_norm",
             "epochs",
@@ -368,6 +369,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.updates_per_batch": 1, "grpo.update_passes": 1}, ("grpo.update_order",)),
     ({"grpo.advantage_std": "group", "grpo.advantage_std_unbiased": True, "grpo.advantage_eps": 1e-4}, ()),
     ({"grpo.drop_zero_advantage": False}, ()),
+    ({"train.lr_schedule": "cosine"}, ()),
     ({"grpo.vae_tile_size": None}, ()),
     ({"grpo.grpo_guard": False}, ("grpo.grpo_guard_scope",)),
     (

@@ -233,3 +233,42 @@ def lora_problems(cfg: Config) -> list[str]:
             f"adapters wrap); set parallel.tensor_parallel: 1 (FSDP or HSDP shard the frozen base as well)"
         )
     return found
+
+
+def setting_warnings(cfg: Config) -> list[str]:
+    """Settings that run, but leave an algorithm a shadow of itself (docs/options.md#settings-that-neuter-an-
+    algorithm): each warning names the fields, what the combination does and what its authors set."""
+    g, found = cfg.grpo, []
+    updates = g.updates_per_batch * g.update_passes
+    if g.algorithm == "grpo" and g.grpo_guard and not g.delayed_replay and updates == 1:
+        found.append(
+            "grpo.grpo_guard = true with one update per batch (grpo.updates_per_batch 1, grpo.update_passes 1) and no "
+            "delayed replay: every update is on-policy, the ratio is exactly 1 and the clip never acts, so GRPO-Guard "
+            "only reweights the gradient by 1 / (sigma - sigma'); its authors take 2 updates a batch "
+            "(config/algorithms/grpo_guard.yaml)"
+        )
+    lo, hi = g.sde_window_range or (0, g.sampling_steps)
+    starts_late = lo > 0 or (g.sde_window_mode == "random" and hi - lo > g.sde_window_size)
+    if g.sde_window_size and g.sde_window_mode == "random" and g.share_group_noise and starts_late:
+        found.append(
+            f"grpo.sde_window_size = {g.sde_window_size} (random) with grpo.share_group_noise = true: a group's "
+            "members start from one noise and follow one Euler path up to the window, so they differ only by its "
+            "few SDE steps; Flow-GRPO-Fast draws each member's own noise (grpo.share_group_noise: false, "
+            "config/algorithms/flow_grpo_fast.yaml)"
+        )
+    if g.sde_window_size and g.timestep_fraction != 0.6:
+        found.append(
+            f"grpo.timestep_fraction = {g.timestep_fraction} is not used: with an SDE window (grpo.sde_window_size "
+            f"{g.sde_window_size}) the window's steps are the trained ones"
+        )
+    if g.algorithm == "nft" and g.kl_coeff == 0:
+        found.append(
+            "grpo.algorithm = 'nft' with grpo.kl_coeff = 0: DiffusionNFT's authors always add a KL of 1e-4 to the "
+            "base model's velocity (grpo.kl_coeff: 0.0001)"
+        )
+    if g.advantage_std == "batch" and g.prompts_per_step == 1:
+        found.append(
+            "grpo.advantage_std = 'batch' with one prompt a step (grpo.prompts_per_step 1): the batch is the group, "
+            "so it changes nothing"
+        )
+    return found

@@ -327,6 +327,9 @@ class TrainConfig:
     """Peak learning rate of AdamW."""
     warmup_steps: int = 5
     """Linear warm-up, in optimizer updates."""
+    lr_schedule: str = "cosine"
+    """After the warm-up: `cosine`, decay to 0 at the run's last update (the reference); `constant`, the peak
+    throughout (Flow-GRPO, MixGRPO, DiffusionNFT)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     max_grad_norm: float = 1.0

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from videogrpo import atomic
-from videogrpo.config import Config, to_dict
+from videogrpo.config import Config, setting_warnings, to_dict
 from videogrpo.data.dataset import SampleRef, load_split, steps_per_epoch, training_order
 from videogrpo.grpo import (
     assignment,
@@ -204,7 +204,9 @@ class Trainer:
             largest = objectives.replay_update(self, prepared, rows, pass_index, timesteps, clip, skipped, sums)
             ratio_abs_max = max(ratio_abs_max, largest)
             t = cfg.train  # the schedule runs over every optimizer update of the run
-            lr = learning_rate((action.update - 1) * per_step + k, t.warmup_steps, self.total * per_step, t.lr)
+            lr = learning_rate(
+                (action.update - 1) * per_step + k, t.warmup_steps, self.total * per_step, t.lr, t.lr_schedule
+            )
             grad_norms.append(self.experts.step(lr, cfg.train.max_grad_norm) if timesteps else 0.0)
             rates.append(lr)
         if self.nft_old is not None:  # after the batch's updates, as DiffusionNFT's authors: old <- d old + (1 - d) new
@@ -369,6 +371,8 @@ class Trainer:
         self._log(f"flow shift {self.shift} ({self.shift_source})")
         if window := sde_window.describe(self.cfg.grpo):
             self._log(window)
+        for warning in setting_warnings(self.cfg):
+            self._log(f"warning: {warning}")
         slot: Prepared | None = None
         try:
             if validation.before_training(self.cfg, start):
