@@ -208,6 +208,9 @@ def test_learning_rate_warms_up_from_zero_then_decays_by_cosine():
     )
     assert 0 < learning_rate(total - 1, warmup, total, peak) < peak * 1e-6  # nearly 0 at the last update
     assert learning_rate(0, 0, 4, 1.0) == 1.0  # no warm-up: the cosine starts at the peak
+    # train.lr_schedule constant (the published algorithms' authors): the same warm-up, then the peak throughout.
+    held = [learning_rate(k, warmup, total, peak, "constant") for k in (0, 2, 5, 3000, total - 1)]
+    assert held == [0.0, pytest.approx(2e-6), peak, peak, peak]
 
 
 def test_counter_seeds_differ_per_counter():

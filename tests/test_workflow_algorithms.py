@@ -1,7 +1,7 @@
-"""The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO), an SDE
-window, DiffusionNFT and GRPO-Guard, each trained end to end to its report by snakemake on the tiny default, then one
-comparison page of them all (`videogrpo compare`). After tests/test_workflow.py, whose tests read the demo's run as the
-only one."""
+"""The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO) and
+Flow-GRPO-Fast, DiffusionNFT and GRPO-Guard as their authors run them (config/algorithms), each trained end to end to
+its report by snakemake on the tiny default, then one comparison page of them all (`videogrpo compare`). After
+tests/test_workflow.py, whose tests read the demo's run as the only one."""
 
 from __future__ import annotations
 
@@ -12,20 +12,22 @@ from demo import NEW_RUN_JOBS, SAMPLERS, first_run_id, jobs_run, run
 
 pytestmark = pytest.mark.e2e
 
-WINDOW = "grpo={sde_window_size: 2, sde_window_range: [0, 4]}"
-NFT = "grpo={algorithm: nft, sampler: euler, share_group_noise: false, delayed_replay: false}"
-GUARD = "grpo={grpo_guard: true, sampler: dancegrpo, eta: 0.3}"
+# The presets compared, each with the sampler of its held-out check (outside the matrix's samplers).
+PRESETS = {"flow_grpo_fast": "flowcps-0.8", "diffusion_nft": "euler", "grpo_guard": "flowgrpo_sde-0.7"}
 # New cells of a run whose training sampler is outside the matrix: its trained model under the matrix's samplers, and
 # the held-out check's pair under the training sampler.
 CHECKED = len(SAMPLERS) + 2
 
 
-def new_run(workdir, overrides: str | list[str], cells: int = len(SAMPLERS)) -> str:
-    """A run of the tiny default with `overrides`: its stages and its `cells` new matrix cells (the trained model
-    under the matrix's two samplers; a training sampler outside them adds the held-out check's two)."""
+def new_run(workdir, overrides: str | list[str] = (), cells: int = len(SAMPLERS), preset: str | None = None) -> str:
+    """A run of the tiny default with `overrides` (and an algorithm preset layered after it): its stages and its
+    `cells` new matrix cells (the trained model under the matrix's two samplers; a training sampler outside them adds
+    the held-out check's two)."""
     before = {p.name for p in (workdir / "results/runs").iterdir()}
-    out = run(["snakemake", "--cores", "2", "--config", *([overrides] if isinstance(overrides, str) else overrides)],
-              workdir)  # fmt: skip
+    overrides = [overrides] if isinstance(overrides, str) else list(overrides)
+    layers = ["--configfile", "config/config.yaml", f"config/algorithms/{preset}.yaml"] if preset else []
+    out = run(["snakemake", "--cores", "2", *layers, *(["--config", *overrides] if overrides else [])], workdir)
+    assert "warning: grpo." not in out.stderr  # a preset neuters nothing
     assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, generate_cell=cells, score_cell=cells)
     (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     assert (workdir / "results/runs" / made / "report/report.html").is_file()
@@ -34,16 +36,16 @@ def new_run(workdir, overrides: str | list[str], cells: int = len(SAMPLERS)) -> 
 
 def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, workdir):
     grpo = first_run_id(workdir)
-    window, nft, guard = new_run(workdir, WINDOW), new_run(workdir, NFT, CHECKED), new_run(workdir, GUARD, CHECKED)
-    runs = [f"results/runs/{name}" for name in (grpo, window, nft, guard)]
-    for run_dir, option in zip(runs[1:], ("grpo.sde_window_size = 2", "grpo.algorithm = &quot;nft&quot;",
+    fast, nft, guard = (new_run(workdir, cells=CHECKED, preset=preset) for preset in PRESETS)
+    runs = [f"results/runs/{name}" for name in (grpo, fast, nft, guard)]
+    for run_dir, option in zip(runs[1:], ("grpo.sde_window_size = 3", "grpo.algorithm = &quot;nft&quot;",
                                           "grpo.grpo_guard = true")):  # fmt: skip
-        assert f"options {option}" in (workdir / run_dir / "report/report.html").read_text()
+        assert option in (workdir / run_dir / "report/report.html").read_text()
 
     out = run(["videogrpo", "compare", *runs, "--out", "comparison.html"], workdir)
     lines = out.stdout.splitlines()
     # Each run's held-out check under its own training sampler, with its paired interval.
-    for name, sampler in ((grpo, "flowcps-0.7"), (window, "flowcps-0.7"), (nft, "euler"), (guard, "dancegrpo-0.3")):
+    for name, sampler in ((grpo, "flowcps-0.7"), *zip((fast, nft, guard), PRESETS.values())):
         line = rf"{name}: held-out trained - base [+-]\d\.\d{{4}} \[.+\] \({sampler}\)$"
         assert any(re.match(line, x) for x in lines), lines
     # The paired difference from the first run under each of the two samplers every matrix evaluated.
