@@ -129,10 +129,10 @@ def test_the_report_page_shows_what_a_reader_looks_for_in_a_browser(demo, workdi
 
     # Base and trained side by side: one row per evaluated sample, base then trained, the same task and sample,
     # from the held-out check's two cells (the training sampler's column of the matrix), as the scorer saw them.
-    cells = {
-        "base": next(workdir.glob("results/matrix/*/base-*/flowcps-0.7/prepared")),
-        "trained": next(workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7/prepared")),
-    }
+    # (the base cell beside the trained one: runs that generate otherwise have base cells of their own)
+    (trained,) = workdir.glob(f"results/matrix/*/{run_dir.name}/flowcps-0.7/prepared")
+    (base,) = trained.parents[2].glob("base-*/flowcps-0.7/prepared")
+    cells = {"base": base, "trained": trained}
     evaluated = {(p.parent.name, p.stem) for p in cells["trained"].rglob("*.mp4")}
     assert len(evaluated) == 6 and evaluated == {(p.parent.name, p.stem) for p in cells["base"].rglob("*.mp4")}
     videos = [v for v in page.videos if "data-variant" in v]
