@@ -297,7 +297,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         type=Path,
         help="YAML layers, later ones win (default: config/config.yaml)",
     )
-    show.add_argument("--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5")
+    show.add_argument(
+        "--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. train.lr=1e-5"
+    )
     show.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     show.add_argument("--run-id", action="store_true", help="print only the run identity (the run directory's name)")
     show.set_defaults(handler=_config_command)
@@ -311,7 +313,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "(listed); 3: the config is invalid at this scale (as preflight says).",
     )
     sim.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
-    sim.add_argument("--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. parallel.nodes=4")
+    sim.add_argument(
+        "--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. parallel.nodes=4"
+    )
     sim.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     sim.add_argument(
         "--ranks",
@@ -335,7 +339,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "is printed and settable. Exit 0: a layout fits; 2: none fits; 3: the input cannot be planned.",
     )
     plan.add_argument("--configfile", nargs="+", action="extend", type=Path, help="YAML layers (as for `config`)")
-    plan.add_argument("--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. video.num_frames=49")
+    plan.add_argument(
+        "--set", nargs="*", action="extend", metavar="SECTION.FIELD=VALUE", help="overrides, e.g. video.num_frames=49"
+    )
     plan.add_argument("--config", nargs="+", action="extend", metavar="SECTION=VALUE", help=CONFIG_HELP)
     plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     plan.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of one GPU (default: --gpu's)")
