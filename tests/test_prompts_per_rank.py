@@ -75,7 +75,8 @@ def test_one_two_and_four_ranks_make_the_same_updates(mode, tiny_model, dataset,
             # The gradient's norm shows a wrong loss normaliser or a prompt left out (AdamW's step would hide a
             # scale); seen within 1e-4 relative.
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3), where
-            assert a.get("grad_norm_per_update") == pytest.approx(b.get("grad_norm_per_update"), rel=1e-3), where
+            if "grad_norm_per_update" in a:  # several updates a batch: each update's norm
+                assert a["grad_norm_per_update"] == pytest.approx(b["grad_norm_per_update"], rel=1e-3), where
             assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6), where
             assert a["ppo_ratio_mean"] == pytest.approx(b["ppo_ratio_mean"], abs=1e-6), where
         assert weights.keys() == one_weights.keys()
