@@ -11,7 +11,7 @@ import math
 
 from videogrpo.config.cells import sampler_problem
 from videogrpo.config.fields import CHOICES, training_reward_kinds
-from videogrpo.config.sections import Config
+from videogrpo.config.sections import Config, GRPOConfig
 
 
 def sde_window_problems(g) -> list[str]:
@@ -256,7 +256,7 @@ def setting_warnings(cfg: Config) -> list[str]:
             "few SDE steps; Flow-GRPO-Fast draws each member's own noise (grpo.share_group_noise: false, "
             "config/algorithms/flow_grpo_fast.yaml)"
         )
-    if g.sde_window_size and g.timestep_fraction != 0.6:
+    if g.sde_window_size and g.timestep_fraction != GRPOConfig.timestep_fraction:  # set, so meant to act
         found.append(
             f"grpo.timestep_fraction = {g.timestep_fraction} is not used: with an SDE window (grpo.sde_window_size "
             f"{g.sde_window_size}) the window's steps are the trained ones"

@@ -111,12 +111,3 @@ def rank_forwards(cfg, rank_waves: list[list[Row]], world: int, rows: frozenset[
         return forwards
     most = max(len(chunk_forwards(assignment.waves(cfg, r, world), rows, members)) for r in range(world))
     return forwards + [Forward(0, [0], 0)] * (most - len(forwards))
-
-
-def padding_forwards(cfg, world: int, batch: int = 0) -> int:
-    """Padding forwards per trained step that rank 0 runs over a batch's updates (the planner's count; 0 unless
-    the layout is sharded and the sets split the ranks' rows unevenly)."""
-    padded = 0
-    for _, rows in update_sets(cfg.grpo, cfg.train.seed, batch):
-        padded += sum(f.weight == 0 for f in rank_forwards(cfg, assignment.waves(cfg, 0, world), world, rows))
-    return padded
