@@ -140,3 +140,32 @@ def test_the_dpm_solver_tail_is_mixgrpo_flashs_to_round_off():
         samplers.dpm_solver_step, sde_window.tail = real_step, real_tail
     assert sum(not ok for *_, ok in first_order) >= 20
     assert sum(not ok for *_, ok in euler) >= 30
+
+
+def test_the_dpm_solver_rollouts_are_diffusion_nfts_to_round_off():
+    """tests/data/algo_diff/nft_rollout.pt: DiffusionNFT's sampling loop (their `run_sampling` with the deterministic
+    `dpm2` solver, run by tools/algo_diff/nft_rollout.py) over a stand-in transformer, for a 10- and a 6-step
+    schedule: every state of this project's rollout with sampler dpm_solver must agree to round-off."""
+    import nft_rollout
+
+    stored = torch.load(REPO / "tests/data/algo_diff/nft_rollout.pt", weights_only=True)
+    assert stored["commit"] == "24af5554898d85e93efa492f42b5e9cdf4156e9b"
+    ours = nft_rollout.project_side(stored["inputs"])
+    assert {name: tuple(t.shape[:2]) for name, t in ours.items()} == {"steps10": (2, 11), "steps6": (2, 7)}
+    rows = nft_rollout.compare(stored["theirs"], ours)
+    assert [name for name, *_ in rows] == ["steps10", "steps6"] and all(ok for *_, ok in rows), rows
+    # The comparison can fail: the first-order solver on every step (no history), or the last step not landing on
+    # the clean prediction.
+    from videogrpo.grpo import samplers
+
+    real_step = samplers.dpm_solver_step
+    try:
+        samplers.dpm_solver_step = lambda x, x0, s, s_next, before, dtype: real_step(x, x0, s, s_next, None, dtype)
+        first_order = nft_rollout.compare(stored["theirs"], nft_rollout.project_side(stored["inputs"]))
+        samplers.dpm_solver_step = lambda x, x0, s, s_next, before, dtype: real_step(
+            x, x0, s, max(s_next, 1e-3), before, dtype
+        )
+        short = nft_rollout.compare(stored["theirs"], nft_rollout.project_side(stored["inputs"]))
+    finally:
+        samplers.dpm_solver_step = real_step
+    assert not any(ok for *_, ok in first_order) and not any(ok for *_, ok in short)

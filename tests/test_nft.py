@@ -26,6 +26,8 @@ NFT = {"algorithm": "nft", "sampler": "euler", "share_group_noise": False, "dela
     "grpo, message",
     [
         ({"sampler": "euler"}, "grpo.sampler = 'euler': the deterministic ODE has no log-probability"),
+        ({"sampler": "dpm_solver"}, "grpo.sampler = 'dpm_solver': the deterministic ODE has no log-probability"),
+        ({**NFT, "sampler": "dpm_solver", "share_group_noise": True}, "every member of a group the same video"),
         ({**NFT, "delayed_replay": True}, "grpo.delayed_replay = true with grpo.algorithm = 'nft'"),
         ({**NFT, "sampler": "dancegrpo", "grpo_guard": True}, "grpo.grpo_guard = True with grpo.algorithm = 'nft'"),
         ({**NFT, "sde_window_size": 2}, "grpo.sde_window_size = 2 with grpo.algorithm = 'nft'"),
@@ -37,6 +39,30 @@ NFT = {"algorithm": "nft", "sampler": "euler", "share_group_noise": False, "dela
 def test_what_cannot_work_with_nft_is_refused_with_the_reason(grpo, message):
     with pytest.raises(ConfigError, match=message):
         config.from_dict({"grpo": grpo, "train": {}}, partial=True)  # the sections the rules read
+
+
+def test_the_dpm_solvers_rollout_and_its_matrix_cell_sample_alike():
+    """One solver for training's dpm_solver rollouts and the held-out check's dpm_solver cell (grpo.denoise): the
+    same clean latent from the same noise, frame 0 pinned to the condition in both."""
+    from types import SimpleNamespace
+
+    from videogrpo.grpo import denoise, rollout
+    from videogrpo.grpo.samplers import sigma_schedule
+
+    generator = torch.Generator().manual_seed(3)
+    mix = torch.randn(4, 4, generator=generator)
+    model = SimpleNamespace(
+        pins_first_frame=True,
+        trajectory_dtype=torch.float32,
+        velocity=lambda transformer, x, sigma, embeds, guidance: torch.einsum("dc,bc...->bd...", mix, x) * sigma,
+    )
+    noise, condition = torch.randn(2, 4, 3, 4, 4, generator=generator), torch.randn(2, 4, 1, 4, 4, generator=generator)
+    sigmas = sigma_schedule(8, 3.0)
+    trajectory = rollout.rollout(model, None, None, condition, noise, sigmas, "dpm_solver", torch.zeros(2), None)
+    sampled = denoise.sample_latents(model, None, None, condition, noise, denoise.Solver(sigmas))
+    torch.testing.assert_close(sampled, trajectory.latents[:, -1], rtol=1e-6, atol=1e-6)
+    assert torch.equal(sampled[:, :, :1], condition) and not torch.equal(sampled, noise)
+    assert torch.equal(trajectory.log_probs, torch.zeros(2, 8))  # deterministic: nothing to replay
 
 
 def test_nft_is_a_new_run_and_its_fields_count_only_then():

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 # same; GRPO-Guard: guidance 4.5).
 PRESETS = {
     "flow_grpo_fast": ("flowcps-0.8", len(SAMPLERS) + 2 + len(SAMPLERS)),
-    "diffusion_nft": ("euler", len(SAMPLERS) + 2),
+    "diffusion_nft": ("dpm_solver", len(SAMPLERS) + 2),
     "grpo_guard": ("flowgrpo_sde-0.7", len(SAMPLERS) + 2 + len(SAMPLERS)),
 }
 

@@ -6,7 +6,7 @@ model unless matrix.compare_base is off, sampled with the training sampler (`tra
 name is one cell (the tiny default's flowcps-0.7 column is its check), so no video set is generated twice.
 
 Sampler names, one grammar for the config check, the workflow's wildcards and generation:
-- `unipc`, `euler`: the ODE samplers;
+- `unipc`, `euler`, `dpm_solver`: the ODE samplers (`dpm_solver`: DPM-Solver++ (2M), DiffusionNFT's rollouts);
 - `flowcps-<eta>`, eta in [0, 1]: the Flow-CPS transition at that noise level;
 - `dancegrpo-<eta>`, eta > 0: DanceGRPO's RF-SDE transition;
 - `flowgrpo`: the Flow-GRPO SDE of its Wan ports (its noise level is the sigma schedule's own: no eta);
@@ -24,11 +24,11 @@ from decimal import Decimal
 from videogrpo.errors import ConfigError
 
 _NUMBER = r"((?:0|[1-9]\d*)(?:\.\d+)?)"  # no leading zeros: one name per noise level
-_PLAIN = re.compile(r"^(unipc|euler|flowgrpo)$")
+_PLAIN = re.compile(r"^(unipc|euler|dpm_solver|flowgrpo)$")
 _AT_ETA = re.compile(rf"^(flowcps|dancegrpo|flowgrpo_sde)-{_NUMBER}$")
 _UNIFORM = re.compile(rf"^flowcps-uniform-{_NUMBER}-{_NUMBER}$")
 GRAMMAR = (
-    "unipc, euler, flowgrpo, flowcps-<eta in [0, 1]>, dancegrpo-<eta > 0>, flowgrpo_sde-<eta > 0> or "
+    "unipc, euler, dpm_solver, flowgrpo, flowcps-<eta in [0, 1]>, dancegrpo-<eta > 0>, flowgrpo_sde-<eta > 0> or "
     "flowcps-uniform-<lo>-<hi>"
 )
 
@@ -36,7 +36,8 @@ GRAMMAR = (
 @dataclass(frozen=True)
 class Sampler:
     kind: str
-    """`unipc`, `euler` (ODE), or a training transition: `flowcps`, `dancegrpo`, `flowgrpo`, `flowgrpo_sde`."""
+    """`unipc`, `euler`, `dpm_solver` (ODE), or a training transition: `flowcps`, `dancegrpo`, `flowgrpo`,
+    `flowgrpo_sde`."""
     noise: float = 0.0
     """The transition's noise level eta (flowcps, dancegrpo, flowgrpo_sde)."""
     noise_range: tuple[float, float] | None = None
@@ -91,7 +92,7 @@ def training_sampler(cfg) -> str:
     if g.eta_range:
         lo, hi = g.eta_range
         return f"flowcps-uniform-{number_text(lo)}-{number_text(hi)}"
-    if g.sampler in ("flowgrpo", "euler"):  # no noise level in the name
+    if g.sampler in ("flowgrpo", "euler", "dpm_solver"):  # no noise level in the name
         return g.sampler
     return f"{g.sampler}-{number_text(g.eta)}"
 

@@ -25,7 +25,7 @@ CHOICES = {
     "data.inflater": ("auto", "isal", "zlib"),
     "reward.kind": ("vbvr_rule", "vbvr_vlm"),
     "grpo.algorithm": ("grpo", "nft"),
-    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "flowgrpo_sde", "euler"),
+    "grpo.sampler": ("flowcps", "dancegrpo", "flowgrpo", "flowgrpo_sde", "euler", "dpm_solver"),
     "grpo.trajectory_dtype": ("compute", "float32", "bfloat16"),
     "grpo.sde_window_mode": ("random", "sliding"),
     "grpo.sde_window_tail": ("euler", "dpm_solver"),

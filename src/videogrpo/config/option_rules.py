@@ -75,13 +75,17 @@ def update_problems(g) -> list[str]:
     return []
 
 
+DETERMINISTIC_SAMPLERS = ("euler", "dpm_solver")
+"""grpo.sampler values without noise, hence without a log-probability: DiffusionNFT's rollouts only."""
+
+
 def nft_problems(g) -> list[str]:
-    """DiffusionNFT (docs/options.md#diffusionnft) and the Euler sampler only it can train with."""
+    """DiffusionNFT (docs/options.md#diffusionnft) and the deterministic samplers only it can train with."""
     if g.algorithm != "nft":
-        if g.sampler == "euler":
+        if g.sampler in DETERMINISTIC_SAMPLERS:
             return [
-                "grpo.sampler = 'euler': the deterministic ODE has no log-probability for GRPO to train; it samples "
-                "for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo, flowgrpo_sde)"
+                f"grpo.sampler = {g.sampler!r}: the deterministic ODE has no log-probability for GRPO to train; it "
+                "samples for grpo.algorithm = 'nft' only (or use flowcps, dancegrpo, flowgrpo, flowgrpo_sde)"
             ]
         return []
     found = []
@@ -101,10 +105,10 @@ def nft_problems(g) -> list[str]:
             "the old policy that sampled the batch, and a delayed batch was sampled by an older one; set "
             "grpo.delayed_replay: false"
         )
-    if g.sampler == "euler" and g.share_group_noise:
+    if g.sampler in DETERMINISTIC_SAMPLERS and g.share_group_noise:
         found.append(
-            "grpo.sampler = 'euler' with grpo.share_group_noise = true: the ODE from one initial noise makes every "
-            "member of a group the same video (no advantage); set grpo.share_group_noise: false"
+            f"grpo.sampler = {g.sampler!r} with grpo.share_group_noise = true: the ODE from one initial noise makes "
+            "every member of a group the same video (no advantage); set grpo.share_group_noise: false"
         )
     if not 0 <= g.nft_old_decay_max < 1:
         found.append(f"grpo.nft_old_decay_max = {g.nft_old_decay_max}: must be in [0, 1) (1 would never update it)")

@@ -208,7 +208,8 @@ class GRPOConfig:
     sampler: str = "flowcps"
     """Rollout transition: `flowcps`, `dancegrpo` (RF-SDE), `flowgrpo` (its Wan ports' noise level sigma),
     `flowgrpo_sde` (Flow-GRPO's own sde step, noise level eta sqrt(sigma / (1 - sigma)): MixGRPO, GRPO-Guard), or
-    `euler` (the deterministic ODE: for grpo.algorithm nft only, which trains without log-probabilities)."""
+    `euler` (the deterministic Euler ODE) or `dpm_solver` (the deterministic DPM-Solver++ (2M), DiffusionNFT's): the
+    last two for grpo.algorithm nft only, which trains without log-probabilities."""
     eta: float = 0.7
     """Noise level of the sampler (Flow-CPS 0.7, DanceGRPO 0.3, flowgrpo_sde 0.7)."""
     eta_range: list[float] | None = None

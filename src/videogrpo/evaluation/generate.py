@@ -2,7 +2,8 @@
 
 Samplers (config/cells.py names them): `unipc` (the UniPC ODE: the model's own UniPC scheduler, or diffusers'
 UniPC with Wan2.2's flow settings), `euler` (the Euler ODE: diffusers' FlowMatchEulerDiscreteScheduler
-with the model's flow shift), and training's own transitions (`grpo.samplers`) over
+with the model's flow shift), `dpm_solver` (training's DPM-Solver++ (2M), DiffusionNFT's rollouts), and training's
+own transitions (`grpo.samplers`) over
 sigma = shift t / (1 + (shift - 1) t): `flowcps-<noise>`, `dancegrpo-<noise>`, `flowgrpo`, `flowgrpo_sde-<noise>`
 and `flowcps-uniform-<lo>-<hi>`, whose every sample draws its noise level from the range. Noise, and a drawn noise
 level, are keyed by (matrix.seed, the sample's position, step): the same in every cell, whichever process makes
@@ -91,6 +92,8 @@ def generate_video(
     x = seeded_normal(shape, device, s.seed, SEED_TAG, sample.index).unsqueeze(0)
     if sampler.kind in ("unipc", "euler"):
         how = sampling.ODE(ode_scheduler(sampler.kind, model_dir, shift), s.steps)
+    elif sampler.kind == "dpm_solver":
+        how = sampling.Solver(sigma_schedule(s.steps, shift))
     else:  # a transition of training (grpo.samplers), at the sample's noise level
         how = sampling.SDE(
             sampler.kind,

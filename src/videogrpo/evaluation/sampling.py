@@ -14,8 +14,9 @@ Evaluation takes no log-probabilities, so the rollout's frame mask (0 on TI2V's 
 for I2V) plays no part here.
 
 `sample_latents` runs a Gaussian transition of training (`SDE`: `grpo.samplers.transition`, the one the
-rollout steps with) or a diffusers ODE scheduler (`ODE`: the steps of diffusers' Wan pipelines), the latent
-in float32 between steps; the three are `grpo.denoise`'s, which validation during training samples with too.
+rollout steps with), training's DPM-Solver (`Solver`) or a diffusers ODE scheduler (`ODE`: the steps of
+diffusers' Wan pipelines), the latent in float32 between steps; the three are `grpo.denoise`'s, which
+validation during training samples with too.
 The weights a stage substitutes are inputs of its StageRun, so their digests were checked against the train
 manifest before any is read here.
 """
@@ -31,6 +32,7 @@ from videogrpo import models
 from videogrpo.errors import ConfigError
 from videogrpo.grpo.denoise import ODE as ODE  # re-exported: generation samples through this module
 from videogrpo.grpo.denoise import SDE as SDE
+from videogrpo.grpo.denoise import Solver as Solver
 from videogrpo.grpo.denoise import sample_latents as sample_latents
 from videogrpo.models import lora
 from videogrpo.models.i2v import EXPERT_FOLDERS, WanI2VA14B, check_expert

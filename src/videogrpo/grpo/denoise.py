@@ -2,11 +2,10 @@
 matrix's cells (`evaluation.sampling`) and validation during training (`validation`) both sample through here.
 
 `sample_latents` runs a Gaussian transition of training (`SDE`: `samplers.transition`, the one the rollout steps
-with) or a diffusers ODE scheduler (`ODE`: the steps of diffusers' Wan pipelines), the latent in float32 between
-steps. TI2V pins latent frame 0 to its condition before the first step and after every step; I2V pins nothing
-(`model.pins_first_frame`). `weights` is what the model's velocity takes: a TI2V transformer, or an I2V model's
-experts by name.
-"""
+with), training's DPM-Solver (`Solver`) or a diffusers ODE scheduler (`ODE`: the steps of diffusers' Wan pipelines),
+the latent in float32 between steps. TI2V pins latent frame 0 to its condition before the first step and after every
+step; I2V pins nothing (`model.pins_first_frame`). `weights` is what the model's velocity takes: a TI2V transformer,
+or an I2V model's experts by name."""
 
 from __future__ import annotations
 
@@ -41,6 +40,14 @@ class SDE:
 
 
 @dataclass(frozen=True)
+class Solver:
+    """DPM-Solver++ (2M) over a sigma schedule of T + 1 values (`samplers.dpm_solver_step`, the steps of training's
+    `dpm_solver` rollouts)."""
+
+    sigmas: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ODE:
     """A diffusers scheduler (UniPC, flow-matching Euler) run for `steps` steps."""
 
@@ -68,7 +75,7 @@ def sample_latents(
     embeds: torch.Tensor,
     condition: torch.Tensor,
     init: torch.Tensor,
-    how: SDE | ODE,
+    how: SDE | Solver | ODE,
     guidance_scale: float = 1.0,
 ) -> torch.Tensor:
     """The clean latents [B, C, F, h, w] (float32) denoised from the noise `init` by `how`."""
@@ -81,6 +88,16 @@ def sample_latents(
             mean, std = samplers.transition(how.sampler, x, v, sigma, sigma_next, how.eta)
             # samplers.step's x', without the log-probability nobody here has a use for.
             x = pin(model, (mean + std * how.step_noise(i).float()).to(dtype), condition)
+        return x
+    if isinstance(how, Solver):
+        before = None
+        for i in range(len(how.sigmas) - 1):
+            sigma, sigma_next = float(how.sigmas[i]), float(how.sigmas[i + 1])
+            x0 = x - sigma * velocity(model, weights, x, sigma, embeds, guidance_scale, condition).float()
+            x, before = (
+                pin(model, samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), condition),
+                (x0, sigma),
+            )
         return x
     scheduler = how.scheduler
     scheduler.set_timesteps(how.steps, device=x.device)

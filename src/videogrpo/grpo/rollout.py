@@ -67,7 +67,8 @@ def rollout(
     `step_noise(i)` gives the eps [N, C, F, h, w] of denoising step i. Latents are kept in the
     model's trajectory dtype, as replay will see them. With an SDE `window` [start, end) only its steps sample
     with the sampler; the others take the deterministic Euler step, draw no noise and record log p 0 (never
-    replayed: grpo.sde_window_size); the `euler` sampler takes it on every step (DiffusionNFT). `keep_means`: record
+    replayed: grpo.sde_window_size); the `euler` sampler takes it on every step, and `dpm_solver` DPM-Solver++ (2M)
+    on every step (`samplers.dpm_solver_step`; DiffusionNFT's deterministic samplers). `keep_means`: record
     each step's transition mean (GRPO-Guard). `tail`: the noise levels from the window's end down
     (samplers.respaced_tail), which the DPM-Solver takes after the window instead of the Euler steps.
     """
@@ -81,12 +82,16 @@ def rollout(
     states, log_probs, means = [x], [], []
     steps = len(sigmas) - 1
     end = window[1] if tail is not None and window[1] < steps else steps
+    before = None  # the DPM-Solver's previous (x0, sigma)
     for i in range(end):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
-        if end < steps:  # the solver's history: the tail's first step takes the window's last x0
+        if end < steps or sampler == "dpm_solver":  # the solver's history (the tail's first step: the window's last)
             x0 = x.float() - sigma * v.float()
-        if sampler != "euler" and (window is None or window[0] <= i < window[1]):
+        if sampler == "dpm_solver":
+            x, before = samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), (x0, sigma)
+            mean, logp = x.float(), torch.zeros(x.shape[0], device=x.device)
+        elif sampler != "euler" and (window is None or window[0] <= i < window[1]):
             x, mean, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
         else:
             x, logp = samplers.euler_step(x, v, sigma, sigma_next, dtype), torch.zeros(x.shape[0], device=x.device)

@@ -72,6 +72,8 @@ def _how(trainer, sampler, rows: list[int]):
     if sampler.kind in ("unipc", "euler"):  # a new scheduler per forward: UniPC keeps state between its steps
         scheduler = denoise.ode_scheduler(sampler.kind, trainer.paths.model, trainer.shift)
         return denoise.ODE(scheduler, trainer.cfg.grpo.sampling_steps)
+    if sampler.kind == "dpm_solver":
+        return denoise.Solver(trainer.sigmas)
     eta: float | torch.Tensor = sampler.noise
     if sampler.noise_range is not None:
         keys = [assignment.validation_noise_key(seed, i, assignment.ETA_STREAM) for i in rows]
