@@ -169,3 +169,33 @@ def test_the_dpm_solver_rollouts_are_diffusion_nfts_to_round_off():
     finally:
         samplers.dpm_solver_step = real_step
     assert not any(ok for *_, ok in first_order) and not any(ok for *_, ok in short)
+
+
+def test_the_moving_average_is_flow_grpos_and_diffusion_nfts_to_round_off():
+    """tests/data/algo_diff/weight_ema.pt: Flow-GRPO's EMAModuleWrapper (flow_grpo/ema.py, also DiffusionNFT's),
+    called as Flow-GRPO-Fast's, GRPO-Guard's and DiffusionNFT's loops call it, over 40 updates (run by
+    tools/algo_diff/weight_ema.py): this project's average with their train.ema_* values must agree after every
+    update."""
+    import weight_ema
+
+    stored = torch.load(REPO / "tests/data/algo_diff/weight_ema.pt", weights_only=True)
+    assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
+    rows = weight_ema.compare(stored["theirs"], weight_ema.project_side(stored["inputs"]))
+    assert sorted(name for name, *_ in rows) == sorted(weight_ema.LOOPS) and all(ok for *_, ok in rows), rows
+    # The comparison can fail: one blend where GRPO-Guard's loop makes four, or every blend after the update.
+    from videogrpo.grpo import weight_copy
+
+    real_loops, real_step = dict(weight_ema.LOOPS), weight_copy.step_ema
+    try:
+        weight_ema.LOOPS["grpo_guard"] = (0.9, 8, 1)
+        once = dict(
+            (n, ok) for n, _, ok in weight_ema.compare(stored["theirs"], weight_ema.project_side(stored["inputs"]))
+        )
+        weight_ema.LOOPS.update(real_loops)
+        weight_copy.step_ema = lambda ema, update, t, after: real_step(ema, update, t, True) if after else None
+        late = weight_ema.compare(stored["theirs"], weight_ema.project_side(stored["inputs"]))
+    finally:
+        weight_ema.LOOPS.update(real_loops)
+        weight_copy.step_ema = real_step
+    assert once == {"flow_grpo_fast": True, "grpo_guard": False, "diffusion_nft": True}
+    assert [ok for *_, ok in late] == [False, False, True]  # DiffusionNFT blends once, after its update

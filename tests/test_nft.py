@@ -16,6 +16,7 @@ import torch
 from videogrpo import config
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import nft, sde_window
+from videogrpo.grpo.weight_copy import WeightCopy
 
 from harness import adam_tolerance, metrics, solo_config, tensors, train, train_in_process, trainer_config, weights
 
@@ -80,7 +81,7 @@ def test_the_old_policy_decays_as_its_authors_schedule():
 def test_the_old_policy_swaps_in_mixes_and_resets():
     model = torch.nn.Linear(3, 2)
     params = list(model.parameters())
-    old = nft.OldPolicy(params, [model])
+    old = WeightCopy(params, [model])
     start = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p in params:
@@ -95,15 +96,22 @@ def test_the_old_policy_swaps_in_mixes_and_resets():
     assert all(torch.equal(c, p) for c, p in zip(old.copies, params))
 
 
-def test_nft_trains_its_noise_levels_on_the_euler_sampler_and_resumes_with_its_old_policy(
+def test_nft_trains_its_noise_levels_on_the_dpm_solver_and_resumes_with_its_old_policy_and_average(
     tiny_model, dataset, tmp_path, capfd
 ):
-    """Two updates of 8 sampling steps at fraction 0.6 (4 noise levels each, not GRPO's 4 of the first 7); on the
-    first the old policy is the trained one, so both implicit policies are it (L+ = L-); the old policy decays at 0.3
-    per update and is checkpointed: resuming after update 1 ends bit-identical to the run that did not stop."""
-    grpo = {**NFT, "nft_old_decay_rate": 0.3, "nft_old_decay_max": 0.5}
-    cfg = solo_config(train={"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3}, grpo=grpo)
+    """Two updates of 8 sampling steps (DiffusionNFT's DPM-Solver rollouts) at fraction 0.6 (4 noise levels each, not
+    GRPO's 4 of the first 7); on the first the old policy is the trained one, so both implicit policies are it
+    (L+ = L-); the old policy decays at 0.3 per update and is checkpointed, and so is the moving average of the
+    weights (train.ema_decay, two blends an update: one before the next update's step): resuming after update 1 ends
+    bit-identical to the run that did not stop, its ema/ export included."""
+    grpo = {**NFT, "sampler": "dpm_solver", "nft_old_decay_rate": 0.3, "nft_old_decay_max": 0.5}
+    train = {"max_steps": 2, "save_steps": 1, "keep_checkpoints": 3, "ema_decay": 0.9, "ema_repeats": 2}
+    cfg = solo_config(train=train, grpo=grpo)
     whole = train_in_process(cfg, tmp_path / "whole", tiny_model, dataset)
+    ema = lambda out: (out / "ema/transformer/diffusion_pytorch_model.safetensors").read_bytes()  # noqa: E731
+    record = json.loads((whole / "ema/training_state.json").read_text())["ema"]
+    assert record == {"decay": 0.9, "every": 1, "repeats": 2, "updates": 2, "blends": 4}
+    assert ema(whole) != weights(whole)  # an average, not the last weights
     rows = metrics(whole)
     g = config.from_dict(cfg).grpo
     assert [m["trained_timesteps"] for m in rows] == [sde_window.nft_count(g.sampling_steps, 0.6)] * 2 == [4, 4]
@@ -117,18 +125,19 @@ def test_nft_trains_its_noise_levels_on_the_euler_sampler_and_resumes_with_its_o
     shutil.copytree(whole / "checkpoints/step-00000001", resumed / "checkpoints/step-00000001")
     train_in_process(cfg, resumed, tiny_model, dataset)
     assert "resumed from" in capfd.readouterr().err
-    assert weights(resumed) == weights(whole)
+    assert weights(resumed) == weights(whole) and ema(resumed) == ema(whole)
 
     # Without its old policy the resumed update is another one: the checkpoint's copy is what made it identical.
     stale = tmp_path / "stale"
     shutil.copytree(whole / "checkpoints/step-00000001", stale / "checkpoints/step-00000001")
     state = stale / "checkpoints/step-00000001/state.json"
     saved = json.loads(state.read_text())
-    assert saved["extra"] == ["nft_old"]
+    assert saved["extra"] == ["ema", "nft_old"]
     state.write_text(json.dumps(dict(saved, extra=[])))
     train_in_process(cfg, stale, tiny_model, dataset)
-    assert "the old policy starts as the loaded weights" in capfd.readouterr().err
-    assert weights(stale) != weights(whole)
+    err = capfd.readouterr().err
+    assert "the old policy starts as the loaded weights" in err and "the average starts as the loaded weights" in err
+    assert weights(stale) != weights(whole) and ema(stale) != ema(whole)
 
 
 def test_nft_under_fsdp_trains_what_replicate_trains(tiny_model, dataset, tmp_path):
@@ -174,6 +183,10 @@ def test_nft_costs_an_old_policy_forward_per_replay_and_a_copy_of_the_trained_sh
         plans[cfg.grpo.algorithm] = {t.name: t.bytes for t in memory_plan.plan_for_config(cfg, shape).terms}
     assert "old policy" not in plans["grpo"]
     assert plans["nft"]["old policy"] * 2 == plans["nft"]["AdamW moments"]
+    # train.ema_decay: one more copy of the trained shards, beside the old policy.
+    cfg = config.from_dict(trainer_config(grpo=NFT, train={"ema_decay": 0.9}))
+    both = {t.name: t.bytes for t in memory_plan.plan_for_config(cfg, shape).terms}
+    assert both["EMA"] == both["old policy"] == plans["nft"]["old policy"]
     one = flops.ForwardFlops(1, 0, 0, 0, 0, 0, 0, 0)  # a forward of one FLOP
     args = (one, 1, 16, 4, 8, True, True, False, True)  # 16 samples x 4 steps replayed, 8 sampled, with guidance
     plain, with_old = flops.step_flops(*args), flops.step_flops(*args, old_policy=True)

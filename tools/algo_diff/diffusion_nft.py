@@ -127,6 +127,7 @@ def project_side(data: dict) -> dict:
     from videogrpo.grpo import nft
     from videogrpo.grpo.host_optimizer import optimizer
     from videogrpo.grpo.samplers import masked_mean
+    from videogrpo.grpo.weight_copy import WeightCopy
 
     frame = lambda x: x.unsqueeze(2)  # noqa: E731
     parallel = SimpleNamespace(offload_optimizer=False, offload_gradients=False)
@@ -148,7 +149,7 @@ def project_side(data: dict) -> dict:
     mixed = []
     for decay_type in DECAY_TYPES:
         params = [torch.nn.Parameter(w.clone()) for w in data["new_weights"]]
-        old = nft.OldPolicy(params, [])
+        old = WeightCopy(params, [])
         for copy, w in zip(old.copies, data["old_weights"]):
             copy.copy_(w)
         old.mix(nft.old_decay(100, *DECAY_TYPES[decay_type]))

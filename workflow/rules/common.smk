@@ -136,7 +136,7 @@ if CFG.matrix.eval_set and not (Path(CFG.matrix.eval_set) / "split_manifest.json
         file=sys.stderr,
     )
 CELL_MODELS = layout.cell_models(CFG, RUN_ID)
-CELL_KINDS = {cell: name if name in ("base", "trained", "best") else "hub" for name, cell in CELL_MODELS.items()}
+CELL_KINDS = {cell: name if name in vg.RUN_MODELS else "hub" for name, cell in CELL_MODELS.items()}
 HUB_SPECS = {layout.hub_model_key(name, spec): spec for name, spec in CFG.matrix.hub_models.items()}
 MATRIX_TABLE = f"{RUN}/matrix/matrix.csv"
 
@@ -279,9 +279,11 @@ def judge_service_inputs(**named):
     return named if JUDGE_SERVICE else {}
 
 
-def best_output():
-    """train's best/ beside final/: the weights of the best validation point by a gold reward (train.keep_best_by)."""
-    return {"best": directory(f"{RUN}/train/best")} if CFG.train.keep_best_by else {}
+def export_outputs():
+    """train's exports beside final/: best/, the weights of the best validation point by a gold reward
+    (train.keep_best_by), and ema/, the moving average of the trained weights (train.ema_decay)."""
+    named = {"best": directory(f"{RUN}/train/best")} if CFG.train.keep_best_by else {}
+    return named | ({"ema": directory(f"{RUN}/train/ema")} if CFG.train.ema_decay is not None else {})
 
 
 def hub_kernel_inputs(**named):
@@ -437,14 +439,14 @@ def cell_model_inputs(wildcards):
         root = f"{RESULTS}/models/eval/{wildcards.model}"
         return {"model": f"{root}/pipeline", "fetch_eval_model_manifest": f"{root}/fetch_eval_model.manifest.json"}
     named = {"model": MODEL_DIR, **upstream("fetch_model")}
-    if kind in ("trained", "best"):  # best: the best validation point's weights (train.keep_best_by)
-        named.update(final=f"{RUN}/train/{'final' if kind == 'trained' else 'best'}", **upstream("train"))
+    if kind != "base":  # best, ema: train's exports beside final/ (train.keep_best_by, train.ema_decay)
+        named.update(final=f"{RUN}/train/{'final' if kind == 'trained' else kind}", **upstream("train"))
     return named
 
 
 def model_files():
     """(files, manifests): the files of every model the run's matrix evaluates, by name (the base pipeline, the
-    trained and best weights, a Hub model's pipeline), and the manifests of the stages that made them (named as
+    trained, best and EMA weights, a Hub model's pipeline), and the manifests of the stages that made them (named as
     upstream inputs). matrix and report check them before they present a model (a report over weights changed since
     is refused, naming the file), through the digest cache. On a shared file system only: in object storage a job
     reads declared local copies, and these are tens of GB."""

@@ -14,7 +14,7 @@ rule train:
         model=MODEL_DIR,
         index=f"{DATASET}/dataset.json",
     output:
-        **best_output(),
+        **export_outputs(),
         final=directory(f"{RUN}/train/final"),
         metrics=f"{RUN}/train/metrics.jsonl",
         manifest=f"{RUN}/train.manifest.json",

@@ -9,7 +9,7 @@ This package must stay light: the Snakefile imports it at parse time (no torch, 
 core modules (`errors`).
 """
 
-from videogrpo.config.cells import check_models, matrix_cells, training_sampler
+from videogrpo.config.cells import RUN_MODELS, check_models, matrix_cells, training_sampler
 from videogrpo.config.checks import problems, topology_problems, uses_hub_kernel, uses_tracker, validate
 from videogrpo.config.fields import (
     CHOICES,
@@ -63,6 +63,7 @@ from videogrpo.config.sections import (
 )
 
 __all__ = [
+    "RUN_MODELS",
     "setting_warnings",
     "CONTRACT",
     "COSMETIC",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from videogrpo.config.cells import sampler_problem
+from videogrpo.config.cells import RUN_MODELS, sampler_problem
 from videogrpo.config.fields import (
     CHOICES,
     HEX40,
@@ -17,11 +17,12 @@ from videogrpo.config.fields import (
     reward_kinds,
 )
 from videogrpo.config.option_rules import (
-    best_model_problems,
+    ema_problems,
     gold_overlap_problems,
     gold_problems,
     lora_problems,
     nft_problems,
+    run_model_problems,
     sde_window_problems,
     update_problems,
     validation_problems,
@@ -185,19 +186,21 @@ def _grpo_problems(cfg: Config) -> list[str]:
     return found
 
 
-MATRIX_MODEL = re.compile(r"^(base|trained|best|[A-Za-z0-9_.-]+)$")
+MATRIX_MODEL = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def _matrix_problems(cfg: Config) -> list[str]:
     m = cfg.matrix
     found = [f"matrix.samplers: {why}" for name in m.samplers if (why := sampler_problem(name))]
     for name in m.models:
-        if name not in ("base", "trained", "best") and name not in m.hub_models:
-            found.append(f"matrix.models: {name!r} is not base, trained, best or a name in matrix.hub_models")
+        if name not in RUN_MODELS and name not in m.hub_models:
+            found.append(f"matrix.models: {name!r} is not base, trained, best, ema or a name in matrix.hub_models")
     for name, spec in m.hub_models.items():
         repo_id, _, revision = spec.partition("@")
-        if not MATRIX_MODEL.match(name) or name in ("base", "trained", "best"):
-            found.append(f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base, trained or best)")
+        if not MATRIX_MODEL.match(name) or name in RUN_MODELS:
+            found.append(
+                f"matrix.hub_models: {name!r}: use letters, digits, '_', '.', '-' (not base, trained, best or ema)"
+            )
         if not repo_id or not HEX40.match(revision):
             case = f" (write {revision.lower()!r})" if HEX40.match(revision.lower()) else ""
             found.append(f"matrix.hub_models.{name} = {spec!r}: must be repo_id@<lower-case 40-hex revision>{case}")
@@ -343,7 +346,8 @@ CHECKS = (
     (("train", "data"), validation_problems),
     (("train",), gold_problems),
     (("train", "reward"), gold_overlap_problems),
-    (("matrix", "train"), best_model_problems),
+    (("matrix", "train"), run_model_problems),
+    (("train",), ema_problems),
 )
 
 

@@ -112,6 +112,9 @@ _FIELD_CLASSES = {
             "warmup_steps",
             "lr_schedule",
             "weight_decay",
+            "ema_decay",
+            "ema_every",
+            "ema_repeats",
             "max_grad_norm",
             "epochs",
             "max_steps",
@@ -370,6 +373,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"grpo.advantage_std": "group", "grpo.advantage_std_unbiased": True, "grpo.advantage_eps": 1e-4}, ()),
     ({"grpo.drop_zero_advantage": False}, ()),
     ({"train.lr_schedule": "cosine"}, ()),
+    ({"train.ema_decay": None}, ("train.ema_every", "train.ema_repeats")),
     ({"grpo.vae_tile_size": None}, ()),
     ({"grpo.grpo_guard": False}, ("grpo.grpo_guard_scope",)),
     (

@@ -183,14 +183,31 @@ def gold_problems(cfg: Config) -> list[str]:
     return found
 
 
-def best_model_problems(cfg: Config) -> list[str]:
-    """The matrix's `best` model is the export train.keep_best_by makes."""
+def run_model_problems(cfg: Config) -> list[str]:
+    """The matrix's `best` and `ema` models are exports that train.keep_best_by and train.ema_decay make."""
+    found = []
     if "best" in cfg.matrix.models and not cfg.train.keep_best_by:
-        return [
+        found.append(
             "matrix.models lists 'best', the weights of the best validation point, which only a run with "
             "train.keep_best_by exports; set train.keep_best_by (with train.validate_rewards), or drop 'best'"
-        ]
-    return []
+        )
+    if "ema" in cfg.matrix.models and cfg.train.ema_decay is None:
+        found.append(
+            "matrix.models lists 'ema', the moving average of the trained weights, which only a run with "
+            "train.ema_decay exports; set train.ema_decay (0.9 as Flow-GRPO and DiffusionNFT), or drop 'ema'"
+        )
+    return found
+
+
+def ema_problems(cfg: Config) -> list[str]:
+    """train.ema_*: a decay in (0, 1), counts of at least 1."""
+    t, found = cfg.train, []
+    if t.ema_decay is not None and not 0 < t.ema_decay < 1:
+        found.append(f"train.ema_decay = {t.ema_decay}: must be in (0, 1), or null for no moving average")
+    for name in ("ema_every", "ema_repeats"):
+        if getattr(t, name) < 1:
+            found.append(f"train.{name} = {getattr(t, name)}: must be 1 or more")
+    return found
 
 
 def gold_overlap_problems(cfg: Config) -> list[str]:

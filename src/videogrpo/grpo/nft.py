@@ -10,16 +10,15 @@ absolute error:
 
     loss = mean over rows of c (r L+ + (1 - r) L-) / beta,   L+- = mean((x0+- - x0)^2) / max(mean|x0+- - x0|, 1e-5).
 
-The old policy is a copy of the trainable weights (`OldPolicy`) mixed toward the trained ones after every optimizer
-update, old <- d old + (1 - d) new, with d = min(rate x max(update - after, 0), max) (0 before `after` updates:
-on-policy). Rollouts sample with it, as the authors' do.
+The old policy is a copy of the trainable weights (`weight_copy.WeightCopy`) mixed toward the trained ones after
+every optimizer update, old <- d old + (1 - d) new, with d = min(rate x max(update - after, 0), max) (0 before
+`after` updates: on-policy). Rollouts sample with it, as the authors' do.
 
 May import: torch and `grpo.samplers`.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -98,58 +97,3 @@ def old_decay(update: int, rate: float, ceiling: float, after: int) -> float:
     if update < after:
         return 0.0
     return min((update - after) * rate, ceiling)
-
-
-class OldPolicy:
-    """The old policy as a copy of each trainable parameter's local values (FSDP's shards, or whole), swapped into
-    the modules when it runs. Its copy is float32, as the master weights."""
-
-    def __init__(self, params: list[torch.nn.Parameter], modules: list[torch.nn.Module]):
-        self.params = params
-        self.modules = modules
-        with torch.no_grad():
-            self.copies = [p.detach().clone() for p in params]
-
-    def _reshard(self) -> None:
-        # FSDP keeps the root's gathered parameters after a forward: a swap must drop every gathered copy, or the
-        # next forward would run on the other policy's values.
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in self.modules:
-            for sub in module.modules():
-                if isinstance(sub, FSDPModule):
-                    sub.reshard()
-
-    @torch.no_grad()
-    def _swap(self) -> None:
-        self._reshard()
-        for p, old in zip(self.params, self.copies):
-            held = p.detach().clone()
-            p.detach().copy_(old)
-            old.copy_(held)
-
-    @contextmanager
-    def swapped_in(self):
-        """Run the modules with the old policy's weights; the trained ones are back on the way out."""
-        self._swap()
-        try:
-            yield
-        finally:
-            self._swap()
-            self._reshard()
-
-    @torch.no_grad()
-    def reset(self) -> None:
-        """The old policy becomes the trained weights as they are now (after a load)."""
-        for p, old in zip(self.params, self.copies):
-            old.copy_(p.detach())
-
-    @torch.no_grad()
-    def mix(self, decay: float) -> None:
-        """old <- decay old + (1 - decay) new."""
-        for p, old in zip(self.params, self.copies):
-            old.mul_(decay).add_(p.detach(), alpha=1 - decay)
-
-    def state(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """The copies by parameter name, for the checkpoint (loaded in place)."""
-        return dict(zip(names, self.copies))

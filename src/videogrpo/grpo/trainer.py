@@ -42,6 +42,7 @@ from videogrpo.grpo import (
     sde_window,
     sft_init,
     validation,
+    weight_copy,
 )
 from videogrpo.grpo.experts import Experts
 from videogrpo.grpo.lr_schedule import learning_rate
@@ -50,6 +51,7 @@ from videogrpo.grpo.rollout_batch import Prepared
 from videogrpo.grpo.samplers import sigma_schedule
 from videogrpo.grpo.tracking import Tracker
 from videogrpo.grpo.tracking import log as log_line
+from videogrpo.grpo.weight_copy import WeightCopy
 from videogrpo.models.i2v import WanI2VA14B
 from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
 from videogrpo.parallel import process_groups
@@ -77,6 +79,11 @@ class TrainPaths:
     def best(self) -> Path:
         """train.keep_best_by's export, beside final/."""
         return self.final.with_name("best")
+
+    @property
+    def ema(self) -> Path:
+        """train.ema_decay's export, beside final/."""
+        return self.final.with_name("ema")
 
     @classmethod
     def under(cls, run_dir: Path, model: Path, dataset: Path, evalkit: Path | None) -> TrainPaths:
@@ -120,12 +127,11 @@ class Trainer:
         routed = not self.model.pins_first_frame
         self.experts = Experts.build(self.model.trainable, routed, cfg, ctx.world_size, ctx.device)
         self.layout = self.experts.layout()
-        self.nft_old = (
-            nft.OldPolicy(self.experts.params, list(self.experts.modules().values()))
-            if cfg.grpo.algorithm == "nft"
-            else None
-        )
+        modules = list(self.experts.modules().values())
+        self.nft_old = WeightCopy(self.experts.params, modules) if cfg.grpo.algorithm == "nft" else None
         """DiffusionNFT's old policy: it samples the rollouts and anchors the loss (None for GRPO)."""
+        self.ema = WeightCopy(self.experts.params, modules) if cfg.train.ema_decay is not None else None
+        """The moving average of the trained weights (train.ema_decay), exported as ema/ (None: off)."""
         self.scores = self.experts.tp_rank(ctx.rank) == 0
         """Whether this rank decodes and scores its rollouts: under TP only tp_rank 0 of each pair does."""
         self.placement = offload.Placement(
@@ -207,8 +213,13 @@ class Trainer:
             lr = learning_rate(
                 (action.update - 1) * per_step + k, t.warmup_steps, self.total * per_step, t.lr, t.lr_schedule
             )
+            optimizer_update = (action.update - 1) * per_step + k + 1  # counted over the run
+            if self.ema is not None:  # the moving average's repeats that come before this update's step
+                weight_copy.step_ema(self.ema, optimizer_update, cfg.train, after=False)
             grad_norms.append(self.experts.step(lr, cfg.train.max_grad_norm) if timesteps else 0.0)
             rates.append(lr)
+            if self.ema is not None:
+                weight_copy.step_ema(self.ema, optimizer_update, cfg.train, after=True)
         if self.nft_old is not None:  # after the batch's updates, as DiffusionNFT's authors: old <- d old + (1 - d) new
             self.nft_old.mix(
                 nft.old_decay(
@@ -294,17 +305,22 @@ class Trainer:
             return state["next_action"]
         return 0
 
+    def _copies(self) -> dict[str, WeightCopy]:
+        """The weight copies beside the trained weights, by their name in a checkpoint."""
+        return {name: copy for name, copy in (("nft_old", self.nft_old), ("ema", self.ema)) if copy is not None}
+
     def _extra_state(self) -> dict:
-        """What a checkpoint holds besides the experts and their optimizers: DiffusionNFT's old policy."""
-        if self.nft_old is None:
-            return {}
-        return {"nft_old": self.nft_old.state(self.experts.param_names())}
+        """What a checkpoint holds besides the experts and their optimizers: DiffusionNFT's old policy, the moving
+        average."""
+        return {name: copy.state(self.experts.param_names()) for name, copy in self._copies().items()}
 
     def _settle_old_policy(self, loaded: list[str]) -> None:
-        """After weights were loaded: DiffusionNFT's old policy is the checkpoint's, or else the loaded weights."""
-        if self.nft_old is not None and "nft_old" not in loaded:
-            self.nft_old.reset()
-            self._log("grpo.algorithm nft: the old policy starts as the loaded weights (the source holds none)")
+        """After weights were loaded: each weight copy is the checkpoint's, or else the loaded weights."""
+        for name, copy in self._copies().items():
+            if name not in loaded:
+                copy.reset()
+                what = "grpo.algorithm nft: the old policy" if name == "nft_old" else "train.ema_decay: the average"
+                self._log(f"{what} starts as the loaded weights (the source holds none)")
 
     def _log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -436,11 +452,16 @@ class Trainer:
 
     def _export(self) -> None:
         """Write the declared outputs: the final transformer(s) (grpo/export.py), the metrics and, with
-        train.keep_best_by, best/."""
+        train.keep_best_by, best/; with train.ema_decay, ema/."""
         state = {"run_id": self.run_id, "updates": self.stopped_at or self.total, "layout": self.layout}
         if self.stopped_at is not None:
             state["stopped_by_divergence_alarm"] = {"fired_at": self.watch.fired_at, "of_updates": self.total}
         export.write_weights(self, self.paths.final, state)
+        if self.ema is not None:  # train.ema_decay: ema/ beside final/, the average swapped in
+            with self.ema.swapped_in():
+                optimizer_updates = state["updates"] * minibatches.updates_per_step(self.cfg.grpo)
+                ema = weight_copy.ema_record(self.cfg.train, optimizer_updates)
+                export.write_weights(self, self.paths.ema, dict(state, ema=ema))
         if self.ctx.is_main:
             metrics = self.paths.checkpoints / "metrics.jsonl"
             atomic.write_text(self.paths.metrics, metrics.read_text() if metrics.exists() else "")

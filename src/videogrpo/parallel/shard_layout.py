@@ -128,12 +128,13 @@ def sharding_degree(data_parallel: str, world: int, shard_group_size: int) -> in
 
 
 def sharded_state_bytes(shape, layout: RankLayout) -> dict[str, int]:
-    """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and
-    gradients in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two
-    moments shaped like the unpadded local shard (torch.zeros_like of it), and DiffusionNFT's old policy shaped so too
-    (a clone of it; counted only under grpo.algorithm nft). `videogrpo simulate` checks these against torch's own
-    sharding at the recipes' world sizes. `shape`: preflight.model_shape.ModelShape (its trained experts' parameter
-    shapes, `trained_counts`, and LoRA's adapter shapes, `adapters`)."""
+    """The float32 training state of every trained expert on a rank of `layout`, by term: master weights and gradients
+    in FSDP's padded shards (the sharded parameter's storage and the reduce-scatter's output), AdamW's two moments
+    shaped like the unpadded local shard (torch.zeros_like of it), and one weight copy shaped so too (a clone of it:
+    DiffusionNFT's old policy, the moving average of the weights; counted once per copy a run holds). `videogrpo
+    simulate` checks these against torch's own sharding at the recipes' world sizes. `shape`:
+    preflight.model_shape.ModelShape (its trained experts' parameter shapes, `trained_counts`, and LoRA's adapter
+    shapes, `adapters`)."""
     allocated = held = 0
     trainable_allocated = trainable_held = 0
     for index, counts in enumerate(shape.trained_counts):
@@ -149,5 +150,5 @@ def sharded_state_bytes(shape, layout: RankLayout) -> dict[str, int]:
         "master weights": 4 * allocated,
         "AdamW moments": 8 * trainable_held,
         "gradients": 4 * trainable_allocated,
-        "old policy": 4 * trainable_held,
+        "weight copy": 4 * trainable_held,
     }

@@ -81,7 +81,7 @@ def matrix_key(cfg: Config, task_list_text: str) -> str:
 def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
     """The name of each model of the run's cells (matrix.models and the held-out check's) -> its directory in the
     matrix (the `model` wildcard): the base model's by what it is (shared by runs), the trained one's by its run (and
-    its best point's, `best`, beside it), a hub model's by its revision."""
+    its best point's, `best`, and its moving average, `ema`, beside it), a hub model's by its revision."""
     from videogrpo.config.cells import cell_model_names
 
     names = {}
@@ -90,8 +90,8 @@ def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
             names[name] = f"base-{model_key(cfg)}"
         elif name == "trained":
             names[name] = run_id
-        elif name == "best":  # train.keep_best_by's best/ of the same run
-            names[name] = f"{run_id}-best"
+        elif name in ("best", "ema"):  # train's best/ (train.keep_best_by) and ema/ (train.ema_decay) of the run
+            names[name] = f"{run_id}-{name}"
         else:
             names[name] = hub_model_key(name, cfg.matrix.hub_models[name])
     return names

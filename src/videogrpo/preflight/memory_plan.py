@@ -281,7 +281,7 @@ def plan(
     lora_base_dtype: str = "float32",
     vae_tile_size: int | None = None,
     transition_means: bool = False,
-    old_policy: bool = False,
+    weight_copies: tuple[str, ...] = (),
 ) -> MemoryPlan:
     """The plan of one rank (the module docstring has the formula and its assumptions).
 
@@ -291,8 +291,9 @@ def plan(
     a reduce-scatter until the last backward of an update keeps every gradient unsharded in the reduce dtype (the
     reference's setting of those measurements; this trainer reduce-scatters every backward). `lora_base_dtype`: the
     frozen base's dtype under LoRA (train.lora_base_dtype). `vae_tile_size`: grpo.vae_tile_size.
-    `transition_means`: the rollouts keep every step's transition mean (grpo.grpo_guard). `old_policy`: a float32
-    copy of the trained parameters' local shards (DiffusionNFT's old policy, grpo.algorithm nft)."""
+    `transition_means`: the rollouts keep every step's transition mean (grpo.grpo_guard). `weight_copies`: float32
+    copies of the trained parameters' local shards, by name (`weight_copies_of`: DiffusionNFT's old policy, the
+    moving average of the weights)."""
     config = shape.transformer
     c, r, t, z = BYTES[compute_dtype], BYTES[reduce_dtype], BYTES[trajectory_dtype], BYTES[frozen_dtype]
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
@@ -339,9 +340,9 @@ def plan(
             "gradients", state["gradients"], replay_only if gradient_sync_each_backward else (STEP,), gradients_detail
         ),
     ]
-    if old_policy:  # grpo/nft.OldPolicy: a clone of each trained parameter's unpadded local shard
-        held = state["old policy"] // 4
-        terms.append(Term("old policy", 4 * held, both, f"4 B float32 x {held:,}: DiffusionNFT's old weights"))
+    for name in weight_copies:  # grpo/weight_copy.WeightCopy: a clone of each trained parameter's unpadded local shard
+        held = state["weight copy"] // 4
+        terms.append(Term(name, 4 * held, both, f"4 B float32 x {held:,}: {COPIES[name]}"))
     host_terms = []
     if offload_optimizer:  # grpo/host_optimizer.py: every host tensor is shaped like the unpadded local shard
         held = state["AdamW moments"] // 8  # elements of rank 0's unpadded local shards
@@ -567,6 +568,22 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         vae_tile_size=cfg.grpo.vae_tile_size,
         lora_base_dtype=cfg.lora_base_dtype,
         transition_means=cfg.grpo.grpo_guard,
-        old_policy=cfg.grpo.algorithm == "nft",
+        weight_copies=weight_copies_of(cfg),
     )
     return plan(shape, **{**arguments, **given})
+
+
+COPIES = {
+    "old policy": "DiffusionNFT's old weights (grpo.algorithm nft)",
+    "EMA": "the moving average of the weights (train.ema_decay)",
+}
+"""The weight copies a rank may hold beside the trained weights, by their term's name."""
+
+
+def weight_copies_of(cfg) -> tuple[str, ...]:
+    """The weight copies a run holds (`COPIES`)."""
+    return tuple(
+        name
+        for name, on in (("old policy", cfg.grpo.algorithm == "nft"), ("EMA", cfg.train.ema_decay is not None))
+        if on
+    )

@@ -34,7 +34,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight import memory_plan, model_shape
 
-TERMS = ("master weights", "gradients", "AdamW moments", "old policy")
+TERMS = ("master weights", "gradients", "AdamW moments", "old policy", "EMA")
 DEFAULT_SHIFT = 5.0
 """The sigma schedule's flow shift where grpo.shift is null (the model's own is in its scheduler config, not read
 here): it only decides which steps the simulated rollout and replay take, hence which expert serves them."""
@@ -150,6 +150,7 @@ def simulate(
     def start(rank: int):
         layout = shard_layout.rank_layout(par.data_parallel, world, par.shard_group_size, par.tensor_parallel, rank)
         planned = shard_layout.sharded_state_bytes(model_shape, layout)
+        planned |= {name: planned["weight copy"] for name in memory_plan.weight_copies_of(cfg)}
         return _start_own_process(_simulate_rank, cfg, rank, layout, shapes, planned, latent if steps else None)
 
     # Up to `jobs` ranks at a time, each in its own process; reported in rank order as each finishes.
@@ -312,7 +313,7 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
     """One rollout step and one replay step per trained expert, on fake tensors, with this rank's first chunk's rows."""
     import torch
 
-    from videogrpo.grpo import nft, offload, rollout
+    from videogrpo.grpo import nft, offload, rollout, weight_copy
     from videogrpo.grpo.assignment import waves
     from videogrpo.grpo.flops import video_tokens
     from videogrpo.grpo.loss import guard_log_ratio, ppo_objective
@@ -342,10 +343,11 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
         indices = [0]
     etas = torch.full((rows,), float(g.eta))
     old = None
-    if g.algorithm == "nft":  # its copy of the trained shards, as the trainer makes it
-        old = nft.OldPolicy(experts.params, list(experts.modules().values()))
-        locals_ = [c.to_local() if hasattr(c, "to_local") else c for c in old.copies]
-        result.observed["old policy"] = sum(t.numel() * t.element_size() for t in locals_)
+    for name in memory_plan.weight_copies_of(cfg):  # the copies of the trained shards, as the trainer makes them
+        copy = weight_copy.WeightCopy(experts.params, list(experts.modules().values()))
+        locals_ = [c.to_local() if hasattr(c, "to_local") else c for c in copy.copies]
+        result.observed[name] = sum(t.numel() * t.element_size() for t in locals_)
+        old = copy if name == "old policy" else old
     tokens = video_tokens(latent, tuple(first.config.patch_size))
     for index in indices:
         pair = sigmas[index : index + 2]

@@ -230,6 +230,13 @@ def drive(cfg: Config, sections: dict, args: argparse.Namespace) -> int:
             stage.summary["stopped_by_divergence_alarm"] = dict(
                 trained["stopped_by_divergence_alarm"], at=trained["updates"]
             )
+        if cfg.train.ema_decay is not None:  # ema/ beside final/: the moving average of the trained weights
+            ema = args.final.with_name("ema")
+            stage.output("ema", ema)
+            stage.summary["ema"] = {
+                **json.loads((ema / "training_state.json").read_text())["ema"],
+                "checkpoint": validate_export(ema, args.model),
+            }
         if cfg.train.keep_best_by:  # best/ beside final/: the weights of the best validation point by a gold reward
             best = args.final.with_name("best")
             stage.output("best", best)
