@@ -128,3 +128,20 @@ def test_videogrpo_config_says_the_warning_and_keeps_every_set(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "grpo_guard: true" in out.stdout and "sampler: dancegrpo" in out.stdout
     assert out.stderr.startswith("warning: grpo.grpo_guard = true with one update per batch")
+
+
+@pytest.mark.parametrize("recipe", [None, *RECIPES])
+def test_the_comparison_page_names_the_preset_each_run_trained_by(recipe):
+    """`videogrpo compare` names a run by the preset whose every setting its train view holds; a run without one,
+    or with one setting changed, by none."""
+    from videogrpo.evaluation import comparison
+
+    presets = comparison.read_presets(REPO / "config/algorithms")
+    assert sorted(presets) == PRESETS
+    for preset in PRESETS:
+        cfg = config.load([REPO / path for path in layers(preset, recipe)])
+        assert comparison.preset_of(config.stage_view(cfg, "train"), presets) == preset
+        cfg.train.lr *= 2  # not the authors' any more
+        assert comparison.preset_of(config.stage_view(cfg, "train"), presets) == "-"
+    plain = config.load([REPO / path for path in layers("mixgrpo", recipe)[:-1]])
+    assert comparison.preset_of(config.stage_view(plain, "train"), presets) == "-"

@@ -5,6 +5,7 @@ tests/test_workflow.py, whose tests read the demo's run as the only one."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -40,11 +41,21 @@ def new_run(workdir, overrides: str | list[str] = (), cells: int = len(SAMPLERS)
 
 def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, workdir):
     grpo = first_run_id(workdir)
-    fast, nft, guard = (new_run(workdir, cells=cells, preset=preset) for preset, (_, cells) in PRESETS.items())
+    # DiffusionNFT's run also evaluates the moving average of its weights (train.ema_decay, as its authors evaluate):
+    # its ema/ export under the matrix's samplers.
+    averaged = {"diffusion_nft": (["matrix={models: [base, trained, ema]}"], len(SAMPLERS))}
+    fast, nft, guard = (
+        new_run(workdir, averaged.get(preset, ((), 0))[0], cells + averaged.get(preset, ((), 0))[1], preset)
+        for preset, (_, cells) in PRESETS.items()
+    )
     runs = [f"results/runs/{name}" for name in (grpo, fast, nft, guard)]
     for run_dir, option in zip(runs[1:], ("grpo.sde_window_size = 3", "grpo.algorithm = &quot;nft&quot;",
                                           "grpo.grpo_guard = true")):  # fmt: skip
         assert option in (workdir / run_dir / "report/report.html").read_text()
+
+    manifest = json.loads((workdir / runs[2] / "train.manifest.json").read_text())
+    assert "ema" in manifest["outputs"] and manifest["summary"]["ema"]["blends"] == manifest["summary"]["updates"]
+    assert {p.parent.name for p in (workdir / "results/matrix").glob(f"*/{nft}-ema/*/scores.csv")} == set(SAMPLERS)
 
     out = run(["videogrpo", "compare", *runs, "--out", "comparison.html"], workdir)
     lines = out.stdout.splitlines()
@@ -57,6 +68,10 @@ def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, wor
     assert len(paired) == 3 * len(SAMPLERS), lines
     assert {re.search(r"\((\S+)\)", x).group(1) for x in paired} == set(SAMPLERS)
     assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 4
+    # Each run named by the preset it trained by (the demo's by none).
+    assert [x for x in lines if "algorithm preset" in x] == [
+        f"{name}: algorithm preset {preset}" for name, preset in zip((grpo, fast, nft, guard), ("-", *PRESETS))
+    ]
     page = (workdir / "comparison.html").read_text()
     for section in ("What differs", "Held-out change against the base model", "Paired difference between the runs",
                     "Reward per update and per modelled GPU-hour"):  # fmt: skip

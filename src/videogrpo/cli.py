@@ -218,7 +218,8 @@ def _compare_command(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         raise VideoGRPOError(f"compare takes two or more run directories; given {len(args.runs)}")
     assume = Assumptions(gpu=args.gpu, mfu=args.mfu)
-    runs = [comparison.load_run(run) for run in args.runs]
+    presets = comparison.read_presets(args.presets)
+    runs = [comparison.load_run(run, presets) for run in args.runs]
     peak = assume.peak_flops
     assumption = f"{assume.gpu} at its dense bf16 peak of {peak / 1e12:,.0f} TFLOP/s and MFU {assume.mfu:g}"
     found = comparison.tables(runs, peak, assume.mfu)
@@ -389,6 +390,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     compare.add_argument("--out", type=Path, default=Path("comparison.html"), help="the page to write")
     compare.add_argument("--gpu", default="h100", help=f"GPU whose bf16 peak models the GPU-hours ({gpu_names()})")
     compare.add_argument("--mfu", type=float, default=0.30, help="share of the peak assumed reached (as for plan)")
+    compare.add_argument(
+        "--presets",
+        type=Path,
+        default=Path("config/algorithms"),
+        help="the algorithm presets a run is named by when it has every setting of one (default: config/algorithms)",
+    )
     compare.set_defaults(handler=_compare_command)
     trace = sub.add_parser(
         "trace",

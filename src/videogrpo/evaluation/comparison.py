@@ -13,6 +13,7 @@ table, each cell's scores); a mismatch is an error naming the file.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import html
 import json
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class RunRecord:
     accelerator: str = "CPU"
     bootstrap: int = 200
     seed: int = 0
+    preset: str = "-"
+    """The algorithm preset (config/algorithms) whose every setting the run has, or "-"."""
 
     @property
     def name(self) -> str:
@@ -70,8 +73,9 @@ def _checked(record: dict[str, Any], manifest: Path, what: str) -> Path:
     return path
 
 
-def load_run(run_dir: Path) -> RunRecord:
-    """A complete run's training metrics, held-out check and cells, each checked against its manifest's digest."""
+def load_run(run_dir: Path, presets: dict[str, dict[str, Any]] | None = None) -> RunRecord:
+    """A complete run's training metrics, held-out check and cells, each checked against its manifest's digest, and
+    the algorithm preset it ran (`read_presets`)."""
     train_manifest, matrix_manifest = run_dir / "train.manifest.json", run_dir / "matrix.manifest.json"
     for path in (train_manifest, matrix_manifest):
         if not path.is_file():
@@ -100,7 +104,42 @@ def load_run(run_dir: Path) -> RunRecord:
         accelerator,
         int(matrix_params.get("bootstrap", 200)),
         int(matrix_params.get("seed", 0)),
+        preset_of(params, presets or {}),
     )
+
+
+def read_presets(folder: Path) -> dict[str, dict[str, Any]]:
+    """The algorithm presets of `folder` (config/algorithms/*.yaml): each one's settings as `section.field` ->
+    value, with those of the presets its header's command layers before it (mixgrpo_flash: mixgrpo's); none where
+    the folder is missing."""
+    import yaml
+
+    paths = {path.stem: path for path in sorted(Path(folder).glob("*.yaml"))}
+    own = {name: _flat(yaml.safe_load(path.read_text()) or {}) for name, path in paths.items()}
+    found = {}
+    for name, path in paths.items():
+        command = next((line for line in path.read_text().splitlines() if "--configfile" in line), "")
+        before = [Path(word).stem for word in command.split() if Path(word).parent.name == Path(folder).name]
+        before += [] if name in before else [name]
+        found[name] = {k: v for base in before if base in own for k, v in own[base].items()}
+    return found
+
+
+def preset_of(params: dict[str, Any], presets: dict[str, dict[str, Any]]) -> str:
+    """The preset whose every setting the run's contract fields hold (a field its view leaves out, an option that is
+    off, holds its default), the one with the most settings where several match; "-" for none."""
+    from videogrpo.config import Config
+
+    defaults, flat = _flat(dataclasses.asdict(Config())), _flat(params)
+
+    def holds(key: str, value: Any) -> bool:
+        have = flat.get(key, defaults.get(key))
+        return json.dumps(have, sort_keys=True) == json.dumps(value, sort_keys=True) or (
+            isinstance(have, (int, float)) and isinstance(value, (int, float)) and float(have) == float(value)
+        )
+
+    found = [name for name, fields in presets.items() if all(holds(k, v) for k, v in fields.items())]
+    return max(found, key=lambda name: len(presets[name]), default="-")
 
 
 def _flat(params: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +202,7 @@ def training_summary(run: RunRecord, peak_flops: float, mfu: float) -> dict[str,
     first, last = rows[0]["reward_mean"], rows[-1]["reward_mean"]
     return {
         "run": run.name,
+        "preset": run.preset,
         "updates": len(rows),
         "reward first": first,
         "reward last": last,
@@ -262,6 +302,7 @@ def summary_lines(found: Tables) -> list[str]:
         for r in found.paired
     ]
     for t in found.training:
+        lines.append(f"{t['run']}: algorithm preset {t['preset']}")
         lines.append(
             f"{t['run']}: {t['updates']} updates, reward {t['reward first']:.4f} -> {t['reward last']:.4f}, "
             f"{t['modelled GPU-h']:.3g} modelled GPU-h, {t['wall s per update']:.2f} s per update ({t['hardware']})"
@@ -292,7 +333,7 @@ def curves_png(runs: list[RunRecord], peak_flops: float, mfu: float) -> str:
 def render_html(runs: list[RunRecord], found: Tables, peak_flops: float, mfu: float, assumption: str) -> str:
     differs = differing_fields(runs)
     fields = sorted({k for d in differs for k in d})
-    what = [{"run": r.name, **d} for r, d in zip(runs, differs)]
+    what = [{"run": r.name, "preset": r.preset, **d} for r, d in zip(runs, differs)]
     heldout, paired, training = found.heldout, found.paired, found.training
     first = html.escape(runs[0].name)
     curves = curves_png(runs, peak_flops, mfu)
@@ -300,8 +341,9 @@ def render_html(runs: list[RunRecord], found: Tables, peak_flops: float, mfu: fl
         "<!doctype html><html><head><meta charset='utf-8'><title>Comparison of runs</title>",
         f"<style>{report_page.STYLE}</style></head><body>",
         f"<h1>Comparison of {len(runs)} runs</h1>",
-        "<h2>What differs</h2><p>The contract fields whose value is not the same in every run.</p>",
-        page_cells.table(what, ["run", *fields]),
+        "<h2>What differs</h2><p>The algorithm preset each run has every setting of (config/algorithms; - for "
+        "none), and the contract fields whose value is not the same in every run.</p>",
+        page_cells.table(what, ["run", "preset", *fields]),
         "<h2>Held-out change against the base model</h2><p>Each run's held-out check: the mean EvalKit score of the "
         "base and the trained model under the run's training sampler, and trained minus base on the same samples "
         "and noise with its 95 % paired bootstrap interval.</p>",
