@@ -145,3 +145,19 @@ def test_the_comparison_page_names_the_preset_each_run_trained_by(recipe):
         assert comparison.preset_of(config.stage_view(cfg, "train"), presets) == "-"
     plain = config.load([REPO / path for path in layers("mixgrpo", recipe)[:-1]])
     assert comparison.preset_of(config.stage_view(plain, "train"), presets) == "-"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_simulate_accepts_each_preset_at_the_5b_recipes_world_size(preset):
+    """The 5B recipe's 128 ranks with the preset layered after it: the config checks, rank 0's shards and state (the
+    EMA's and the old policy's copies as the memory plan counts them), and one rollout with the preset's sampler and
+    one replay (or NFT) step on fake tensors."""
+    argv = [str(Path(sys.executable).parent / "videogrpo"), "simulate", "--configfile"]
+    argv += [*layers(preset, RECIPES[0]), "--ranks", "0"]
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "world 128" in out.stdout and "1 ranks of 128 checked" in out.stdout
+    cfg = config.load(layers(preset, RECIPES[0]))
+    assert (re.search(r"EMA [\d.]+ [GM]i?B = plan", out.stdout) is not None) == (cfg.train.ema_decay is not None)
+    step = "rollout + NFT at step" if cfg.grpo.algorithm == "nft" else "rollout + replay at step"
+    assert step in out.stdout, out.stdout

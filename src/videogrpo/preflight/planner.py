@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from videogrpo.config import Config, checks
 from videogrpo.errors import ConfigError
 from videogrpo.grpo import assignment, minibatches, offload, sde_window
-from videogrpo.grpo.flops import forward_flops, step_flops, video_tokens
+from videogrpo.grpo.flops import StepFlops, forward_flops, step_flops, video_tokens
 from videogrpo.models import shapes
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight import memory_plan
@@ -202,10 +202,10 @@ def members_per_rank(cfg: Config, gpus: int, tp: int) -> int:
     return g.group_size
 
 
-def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dict[str, float]:
-    """The time model of one update (the module docstring), by part."""
-    g, par = cfg.grpo, cfg.parallel
-    world, tp = cfg.world_size, max(1, par.tensor_parallel)
+def update_flops(cfg: Config, shape: ModelShape) -> StepFlops:
+    """The transformer FLOPs of one update of `cfg` (a rollout batch and its replay: every optimizer update it takes)
+    at the model shape `shape`, all ranks together (grpo/flops.py; a window's mean rollout forwards)."""
+    g = cfg.grpo
     latent = shape.latent_shape(cfg.video.num_frames, cfg.video.height, cfg.video.width)
     config = shape.transformer
     tokens = video_tokens(latent, tuple(config["patch_size"]))
@@ -217,21 +217,31 @@ def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dic
         lora_rank=cfg.train.lora_rank,
         lora_targets=cfg.train.lora_targets,
     )
-    timesteps = sde_window.trained_steps(g)
-    guidance = g.guidance_scale > 1.0
-    step = step_flops(
+    return step_flops(
         per_sample,
         tokens,
         g.prompts_per_step * g.group_size,
-        timesteps,
+        sde_window.trained_steps(g),
         sde_window.mean_rollout_forwards(g),
         True,
-        guidance,
+        g.guidance_scale > 1.0,
         g.kl_coeff > 0,
         cfg.train.gradient_checkpointing,
         old_policy=g.algorithm == "nft",
         passes=g.update_passes,
     )
+
+
+def modelled_seconds(cfg: Config, shape: ModelShape, assume: Assumptions) -> dict[str, float]:
+    """The time model of one update (the module docstring), by part."""
+    g, par = cfg.grpo, cfg.parallel
+    world, tp = cfg.world_size, max(1, par.tensor_parallel)
+    latent = shape.latent_shape(cfg.video.num_frames, cfg.video.height, cfg.video.width)
+    config = shape.transformer
+    tokens = video_tokens(latent, tuple(config["patch_size"]))
+    timesteps = sde_window.trained_steps(g)
+    guidance = g.guidance_scale > 1.0
+    step = update_flops(cfg, shape)
     compute = (step.train + step.inference) / (world * assume.peak_flops * assume.mfu)
 
     # This rank's forwards: rollout chunks x steps, replay chunks x trained timesteps (forward, recompute, backward).
