@@ -199,3 +199,25 @@ def test_the_moving_average_is_flow_grpos_and_diffusion_nfts_to_round_off():
         weight_copy.step_ema = real_step
     assert once == {"flow_grpo_fast": True, "grpo_guard": False, "diffusion_nft": True}
     assert [ok for *_, ok in late] == [False, False, True]  # DiffusionNFT blends once, after its update
+
+
+def test_the_presets_advantages_are_the_authors_stat_trackers_to_round_off():
+    """tests/data/algo_diff/advantages.pt: Flow-GRPO's PerPromptStatTracker (flow_grpo/stat_tracking.py, also
+    DiffusionNFT's; run by tools/algo_diff/advantages.py) with one std over the batch (Flow-GRPO-Fast, DiffusionNFT)
+    and per prompt (GRPO-Guard): this project's group advantages with the presets' settings must agree."""
+    import advantages
+
+    stored = torch.load(REPO / "tests/data/algo_diff/advantages.pt", weights_only=True)
+    assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
+    rows = advantages.compare(stored["theirs"], advantages.project_side(stored["inputs"]))
+    assert [name for name, *_ in rows] == ["batch_std", "group_std"] and all(ok for *_, ok in rows), rows
+    # The comparison can fail: the reference's unbiased std is not theirs.
+    from videogrpo.grpo import advantages as ours
+
+    real = ours.group_advantages
+    try:
+        ours.group_advantages = lambda r, over, unbiased, eps: real(r, over, True, eps)
+        unbiased = advantages.compare(stored["theirs"], advantages.project_side(stored["inputs"]))
+    finally:
+        ours.group_advantages = real
+    assert not any(ok for *_, ok in unbiased)

@@ -1,7 +1,7 @@
 """The algorithms side by side (docs/options.md#comparing-algorithms): the demo's run (the reference's GRPO) and
-Flow-GRPO-Fast, DiffusionNFT and GRPO-Guard as their authors run them (config/algorithms), each trained end to end to
-its report by snakemake on the tiny default, then one comparison page of them all (`videogrpo compare`). After
-tests/test_workflow.py, whose tests read the demo's run as the only one."""
+Flow-GRPO-Fast, DiffusionNFT, GRPO-Guard, MixGRPO and MixGRPO-Flash as their authors run them (config/algorithms),
+each trained end to end to its report by snakemake on the tiny default, then one comparison page of them all
+(`videogrpo compare`). After tests/test_workflow.py, whose tests read the demo's run as the only one."""
 
 from __future__ import annotations
 
@@ -13,15 +13,20 @@ from demo import NEW_RUN_JOBS, SAMPLERS, first_run_id, jobs_run, run
 
 pytestmark = pytest.mark.e2e
 
-# The presets compared, each with the sampler of its held-out check (outside the matrix's samplers) and its new cells:
-# the trained model under the matrix's samplers and the check's pair, and the base model under the matrix's samplers
-# again where the preset generates otherwise than every run before it (Flow-GRPO-Fast: 10 steps; DiffusionNFT: the
-# same; GRPO-Guard: guidance 4.5).
+# The presets compared, each with the sampler of its held-out check (outside the matrix's samplers), its new cells and
+# an option its report names: the trained model under the matrix's samplers and the check's pair, and the base model
+# under the matrix's samplers again where the preset generates otherwise than every run before it (Flow-GRPO-Fast: 10
+# steps; DiffusionNFT: the same; GRPO-Guard: guidance 4.5; MixGRPO: 25 steps; MixGRPO-Flash: MixGRPO's, so its
+# check's base cell too).
 PRESETS = {
-    "flow_grpo_fast": ("flowcps-0.8", len(SAMPLERS) + 2 + len(SAMPLERS)),
-    "diffusion_nft": ("dpm_solver", len(SAMPLERS) + 2),
-    "grpo_guard": ("flowgrpo_sde-0.7", len(SAMPLERS) + 2 + len(SAMPLERS)),
+    "flow_grpo_fast": ("flowcps-0.8", len(SAMPLERS) + 2 + len(SAMPLERS), "grpo.sde_window_size = 3"),
+    "diffusion_nft": ("dpm_solver", len(SAMPLERS) + 2, "grpo.algorithm = &quot;nft&quot;"),
+    "grpo_guard": ("flowgrpo_sde-0.7", len(SAMPLERS) + 2 + len(SAMPLERS), "grpo.grpo_guard = true"),
+    "mixgrpo": ("flowgrpo_sde-0.7", len(SAMPLERS) + 2 + len(SAMPLERS), "grpo.sde_window_size = 4"),
+    "mixgrpo_flash": ("flowgrpo_sde-0.7", len(SAMPLERS) + 1, "grpo.sde_window_tail = &quot;dpm_solver&quot;"),
 }
+BASE = {"mixgrpo_flash": "mixgrpo"}
+"""The preset a preset is layered after."""
 
 
 def new_run(workdir, overrides: str | list[str] = (), cells: int = len(SAMPLERS), preset: str | None = None) -> str:
@@ -30,7 +35,8 @@ def new_run(workdir, overrides: str | list[str] = (), cells: int = len(SAMPLERS)
     the held-out check's two)."""
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     overrides = [overrides] if isinstance(overrides, str) else list(overrides)
-    layers = ["--configfile", "config/config.yaml", f"config/algorithms/{preset}.yaml"] if preset else []
+    presets = [*([BASE[preset]] if preset in BASE else []), preset] if preset else []
+    layers = ["--configfile", "config/config.yaml", *(f"config/algorithms/{p}.yaml" for p in presets)] if preset else []
     out = run(["snakemake", "--cores", "2", *layers, *(["--config", *overrides] if overrides else [])], workdir)
     assert "warning: grpo." not in out.stderr  # a preset neuters nothing
     assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, generate_cell=cells, score_cell=cells)
@@ -44,33 +50,33 @@ def test_the_algorithms_train_to_their_reports_and_compare_on_one_page(demo, wor
     # DiffusionNFT's run also evaluates the moving average of its weights (train.ema_decay, as its authors evaluate):
     # its ema/ export under the matrix's samplers.
     averaged = {"diffusion_nft": (["matrix={models: [base, trained, ema]}"], len(SAMPLERS))}
-    fast, nft, guard = (
-        new_run(workdir, averaged.get(preset, ((), 0))[0], cells + averaged.get(preset, ((), 0))[1], preset)
-        for preset, (_, cells) in PRESETS.items()
-    )
-    runs = [f"results/runs/{name}" for name in (grpo, fast, nft, guard)]
-    for run_dir, option in zip(runs[1:], ("grpo.sde_window_size = 3", "grpo.algorithm = &quot;nft&quot;",
-                                          "grpo.grpo_guard = true")):  # fmt: skip
-        assert option in (workdir / run_dir / "report/report.html").read_text()
+    made = {
+        preset: new_run(workdir, averaged.get(preset, ((), 0))[0], cells + averaged.get(preset, ((), 0))[1], preset)
+        for preset, (_, cells, _) in PRESETS.items()
+    }
+    nft = made["diffusion_nft"]
+    runs = [f"results/runs/{name}" for name in (grpo, *made.values())]
+    for preset, name in made.items():
+        assert PRESETS[preset][2] in (workdir / "results/runs" / name / "report/report.html").read_text(), preset
 
-    manifest = json.loads((workdir / runs[2] / "train.manifest.json").read_text())
+    manifest = json.loads((workdir / "results/runs" / nft / "train.manifest.json").read_text())
     assert "ema" in manifest["outputs"] and manifest["summary"]["ema"]["blends"] == manifest["summary"]["updates"]
     assert {p.parent.name for p in (workdir / "results/matrix").glob(f"*/{nft}-ema/*/scores.csv")} == set(SAMPLERS)
 
     out = run(["videogrpo", "compare", *runs, "--out", "comparison.html"], workdir)
     lines = out.stdout.splitlines()
     # Each run's held-out check under its own training sampler, with its paired interval.
-    for name, sampler in ((grpo, "flowcps-0.7"), *zip((fast, nft, guard), (s for s, _ in PRESETS.values()))):
+    for name, sampler in ((grpo, "flowcps-0.7"), *zip(made.values(), (s for s, *_ in PRESETS.values()))):
         line = rf"{name}: held-out trained - base [+-]\d\.\d{{4}} \[.+\] \({sampler}\)$"
         assert any(re.match(line, x) for x in lines), lines
     # The paired difference from the first run under each of the two samplers every matrix evaluated.
     paired = [x for x in lines if f" - {grpo} (" in x]
-    assert len(paired) == 3 * len(SAMPLERS), lines
+    assert len(paired) == len(PRESETS) * len(SAMPLERS), lines
     assert {re.search(r"\((\S+)\)", x).group(1) for x in paired} == set(SAMPLERS)
-    assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 4
+    assert sum("modelled GPU-h" in x and "s per update" in x for x in lines) == 1 + len(PRESETS)
     # Each run named by the preset it trained by (the demo's by none).
     assert [x for x in lines if "algorithm preset" in x] == [
-        f"{name}: algorithm preset {preset}" for name, preset in zip((grpo, fast, nft, guard), ("-", *PRESETS))
+        f"{name}: algorithm preset {preset}" for name, preset in zip((grpo, *made.values()), ("-", *PRESETS))
     ]
     page = (workdir / "comparison.html").read_text()
     for section in ("What differs", "Held-out change against the base model", "Paired difference between the runs",
