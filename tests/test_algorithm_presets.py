@@ -68,8 +68,8 @@ def test_a_dry_run_of_a_recipe_with_a_preset_plans_the_run():
     assert "flowgrpo_sde-0.7" in out.stdout  # the held-out check's column: the preset's sampler
 
 
-def cfg_with(**grpo):
-    return config.from_dict({"grpo": grpo}, partial=True)
+def cfg_with(train: dict | None = None, **grpo):
+    return config.from_dict({"grpo": grpo, "train": train or {}}, partial=True)
 
 
 @pytest.mark.parametrize(
@@ -106,8 +106,20 @@ def cfg_with(**grpo):
             {"advantage_std": "batch", "prompts_per_step": 2},
             "the batch is the group",
         ),
+        (
+            {"train": {"ema_decay": 0.9, "ema_every": 8, "max_steps": 3}, "updates_per_batch": 2},
+            {"train": {"ema_decay": 0.9, "ema_every": 8, "max_steps": 4}, "updates_per_batch": 2},
+            "so ema/ would hold the initial weights",
+        ),
     ],
-    ids=["guard-on-policy", "window-shared-noise", "window-fraction", "nft-without-kl", "batch-std-one-prompt"],
+    ids=[
+        "guard-on-policy",
+        "window-shared-noise",
+        "window-fraction",
+        "nft-without-kl",
+        "batch-std-one-prompt",
+        "ema-never-blends",
+    ],  # fmt: skip
 )
 def test_each_setting_that_neuters_an_algorithm_is_warned_about_and_its_fix_is_not(neutered, fixed, said):
     (warning,) = config.setting_warnings(cfg_with(**neutered))

@@ -205,3 +205,14 @@ def test_every_stage_loads_its_view_of_an_algorithm_run(algorithm):
     cfg = config.from_dict(trainer_config(grpo=algorithm))
     for stage in STAGE_SECTIONS:
         config.from_dict(config.stage_view(cfg, stage), partial=True)
+
+
+def test_a_moving_average_that_never_blends_is_warned_about(tiny_model, dataset, tmp_path, capfd):
+    """train.ema_every beyond the run's updates (known to the trainer even without train.max_steps): the log says
+    ema/ holds the initial weights, and its training_state.json counts no blend."""
+    cfg = solo_config(train={"max_steps": None, "epochs": 1, "save_steps": 100, "ema_decay": 0.9, "ema_every": 8})
+    out = train_in_process(cfg, tmp_path, tiny_model, dataset)
+    updates = len(metrics(out))
+    assert 0 < updates < 7  # one epoch of the synthetic training split, a prompt an update
+    assert "the moving average never blends, so ema/ will hold the initial weights" in capfd.readouterr().err
+    assert json.loads((out / "ema/training_state.json").read_text())["ema"]["blends"] == 0

@@ -292,4 +292,11 @@ def setting_warnings(cfg: Config) -> list[str]:
             "grpo.advantage_std = 'batch' with one prompt a step (grpo.prompts_per_step 1): the batch is the group, "
             "so it changes nothing"
         )
+    t = cfg.train
+    if t.ema_decay is not None and t.max_steps and t.max_steps * updates < t.ema_every - 1:
+        found.append(
+            f"train.ema_every = {t.ema_every} with {t.max_steps * updates} optimizer updates (train.max_steps "
+            f"{t.max_steps} x {updates} a batch): the moving average first blends after update {t.ema_every - 1}, "
+            "so ema/ would hold the initial weights; lower train.ema_every or train longer"
+        )
     return found
