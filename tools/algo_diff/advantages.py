@@ -20,13 +20,15 @@ from __future__ import annotations
 import sys
 
 import torch
-from checkout import arguments, load_module, print_rows, relative_differences, store
+from checkout import relative_differences, run_module_comparison
 
 TRACKER_FILE = "flow_grpo/stat_tracking.py"
 CLIP = 5.0
 """Their adv_clip_max (config/base.py), the clamp their losses put on an advantage."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"PerPromptStatTracker.update, global_std True and False, clamped to +-{CLIP}"
+"""What a run compares, as it prints it."""
 
 
 def inputs() -> dict:
@@ -68,18 +70,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "flow_grpo or DiffusionNFT", argv)
-    try:
-        module, commit = load_module(args.checkout.resolve(), args.commit, TRACKER_FILE, "authors_stat_tracking")
-        data = inputs()
-        theirs = authors_side(module, data)
-    except (OSError, ImportError) as err:
-        print(f"advantages: could not run {TRACKER_FILE} of {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"{TRACKER_FILE} at {commit}: PerPromptStatTracker.update, global_std True and False, clamped to +-{CLIP}")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_module_comparison(__doc__, "flow_grpo or DiffusionNFT", argv, TRACKER_FILE, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -95,3 +95,23 @@ def store(path: Path | None, stored: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(stored, path)
     print(f"stored the inputs and their outputs in {path}")
+
+
+def run_module_comparison(doc: str, repository: str, argv: list[str] | None, path: str, tool) -> int:
+    """The command line of a tool that loads one authors' file as a module: `tool` (the tool's own module) gives
+    `inputs()`, `authors_side(module, data)`, `project_side(data)`, `compare(theirs, ours)` and `HEADER` (what the
+    run compares, after the commit). Exit status: 0 all within round-off, 1 one is not, 2 it could not run."""
+    import sys
+
+    args = arguments(doc, repository, argv)
+    try:
+        module, commit = load_module(args.checkout.resolve(), args.commit, path, f"authors_{Path(path).stem}")
+        data = tool.inputs()
+        theirs = tool.authors_side(module, data)
+    except (OSError, ImportError) as err:
+        print(f"{Path(tool.__file__).stem}: could not run {path} of {args.checkout}: {err}", file=sys.stderr)
+        return 2
+    print(f"{path} at {commit}: {tool.HEADER}")
+    ok = print_rows(tool.compare(theirs, tool.project_side(data)))
+    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
+    return 0 if ok else 1

@@ -24,13 +24,15 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from checkout import arguments, load_module, print_rows, relative_differences, store
+from checkout import relative_differences, run_module_comparison
 
 SOLVER_FILE = "flow_grpo/diffusers_patch/solver.py"
 SHAPE = (2, 4, 3, 6, 6)  # [B, C, F, h, w]: a video latent; theirs runs on any shape
 SCHEDULES = {"steps10": (10, 3.0), "steps6": (6, 3.0)}
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = "run_sampling(solver='dpm2', determistic=True)"
+"""What a run compares, as it prints it."""
 
 
 def inputs() -> dict:
@@ -96,18 +98,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "DiffusionNFT", argv)
-    try:
-        module, commit = load_module(args.checkout.resolve(), args.commit, SOLVER_FILE, "nft_solver")
-        data = inputs()
-        theirs = authors_side(module, data)
-    except (OSError, ImportError) as err:
-        print(f"nft_rollout: could not run {SOLVER_FILE} of {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"DiffusionNFT at {commit}: {SOLVER_FILE} run_sampling(solver='dpm2', determistic=True)")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_module_comparison(__doc__, "DiffusionNFT", argv, SOLVER_FILE, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from checkout import arguments, load_module, print_rows, relative_differences, store
+from checkout import relative_differences, run_module_comparison
 
 EMA_FILE = "flow_grpo/ema.py"
 UPDATES = 40
@@ -32,6 +32,8 @@ LOOPS = {"flow_grpo_fast": (0.9, 8, 2), "grpo_guard": (0.9, 8, 4), "diffusion_nf
 project's train.ema_decay, ema_every and ema_repeats."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"{UPDATES} updates, loops {sorted(LOOPS)}"
+"""What a run compares, as it prints it."""
 
 
 def inputs() -> dict:
@@ -94,18 +96,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "flow_grpo", argv)
-    try:
-        module, commit = load_module(args.checkout.resolve(), args.commit, EMA_FILE, "authors_ema")
-        data = inputs()
-        theirs = authors_side(module, data)
-    except (OSError, ImportError) as err:
-        print(f"weight_ema: could not run {EMA_FILE} of {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"{EMA_FILE} at {commit}: {UPDATES} updates, loops {sorted(LOOPS)}")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_module_comparison(__doc__, "flow_grpo", argv, EMA_FILE, sys.modules[__name__])
 
 
 if __name__ == "__main__":
