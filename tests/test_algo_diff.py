@@ -221,3 +221,40 @@ def test_the_presets_advantages_are_the_authors_stat_trackers_to_round_off():
     finally:
         ours.group_advantages = real
     assert not any(ok for *_, ok in unbiased)
+
+
+def test_one_whole_diffusion_nft_step_is_its_authors_loop_to_round_off():
+    """tests/data/algo_diff/nft_step.pt: one step of config/algorithms/diffusion_nft.yaml over a stand-in transformer,
+    their sampling, stat tracker, training loop lines (train_nft_sd3.py), EMA and old-policy update (run by
+    tools/algo_diff/nft_step.py with this project's draws handed in): this project's rollout, advantages, replayed
+    update (objectives.replay_update), optimizer step, EMA and old policy must agree, the gradient included."""
+    import nft_step
+
+    stored = torch.load(REPO / "tests/data/algo_diff/nft_step.pt", weights_only=True)
+    assert stored["commit"] == "24af5554898d85e93efa492f42b5e9cdf4156e9b"
+    rows = nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"]))
+    assert [name for name, *_ in rows] == ["states", "advantages", "gradient", "trained", "ema", "old"]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: the preset's KL term left out moves the gradient; an old policy that never decays
+    # moves the old weights.
+    from videogrpo.grpo import nft
+
+    real_config, real_decay = nft_step.preset_config, nft.old_decay
+
+    def without_kl():
+        cfg = real_config()
+        cfg.grpo.kl_coeff = 0.0
+        return cfg
+
+    try:
+        nft_step.preset_config = without_kl
+        no_kl = dict(
+            (n, ok) for n, _, ok in nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"]))
+        )
+        nft_step.preset_config, nft.old_decay = real_config, lambda *args: 0.0
+        no_decay = dict(
+            (n, ok) for n, _, ok in nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"]))
+        )
+    finally:
+        nft_step.preset_config, nft.old_decay = real_config, real_decay
+    assert not no_kl["gradient"] and not no_decay["old"]

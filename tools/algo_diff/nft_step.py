@@ -1,0 +1,370 @@
+"""One whole training step of DiffusionNFT as config/algorithms/diffusion_nft.yaml runs it, against its authors' own
+code (NVlabs/DiffusionNFT) driving the same stand-in transformer (README.md beside this file).
+
+    python tools/algo_diff/nft_step.py DIFFUSION_NFT [--commit C] [--store FILE]
+
+DIFFUSION_NFT: a checkout of DiffusionNFT, its git directory (a clone or bare mirror), or a plain copy of its tree.
+The stand-in transformer is v(x, sigma) = (W x + b)(1 + sigma), a module with parameters, in three weight sets as
+their PEFT model holds them: the trained adapter, the old policy's and the base (the KL's reference). One step, 2
+prompts x 4 members, 10 sampling steps at shift 3:
+- the rollouts, from fixed initial noise, with the old policy: their `run_sampling` (flow_grpo/diffusers_patch/
+  solver.py, solver dpm2, deterministic) against this project's `rollout.rollout` with sampler dpm_solver, the old
+  policy swapped in (as grpo/rollout_batch.py does);
+- the advantages of given rewards: their `PerPromptStatTracker(global_std=True)` (flow_grpo/stat_tracking.py) on
+  the rewards repeated over the trained levels, as their loop does, against `advantages.group_advantages` with the
+  preset's settings;
+- the training: their loop lines, from `for i, train_sample_batch in tqdm(` to `ema.step(...)` in
+  scripts/train_nft_sd3.py (every trained level's fresh noising, the old, trained and reference velocities, their
+  loss, its scaling for gradient accumulation, the clipped AdamW step, the EMA's step), then their old-policy
+  update at the end of the epoch; against `objectives.replay_update` (the trainer's backward of an update), the
+  host optimizer with the same clip, `weight_copy.step_ema` and the old policy's `mix`, with the preset's values.
+Where the two draw differently by design (docs/fidelity.md: their noise levels are a permutation per sample, this
+project's one draw per update shared by the rows; their noise is torch's stream, this project's keyed), this
+project's draws are handed to their loop: its `timesteps` and its `torch.randn_like`. Compared: every rollout state,
+the advantages, the clipped gradient the optimizer steps on, and the trained weights, the EMA and the old policy
+after the step.
+
+--store FILE writes the inputs and their outputs (what tests/test_algo_diff.py compares against without the
+checkout). Exit status: 0 when every comparison is within round-off, 1 when one is not, 2 when it could not run.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from checkout import (
+    arguments,
+    block_source,
+    function_source,
+    load_module,
+    print_rows,
+    read_source,
+    relative_differences,
+    store,
+)
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_FILE = "scripts/train_nft_sd3.py"
+LOOP_FROM, LOOP_TO = "for i, train_sample_batch in tqdm(", "ema.step(transformer_trainable_parameters, global_step)"
+MIX_FROM, MIX_TO = "decay = return_decay(global_step, config.decay_type)", "tgt_param.data.copy_("
+PROMPTS, GROUP, STEPS, SHIFT = 2, 4, 10, 3.0
+LATENT = (4, 3, 4, 4)  # [C, F, h, w]
+TOLERANCE = 1e-6
+"""Largest relative difference taken as float round-off."""
+
+
+class StandIn(nn.Module):
+    """v(x, sigma) = (W x + b)(1 + sigma): a velocity that depends on the state and the noise level."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.mix = nn.Parameter(weights["mix"].clone())
+        self.bias = nn.Parameter(weights["bias"].clone())
+
+    def forward(self, x: torch.Tensor, sigma) -> torch.Tensor:
+        s = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1, *([1] * (x.ndim - 1)))
+        mixed = torch.einsum("dc,bc...->bd...", self.mix, x.float())
+        return (mixed + self.bias.view(1, -1, *([1] * (x.ndim - 2)))) * (1 + s)
+
+
+class Adapters(nn.Module):
+    """Their PEFT model, called as their loop calls it: the trained adapter `default`, the old policy's `old`, the
+    base while the adapter is disabled; the timestep is sigma x 1000."""
+
+    def __init__(self, data: dict):
+        super().__init__()
+        self.nets = nn.ModuleDict({name: StandIn(data[name]) for name in ("default", "old", "base")})
+        self.active = "default"
+
+    def set_adapter(self, name: str) -> None:
+        self.active = name
+
+    @contextlib.contextmanager
+    def disable_adapter(self):
+        before, self.active = self.active, "base"
+        try:
+            yield
+        finally:
+            self.active = before
+
+    def forward(self, hidden_states, timestep, encoder_hidden_states=None, pooled_projections=None, return_dict=False):
+        return (self.nets[self.active](hidden_states, timestep.float() / 1000.0),)
+
+
+class Wrapped(nn.Module):
+    """Their DistributedDataParallel wrapper: `.module` is the model."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+
+class TorchDrawingGiven:
+    """`torch` for their loop, its `randn_like` handing out the given noises in order."""
+
+    def __init__(self, noises: list[torch.Tensor]):
+        self.noises = [n.clone() for n in noises]
+
+    def randn_like(self, like: torch.Tensor) -> torch.Tensor:
+        return self.noises.pop(0).to(like.dtype)
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+class GradientsSeen(torch.optim.AdamW):
+    """Their AdamW, keeping the (clipped) gradient of each step: one AdamW step from fresh moments moves each weight
+    by about lr x the gradient's sign, so the weights after it say little of the loss; the gradient says it all."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[torch.Tensor] = []
+
+    def step(self, closure=None):
+        self.seen.append(_flat(p.grad for group in self.param_groups for p in group["params"]))
+        return super().step(closure)
+
+
+def preset_config():
+    """The tiny default with config/algorithms/diffusion_nft.yaml, one rank, 2 prompts x 4 members."""
+    from videogrpo import config
+
+    cfg = config.load([REPO / "config/config.yaml", REPO / "config/algorithms/diffusion_nft.yaml"])
+    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = PROMPTS, GROUP, STEPS
+    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node = None, 1
+    return cfg
+
+
+def inputs() -> dict:
+    """Seeded weights (base; trained a little off it; old between), initial noise, rewards, the schedule, and this
+    project's draws for update 1 of batch 0: the trained noise levels and each level's noise, rows in their order
+    (prompt-major)."""
+    from videogrpo.grpo import nft, sde_window
+    from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo.samplers import sigma_schedule
+
+    cfg = preset_config()
+    generator = torch.Generator().manual_seed(0)
+    channels = LATENT[0]
+    base = {"mix": torch.randn(channels, channels, generator=generator) / channels,
+            "bias": 0.1 * torch.randn(channels, generator=generator)}  # fmt: skip
+    trained = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in base.items()}
+    old = {k: 0.5 * base[k] + 0.5 * trained[k] for k in base}
+    rows = PROMPTS * GROUP
+    levels = sde_window.replayed_steps(cfg.grpo, cfg.train.seed, 0, 1)
+    key = (cfg.train.seed, nft.NOISE_TAG, 0)
+    noises = [
+        torch.stack(
+            [seeded_normal(LATENT, torch.device("cpu"), *key, n // GROUP, n % GROUP, level) for n in range(rows)]
+        )
+        for level in levels
+    ]
+    return {
+        "base": base,
+        "default": trained,
+        "old": old,
+        "initial_noise": torch.randn(rows, *LATENT, generator=generator),
+        "rewards": torch.rand(rows, generator=generator, dtype=torch.float64),
+        "sigmas": sigma_schedule(STEPS, SHIFT).float(),
+        "levels": torch.tensor(levels),
+        "noises": noises,
+    }
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in params])
+
+
+def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
+    """Their sampling, stat tracker, training loop lines and old-policy update on the stand-in."""
+    cfg = preset_config()
+    g, t = cfg.grpo, cfg.train
+    model = Adapters(data)
+    wrapped = Wrapped(model)
+    rows, levels = PROMPTS * GROUP, [int(i) for i in data["levels"]]
+    model.set_adapter("old")  # they sample with the old policy
+    with torch.no_grad():
+        _, states, _ = solver.run_sampling(
+            lambda z, sigma: model(z, torch.full((len(z),), float(sigma) * 1000))[0], data["initial_noise"].clone(),
+            data["sigmas"], solver="dpm2", determistic=True,
+        )  # fmt: skip
+    model.set_adapter("default")
+    x0 = states[-1]
+    prompts = [f"prompt {n // GROUP}" for n in range(rows)]
+    rewards = data["rewards"][:, None].repeat(1, len(levels)).numpy()
+    advantages = torch.as_tensor(tracker.PerPromptStatTracker(True).update(prompts, rewards), dtype=torch.float32)
+    params = list(model.nets["default"].parameters())
+    ema = ema_module.EMAModuleWrapper(params, decay=t.ema_decay, update_step_interval=t.ema_every, device="cpu")
+    optimizer = GradientsSeen(params, lr=t.lr, betas=(0.9, 0.999), weight_decay=t.weight_decay, eps=1e-8)
+    batch = {
+        "latents_clean": x0,
+        "timesteps": (data["sigmas"][levels] * 1000).repeat(rows, 1),
+        "advantages": advantages,
+        "prompt_embeds": torch.zeros(rows, 1),
+        "pooled_prompt_embeds": torch.zeros(rows, 1),
+    }
+    config = SimpleNamespace(
+        beta=g.nft_beta,
+        decay_type=1,
+        sample=SimpleNamespace(guidance_scale=g.guidance_scale),
+        train=SimpleNamespace(
+            adv_clip_max=g.nft_adv_clip, adv_mode="all", beta=g.kl_coeff, max_grad_norm=t.max_grad_norm, ema=True
+        ),
+        use_lora=True,
+    )
+    scope = {
+        "torch": TorchDrawingGiven(data["noises"]),
+        "tqdm": lambda iterable, **_: iterable,
+        "samples_batched_list": [batch],  # one micro-batch of every row: one optimizer update
+        "epoch": 0,
+        "inner_epoch": 0,
+        "is_main_process": lambda rank: False,
+        "rank": 0,
+        "config": config,
+        "num_train_timesteps": len(levels),
+        "torch_autocast": lambda **_: contextlib.nullcontext(),
+        "enable_amp": False,
+        "mixed_precision_dtype": torch.float32,
+        "transformer_ddp": wrapped,
+        "effective_grad_accum_steps": len(levels),
+        "current_accumulated_steps": 0,
+        "scaler": None,
+        "optimizer": optimizer,
+        "gradient_update_times": 0,
+        "info_accumulated": collections.defaultdict(list),
+        "defaultdict": collections.defaultdict,
+        "dist": SimpleNamespace(all_reduce=lambda *a, **k: None, ReduceOp=SimpleNamespace(AVG=None)),
+        "device": torch.device("cpu"),
+        "wandb": None,
+        "global_step": 0,
+        "ema": ema,
+        "transformer_trainable_parameters": params,
+    }
+    exec(compile(block_source(text, LOOP_FROM, LOOP_TO), TRAIN_FILE, "exec"), scope)
+    decay_scope = {}
+    exec(function_source(text, "return_decay"), decay_scope)
+    old_params = list(model.nets["old"].parameters())
+    mix = {
+        "torch": torch,
+        "return_decay": decay_scope["return_decay"],
+        "global_step": scope["global_step"],
+        "config": config,
+        "transformer_trainable_parameters": params,
+        "old_transformer_trainable_parameters": old_params,
+    }
+    exec(compile(block_source(text, MIX_FROM, MIX_TO), TRAIN_FILE, "exec"), mix)
+    (gradient,) = optimizer.seen  # one optimizer update
+    return {
+        "states": torch.stack(states, dim=1),
+        "advantages": advantages[:, 0],
+        "gradient": gradient,
+        "trained": _flat(params),
+        "ema": _flat(ema.ema_parameters),
+        "old": _flat(old_params),
+    }
+
+
+def project_side(data: dict) -> dict:
+    """This project's rollout, advantages and update with the preset's values, on the stand-in."""
+    from videogrpo.grpo import advantages, assignment, nft, objectives, offload, rollout, weight_copy
+    from videogrpo.grpo.host_optimizer import optimizer
+    from videogrpo.grpo.rollout_batch import Chunk, Prepared
+    from videogrpo.grpo.trainer import NFT_SUMS
+
+    cfg = preset_config()
+    g, t = cfg.grpo, cfg.train
+    policy, reference = StandIn(data["default"]), StandIn(data["base"])
+    params = list(policy.parameters())
+    old = weight_copy.WeightCopy(params, [policy])
+    for copy_, weight in zip(old.copies, (data["old"]["mix"], data["old"]["bias"])):
+        copy_.copy_(weight)
+    ema = weight_copy.WeightCopy(params, [policy])
+    model = SimpleNamespace(
+        velocity=lambda net, x, sigma, embeds, guidance, condition=None: net(x, sigma),
+        pins_first_frame=False,
+        trajectory_dtype=torch.float32,
+    )
+    rows = PROMPTS * GROUP
+    with old.swapped_in():  # DiffusionNFT's rollouts sample with the old policy
+        trajectory = rollout.rollout(
+            model, policy, None, None, data["initial_noise"].clone(), data["sigmas"], g.sampler, torch.zeros(rows), None
+        )
+    found = advantages.group_advantages(
+        data["rewards"].view(PROMPTS, GROUP), g.advantage_std, g.advantage_std_unbiased, g.advantage_eps
+    ).flatten()
+    waves = assignment.waves(cfg, 0, 1)
+    chunks = []
+    for wave in waves:
+        index = [p * GROUP + m for p, m in wave]
+        part = rollout.Trajectory(trajectory.latents[index], trajectory.log_probs[index], trajectory.etas[index])
+        chunks.append(
+            Chunk(
+                [p for p, _ in wave], [m for _, m in wave], [], part, torch.zeros(len(wave), 1), advantages=found[index]
+            )
+        )
+    trainer = SimpleNamespace(
+        cfg=cfg,
+        ctx=SimpleNamespace(world_size=1, device=torch.device("cpu")),
+        waves=waves,
+        experts=SimpleNamespace(policy=policy, reference=reference, replicas=lambda world: 1),
+        placement=offload.Placement(torch.device("cpu"), False, {}, {}),
+        sigmas=data["sigmas"],
+        model=model,
+        shape=LATENT,
+        nft_old=old,
+    )
+    sums = dict.fromkeys(("policy_loss", "kl_loss", *NFT_SUMS), 0.0)
+    levels = [int(i) for i in data["levels"]]
+    objectives.replay_update(trainer, Prepared(0, 0, chunks, 0.0), None, 0, levels, 0.0, None, sums)
+    step = optimizer(params, t.lr, t.weight_decay, cfg.parallel)
+    weight_copy.step_ema(ema, 1, t, after=False)
+    torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+    gradient = _flat(p.grad for p in params)
+    step.step()
+    weight_copy.step_ema(ema, 1, t, after=True)
+    old.mix(nft.old_decay(1, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after))
+    return {
+        "states": trajectory.latents,
+        "advantages": found.float(),
+        "gradient": gradient,
+        "trained": _flat(params),
+        "ema": _flat(ema.copies),
+        "old": _flat(old.copies),
+    }
+
+
+def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
+    """(name, largest difference relative to the largest magnitude, within TOLERANCE) per compared output."""
+    return relative_differences(theirs, ours, TOLERANCE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__, "DiffusionNFT", argv)
+    checkout = args.checkout.resolve()
+    try:
+        text, commit = read_source(checkout, args.commit, TRAIN_FILE)
+        solver, _ = load_module(checkout, args.commit, "flow_grpo/diffusers_patch/solver.py", "authors_solver")
+        tracker, _ = load_module(checkout, args.commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
+        ema, _ = load_module(checkout, args.commit, "flow_grpo/ema.py", "authors_ema")
+        data = inputs()
+        theirs = authors_side(text, solver, tracker, ema, data)
+    except (OSError, ImportError) as err:
+        print(f"nft_step: could not run DiffusionNFT's code at {args.checkout}: {err}", file=sys.stderr)
+        return 2
+    print(f"DiffusionNFT at {commit}: one step of {PROMPTS} prompts x {GROUP}, {STEPS} steps, their loop lines")
+    ok = print_rows(compare(theirs, project_side(data)))
+    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
