@@ -256,9 +256,10 @@ def lora_problems(cfg: Config) -> list[str]:
     return found
 
 
-def setting_warnings(cfg: Config) -> list[str]:
+def setting_warnings(cfg: Config, optimizer_updates: int | None = None) -> list[str]:
     """Settings that run, but leave an algorithm a shadow of itself (docs/options.md#settings-that-neuter-an-
-    algorithm): each warning names the fields, what the combination does and what its authors set."""
+    algorithm): each warning names the fields, what the combination does and what its authors set.
+    `optimizer_updates`: the run's length where it is known (the trainer); else train.max_steps gives it, if set."""
     g, found = cfg.grpo, []
     updates = g.updates_per_batch * g.update_passes
     if g.algorithm == "grpo" and g.grpo_guard and not g.delayed_replay and updates == 1:
@@ -293,10 +294,16 @@ def setting_warnings(cfg: Config) -> list[str]:
             "so it changes nothing"
         )
     t = cfg.train
-    if t.ema_decay is not None and t.max_steps and t.max_steps * updates < t.ema_every - 1:
+    known = optimizer_updates is not None
+    count = optimizer_updates if known else (t.max_steps * updates if t.max_steps else None)
+    # The moving average first blends after update ema_every - 1 (grpo/weight_copy.py, ema_blends).
+    if t.ema_decay is not None and count is not None and count < t.ema_every - 1:
         found.append(
-            f"train.ema_every = {t.ema_every} with {t.max_steps * updates} optimizer updates (train.max_steps "
-            f"{t.max_steps} x {updates} a batch): the moving average first blends after update {t.ema_every - 1}, "
-            "so ema/ would hold the initial weights; lower train.ema_every or train longer"
+            f"train.ema_every = {t.ema_every} with {count} optimizer updates: the moving average never blends, so "
+            "ema/ will hold the initial weights"
+            if known
+            else f"train.ema_every = {t.ema_every} with {count} optimizer updates (train.max_steps {t.max_steps} x "
+            f"{updates} a batch): the moving average first blends after update {t.ema_every - 1}, so ema/ would hold "
+            "the initial weights; lower train.ema_every or train longer"
         )
     return found

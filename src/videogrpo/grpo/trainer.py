@@ -387,17 +387,9 @@ class Trainer:
         self._log(f"flow shift {self.shift} ({self.shift_source})")
         if window := sde_window.describe(self.cfg.grpo):
             self._log(window)
-        warnings = setting_warnings(self.cfg)
-        for warning in warnings:
+        # The run's length is known here, with or without train.max_steps.
+        for warning in setting_warnings(self.cfg, self.total * minibatches.updates_per_step(self.cfg.grpo)):
             self._log(f"warning: {warning}")
-        optimizer_updates = self.total * minibatches.updates_per_step(self.cfg.grpo)
-        said = any(w.startswith("train.ema_every") for w in warnings)
-        blends = weight_copy.ema_record(self.cfg.train, optimizer_updates)["blends"] if self.ema is not None else 1
-        if not said and not blends:
-            self._log(  # the run's length is known here, with or without train.max_steps (which the warnings read)
-                f"warning: train.ema_every = {self.cfg.train.ema_every} with {optimizer_updates} optimizer updates: "
-                "the moving average never blends, so ema/ will hold the initial weights"
-            )
         slot: Prepared | None = None
         try:
             if validation.before_training(self.cfg, start):
