@@ -93,11 +93,9 @@ def sample_latents(
         before = None
         for i in range(len(how.sigmas) - 1):
             sigma, sigma_next = float(how.sigmas[i]), float(how.sigmas[i + 1])
-            x0 = x - sigma * velocity(model, weights, x, sigma, embeds, guidance_scale, condition).float()
-            x, before = (
-                pin(model, samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), condition),
-                (x0, sigma),
-            )
+            v = velocity(model, weights, x, sigma, embeds, guidance_scale, condition)
+            x, before = samplers.dpm_solver_velocity_step(x, v, sigma, sigma_next, before, dtype)
+            x = pin(model, x, condition)
         return x
     scheduler = how.scheduler
     scheduler.set_timesteps(how.steps, device=x.device)

@@ -86,10 +86,10 @@ def rollout(
     for i in range(end):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
-        if end < steps or sampler == "dpm_solver":  # the solver's history (the tail's first step: the window's last)
-            x0 = x.float() - sigma * v.float()
+        if end < steps:  # the solver's history: the tail's first step takes the window's last x0
+            before = (x.float() - sigma * v.float(), sigma)
         if sampler == "dpm_solver":
-            x, before = samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), (x0, sigma)
+            x, before = samplers.dpm_solver_velocity_step(x, v, sigma, sigma_next, before, dtype)
             mean, logp = x.float(), torch.zeros(x.shape[0], device=x.device)
         elif sampler != "euler" and (window is None or window[0] <= i < window[1]):
             x, mean, logp = samplers.step(sampler, x, v, sigma, sigma_next, etas, step_noise(i), mask, dtype)
@@ -103,12 +103,10 @@ def rollout(
         states.append(x)
         log_probs.append(logp)
     if end < steps:  # the DPM-Solver tail: its own noise levels; only its final state is kept (x_T)
-        before = (x0, float(sigmas[end - 1])) if end > 0 else None
         for k in range(len(tail) - 1):
             sigma, sigma_next = float(tail[k]), float(tail[k + 1])
             v = velocity(model, transformer, x, sigma, embeds, guidance_scale, condition)
-            x0 = x.float() - sigma * v.float()
-            x, before = samplers.dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), (x0, sigma)
+            x, before = samplers.dpm_solver_velocity_step(x, v, sigma, sigma_next, before, dtype)
             if pinned:
                 x[:, :, :1] = condition
         states += [torch.full_like(x, float("nan"))] * (steps - end - 1) + [x]

@@ -149,6 +149,19 @@ def dpm_solver_step(
     return (ratio * x + c * x0 + 0.5 * c * d1).to(dtype)
 
 
+def dpm_solver_velocity_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: float,
+    sigma_next: float,
+    before: tuple[torch.Tensor, float] | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, float]]:
+    """`dpm_solver_step` from the velocity v at x: (x', the history its next step takes, (x0, sigma))."""
+    x0 = x.float() - sigma * v.float()
+    return dpm_solver_step(x, x0, sigma, sigma_next, before, dtype), (x0, sigma)
+
+
 def step(
     sampler: str,
     x: torch.Tensor,
