@@ -258,3 +258,35 @@ def test_one_whole_diffusion_nft_step_is_its_authors_loop_to_round_off():
     finally:
         nft_step.preset_config, nft.old_decay = real_config, real_decay
     assert not no_kl["gradient"] and not no_decay["old"]
+
+
+def test_one_whole_flow_grpo_fast_step_is_its_authors_epoch_to_round_off(monkeypatch):
+    """tests/data/algo_diff/fast_step.pt: one step of config/algorithms/flow_grpo_fast.yaml over a stand-in transformer,
+    their epoch's lines of train_sd3_fast.py (their windowed sampling pipeline, stat tracker, zero-advantage mask, 4
+    mini-batches under accelerate's gradient accumulation, the EMA after each; run by tools/algo_diff/fast_step.py
+    with this project's draws handed in): the trainer's own prepare and update must agree, each update's gradient
+    included."""
+    import fast_step
+
+    stored = torch.load(REPO / "tests/data/algo_diff/fast_step.pt", weights_only=True)
+    assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
+    rows = fast_step.compare(stored["theirs"], fast_step.project_side(stored["inputs"]))
+    assert [name for name, *_ in rows] == ["states", "log_probs", "advantages", "kept", "gradients", "trained", "ema"]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: the group's std in place of the batch's moves the advantages, and one EMA blend an
+    # update in place of one a micro-batch moves the average.
+    real = fast_step.preset_config
+
+    def changed(section: str, name: str, value):
+        def config():
+            cfg = real()
+            setattr(getattr(cfg, section), name, value)
+            return cfg
+
+        monkeypatch.setattr(fast_step, "preset_config", config)
+        return dict(
+            (n, ok) for n, _, ok in fast_step.compare(stored["theirs"], fast_step.project_side(stored["inputs"]))
+        )
+
+    assert not changed("grpo", "advantage_std", "group")["advantages"]
+    assert not changed("train", "ema_repeats", 1)["ema"]

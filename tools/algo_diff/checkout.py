@@ -39,6 +39,26 @@ def load_module(source: Path, commit: str, path: str, name: str) -> tuple:
     return module, where
 
 
+def load_package(source: Path, commit: str, directory: str, names: list[str], package: str) -> tuple[dict, str]:
+    """({name: module} of the authors' files `directory/<name>.py` in `source` at `commit`, imported as the package
+    `package` from a temporary copy so that their relative imports resolve; the commit of the first)."""
+    import importlib
+    import sys
+
+    root = Path(tempfile.mkdtemp()) / package
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    where = None
+    for name in names:
+        text, found = read_source(source, commit, f"{directory}/{name}.py")
+        (root / f"{name}.py").write_text(text)
+        where = where or found
+    spec = importlib.util.spec_from_file_location(package, root / "__init__.py", submodule_search_locations=[str(root)])
+    sys.modules[package] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[package])
+    return {name: importlib.import_module(f"{package}.{name}") for name in names}, where
+
+
 def function_source(text: str, name: str) -> str:
     """The source of the top-level function `name` of a module's text."""
     for node in ast.parse(text).body:

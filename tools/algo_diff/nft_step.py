@@ -7,17 +7,16 @@ DIFFUSION_NFT: a checkout of DiffusionNFT, its git directory (a clone or bare mi
 The stand-in transformer is v(x, sigma) = (W x + b)(1 + sigma), a module with parameters, in three weight sets as
 their PEFT model holds them: the trained adapter, the old policy's and the base (the KL's reference). One step, 2
 prompts x 4 members, 10 sampling steps at shift 3:
-- the rollouts, from fixed initial noise, with the old policy: their `run_sampling` (flow_grpo/diffusers_patch/
-  solver.py, solver dpm2, deterministic) against this project's `rollout.rollout` with sampler dpm_solver, the old
-  policy swapped in (as grpo/rollout_batch.py does);
+- the rollouts, from this project's initial noise, with the old policy: their `run_sampling` (flow_grpo/
+  diffusers_patch/solver.py, solver dpm2, deterministic);
 - the advantages of given rewards: their `PerPromptStatTracker(global_std=True)` (flow_grpo/stat_tracking.py) on
-  the rewards repeated over the trained levels, as their loop does, against `advantages.group_advantages` with the
-  preset's settings;
+  the rewards repeated over the trained levels, as their loop does;
 - the training: their loop lines, from `for i, train_sample_batch in tqdm(` to `ema.step(...)` in
   scripts/train_nft_sd3.py (every trained level's fresh noising, the old, trained and reference velocities, their
   loss, its scaling for gradient accumulation, the clipped AdamW step, the EMA's step), then their old-policy
-  update at the end of the epoch; against `objectives.replay_update` (the trainer's backward of an update), the
-  host optimizer with the same clip, `weight_copy.step_ema` and the old policy's `mix`, with the preset's values.
+  update at the end of the epoch;
+against the trainer's own `prepare` and `update` with the preset's values (trainer_side.py: the rollouts with the
+old policy swapped in, the advantages, the replay, the clipped step, the EMA's blends, the old policy's mix).
 Where the two draw differently by design (docs/fidelity.md: their noise levels are a permutation per sample, this
 project's one draw per update shared by the rows; their noise is torch's stream, this project's keyed), this
 project's draws are handed to their loop: its `timesteps` and its `torch.randn_like`. Compared: every rollout state,
@@ -48,6 +47,7 @@ from checkout import (
     store,
 )
 from torch import nn
+from trainer_side import StandIn, flat, one_batch
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE = "scripts/train_nft_sd3.py"
@@ -57,20 +57,6 @@ PROMPTS, GROUP, STEPS, SHIFT = 2, 4, 10, 3.0
 LATENT = (4, 3, 4, 4)  # [C, F, h, w]
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
-
-
-class StandIn(nn.Module):
-    """v(x, sigma) = (W x + b)(1 + sigma): a velocity that depends on the state and the noise level."""
-
-    def __init__(self, weights: dict[str, torch.Tensor]):
-        super().__init__()
-        self.mix = nn.Parameter(weights["mix"].clone())
-        self.bias = nn.Parameter(weights["bias"].clone())
-
-    def forward(self, x: torch.Tensor, sigma) -> torch.Tensor:
-        s = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1, *([1] * (x.ndim - 1)))
-        mixed = torch.einsum("dc,bc...->bd...", self.mix, x.float())
-        return (mixed + self.bias.view(1, -1, *([1] * (x.ndim - 2)))) * (1 + s)
 
 
 class Adapters(nn.Module):
@@ -130,17 +116,18 @@ class GradientsSeen(torch.optim.AdamW):
         self.seen: list[torch.Tensor] = []
 
     def step(self, closure=None):
-        self.seen.append(_flat(p.grad for group in self.param_groups for p in group["params"]))
+        self.seen.append(flat(p.grad for group in self.param_groups for p in group["params"]))
         return super().step(closure)
 
 
 def preset_config():
-    """The tiny default with config/algorithms/diffusion_nft.yaml, one rank, 2 prompts x 4 members."""
+    """The tiny default with config/algorithms/diffusion_nft.yaml, one rank, 2 prompts x 4 members, the stand-in
+    trained in full (their adapter's weights are the stand-in's)."""
     from videogrpo import config
 
     cfg = config.load([REPO / "config/config.yaml", REPO / "config/algorithms/diffusion_nft.yaml"])
     cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = PROMPTS, GROUP, STEPS
-    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node = None, 1
+    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node, cfg.train.lora_rank = None, 1, 0
     return cfg
 
 
@@ -148,11 +135,12 @@ def inputs() -> dict:
     """Seeded weights (base; trained a little off it; old between), initial noise, rewards, the schedule, and this
     project's draws for update 1 of batch 0: the trained noise levels and each level's noise, rows in their order
     (prompt-major)."""
-    from videogrpo.grpo import nft, sde_window
+    from videogrpo.grpo import assignment, nft, sde_window
     from videogrpo.grpo.draws import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
 
     cfg = preset_config()
+    seed, shared, cpu = cfg.train.seed, cfg.grpo.share_group_noise, torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
     channels = LATENT[0]
     base = {"mix": torch.randn(channels, channels, generator=generator) / channels,
@@ -163,25 +151,24 @@ def inputs() -> dict:
     levels = sde_window.replayed_steps(cfg.grpo, cfg.train.seed, 0, 1)
     key = (cfg.train.seed, nft.NOISE_TAG, 0)
     noises = [
-        torch.stack(
-            [seeded_normal(LATENT, torch.device("cpu"), *key, n // GROUP, n % GROUP, level) for n in range(rows)]
-        )
+        torch.stack([seeded_normal(LATENT, cpu, *key, n // GROUP, n % GROUP, level) for n in range(rows)])
         for level in levels
     ]
     return {
         "base": base,
         "default": trained,
         "old": old,
-        "initial_noise": torch.randn(rows, *LATENT, generator=generator),
-        "rewards": torch.rand(rows, generator=generator, dtype=torch.float64),
+        "initial_noise": torch.stack(
+            [
+                seeded_normal(LATENT, cpu, *assignment.init_noise_key(seed, 0, n // GROUP, n % GROUP, shared))
+                for n in range(rows)
+            ]
+        ),
+        "rewards": torch.rand(PROMPTS, GROUP, generator=generator),
         "sigmas": sigma_schedule(STEPS, SHIFT).float(),
         "levels": torch.tensor(levels),
         "noises": noises,
     }
-
-
-def _flat(params) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in params])
 
 
 def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
@@ -200,7 +187,7 @@ def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
     model.set_adapter("default")
     x0 = states[-1]
     prompts = [f"prompt {n // GROUP}" for n in range(rows)]
-    rewards = data["rewards"][:, None].repeat(1, len(levels)).numpy()
+    rewards = data["rewards"].flatten()[:, None].repeat(1, len(levels)).numpy()
     advantages = torch.as_tensor(tracker.PerPromptStatTracker(True).update(prompts, rewards), dtype=torch.float32)
     params = list(model.nets["default"].parameters())
     ema = ema_module.EMAModuleWrapper(params, decay=t.ema_decay, update_step_interval=t.ema_every, device="cpu")
@@ -267,78 +254,25 @@ def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
         "states": torch.stack(states, dim=1),
         "advantages": advantages[:, 0],
         "gradient": gradient,
-        "trained": _flat(params),
-        "ema": _flat(ema.ema_parameters),
-        "old": _flat(old_params),
+        "trained": flat(params),
+        "ema": flat(ema.ema_parameters),
+        "old": flat(old_params),
     }
 
 
 def project_side(data: dict) -> dict:
-    """This project's rollout, advantages and update with the preset's values, on the stand-in."""
-    from videogrpo.grpo import advantages, assignment, nft, objectives, offload, rollout, weight_copy
-    from videogrpo.grpo.host_optimizer import optimizer
-    from videogrpo.grpo.rollout_batch import Chunk, Prepared
-    from videogrpo.grpo.trainer import NFT_SUMS
-
-    cfg = preset_config()
-    g, t = cfg.grpo, cfg.train
-    policy, reference = StandIn(data["default"]), StandIn(data["base"])
-    params = list(policy.parameters())
-    old = weight_copy.WeightCopy(params, [policy])
-    for copy_, weight in zip(old.copies, (data["old"]["mix"], data["old"]["bias"])):
-        copy_.copy_(weight)
-    ema = weight_copy.WeightCopy(params, [policy])
-    model = SimpleNamespace(
-        velocity=lambda net, x, sigma, embeds, guidance, condition=None: net(x, sigma),
-        pins_first_frame=False,
-        trajectory_dtype=torch.float32,
+    """The trainer's own prepare and update of batch 0 (trainer_side.one_batch) with the preset's values."""
+    out = one_batch(
+        preset_config(), data["default"], data["sigmas"], data["rewards"], LATENT, old=data["old"], base=data["base"]
     )
-    rows = PROMPTS * GROUP
-    with old.swapped_in():  # DiffusionNFT's rollouts sample with the old policy
-        trajectory = rollout.rollout(
-            model, policy, None, None, data["initial_noise"].clone(), data["sigmas"], g.sampler, torch.zeros(rows), None
-        )
-    found = advantages.group_advantages(
-        data["rewards"].view(PROMPTS, GROUP), g.advantage_std, g.advantage_std_unbiased, g.advantage_eps
-    ).flatten()
-    waves = assignment.waves(cfg, 0, 1)
-    chunks = []
-    for wave in waves:
-        index = [p * GROUP + m for p, m in wave]
-        part = rollout.Trajectory(trajectory.latents[index], trajectory.log_probs[index], trajectory.etas[index])
-        chunks.append(
-            Chunk(
-                [p for p, _ in wave], [m for _, m in wave], [], part, torch.zeros(len(wave), 1), advantages=found[index]
-            )
-        )
-    trainer = SimpleNamespace(
-        cfg=cfg,
-        ctx=SimpleNamespace(world_size=1, device=torch.device("cpu")),
-        waves=waves,
-        experts=SimpleNamespace(policy=policy, reference=reference, replicas=lambda world: 1),
-        placement=offload.Placement(torch.device("cpu"), False, {}, {}),
-        sigmas=data["sigmas"],
-        model=model,
-        shape=LATENT,
-        nft_old=old,
-    )
-    sums = dict.fromkeys(("policy_loss", "kl_loss", *NFT_SUMS), 0.0)
-    levels = [int(i) for i in data["levels"]]
-    objectives.replay_update(trainer, Prepared(0, 0, chunks, 0.0), None, 0, levels, 0.0, None, sums)
-    step = optimizer(params, t.lr, t.weight_decay, cfg.parallel)
-    weight_copy.step_ema(ema, 1, t, after=False)
-    torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-    gradient = _flat(p.grad for p in params)
-    step.step()
-    weight_copy.step_ema(ema, 1, t, after=True)
-    old.mix(nft.old_decay(1, g.nft_old_decay_rate, g.nft_old_decay_max, g.nft_old_decay_after))
+    (gradient,) = out["gradients"]  # one optimizer update
     return {
-        "states": trajectory.latents,
-        "advantages": found.float(),
+        "states": out["trajectory"],
+        "advantages": out["advantages"].flatten(),
         "gradient": gradient,
-        "trained": _flat(params),
-        "ema": _flat(ema.copies),
-        "old": _flat(old.copies),
+        "trained": out["trained"],
+        "ema": out["ema"],
+        "old": out["old"],
     }
 
 
