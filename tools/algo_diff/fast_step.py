@@ -30,34 +30,18 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import contextlib
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import torch
-from checkout import (
-    arguments,
-    block_source,
-    function_source,
-    load_module,
-    load_package,
-    print_rows,
-    read_source,
-    relative_differences,
-    store,
-)
-from torch import nn
-from trainer_side import StandIn, flat, one_batch, seeded_weights
+from checkout import arguments, load_module, load_package, print_rows, read_source, relative_differences, store
+from their_loop import Handed, flow_grpo_epoch
+from trainer_side import one_batch, seeded_weights
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE = "scripts/train_sd3_fast.py"
 PATCH_DIR = "flow_grpo/diffusers_patch"
-LOOP_FROM, LOOP_TO = "#################### SAMPLING ####################", "ema.step(transformer_trainable_parameters"
 PROMPTS, GROUP, STEPS, SHIFT, CALLS = 3, 4, 10, 3.0, 4
 LATENT = (4, 3, 4, 4)  # [C, F, h, w]
 SEED = 0
@@ -132,137 +116,30 @@ def inputs() -> dict:
     }
 
 
-class Timestepped(nn.Module):
-    """Their transformer's call on the stand-in: keyword inputs, the timestep sigma x 1000, a tuple out."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
-        self.config = SimpleNamespace(in_channels=LATENT[0])
-
-    def forward(self, hidden_states, timestep, return_dict=False, **_):
-        return (self.net(hidden_states, timestep.float() / 1000.0),)
-
-
-class GradientsSeen(torch.optim.AdamW):
-    """Their AdamW, keeping the (clipped) gradient each step takes."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list[torch.Tensor] = []
-
-    def step(self, closure=None):
-        self.seen.append(flat(p.grad for group in self.param_groups for p in group["params"]))
-        return super().step(closure)
-
-
-class NotMain:
-    """Their accelerator, not the main process: their logging (wandb, sample images) is out of scope."""
-
-    is_main_process = is_local_main_process = False
-
-    def __init__(self, accelerator):
-        self.accelerator = accelerator
-
-    def __getattr__(self, name: str):
-        return getattr(self.accelerator, name)
-
-
-class Handed:
-    """A queue of given values, handed out one a call."""
-
-    def __init__(self, values):
-        self.values = list(values)
-
-    def __call__(self, *args, **kwargs):
-        return self.values.pop(0)
-
-
-def stand_in_pipeline(transformer, scheduler, initial: Handed, prompts: list[str]):
-    """What their `pipeline_with_logprob` asks of its `self`, for the stand-in: the given initial noise as
-    `prepare_latents`, no classifier-free guidance (guidance 1), the VAE and image processing as the identity."""
-    identity = SimpleNamespace(
-        config=SimpleNamespace(scaling_factor=1.0, shift_factor=0.0),
-        dtype=torch.float32,
-        decode=lambda latents, return_dict=False: (latents,),
-    )
-    return SimpleNamespace(
-        transformer=transformer,
-        scheduler=scheduler,
-        check_inputs=lambda *a, **k: None,
-        encode_prompt=lambda **k: (k["prompt_embeds"], None, k["pooled_prompt_embeds"], None),
-        do_classifier_free_guidance=False,
-        prepare_latents=initial,
-        progress_bar=lambda total: contextlib.nullcontext(SimpleNamespace(update=lambda: None)),
-        default_sample_size=1,
-        vae_scale_factor=1,
-        joint_attention_kwargs=None,
-        clip_skip=None,
-        _execution_device=torch.device("cpu"),
-        vae=identity,
-        image_processor=SimpleNamespace(postprocess=lambda image, output_type: image),
-        maybe_free_model_hooks=lambda: None,
-        tokenizer=SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [prompts[int(i[0])] for i in ids]),
-    )
-
-
 def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dict:
     """Their epoch, sampling to the EMA's step, on the stand-in with this project's draws handed in."""
-    from accelerate import Accelerator
-
     cfg = preset_config()
-    g, t = cfg.grpo, cfg.train
+    g = cfg.grpo
     rows = [(j, m) for j in range(PROMPTS) for m in range(GROUP)]
     in_sets = [tuple(r) for s in data["sets"].tolist() for r in s]
     order = in_sets + [r for r in rows if r not in in_sets]  # their sampling order: each update's rows in turn
     per_call = len(rows) // CALLS
     calls = [order[k * per_call : (k + 1) * per_call] for k in range(CALLS)]
     start, end = data["window"].tolist()
-    window_size, (lo, hi) = g.sde_window_size, g.sde_window_range
+    (lo, hi), position = g.sde_window_range, {r: n for n, r in enumerate(rows)}
 
     def randint(a: int, b: int) -> int:  # their window draw: this project's start, from the same range
-        assert (a, b) == (lo, hi - window_size), (a, b)
+        assert (a, b) == (lo, hi - g.sde_window_size), (a, b)
         return start
 
     patch["sd3_pipeline_with_logprob_fast"].random = SimpleNamespace(randint=randint)
-    position = {r: n for n, r in enumerate(rows)}
-    noise = [
+    patch["sd3_sde_with_logprob"].randn_tensor = Handed(
         torch.stack(
             [data["step_noise"][position[r], i - start] if start <= i < end else torch.zeros(LATENT) for r in call]
         )
         for call in calls
         for i in range(STEPS)
-    ]
-    patch["sd3_sde_with_logprob"].randn_tensor = Handed(noise)
-    initial = Handed(torch.stack([data["initial_noise"][position[r]] for r in call]) for call in calls)
-    prompts = [f"prompt {j}" for j in range(PROMPTS)]
-    rewards = Handed({"avg": np.array([float(data["rewards"][r]) for r in call])} for call in calls)
-
-    net = StandIn(data["weights"])
-    params = list(net.parameters())
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=CALLS // 2 * window_size)
-    transformer, optimizer = accelerator.prepare(
-        Timestepped(net), GradientsSeen(params, lr=t.lr, betas=(0.9, 0.999), weight_decay=t.weight_decay, eps=1e-8)
     )
-    pipeline = stand_in_pipeline(transformer, scheduler(), initial, prompts)
-    sampled = []
-
-    def pipeline_with_logprob(pipeline, **kwargs):  # theirs, its rollouts kept
-        out = patch["sd3_pipeline_with_logprob_fast"].pipeline_with_logprob(pipeline, **kwargs)
-        sampled.append(out)
-        return out
-
-    def embeddings(prompts_, text_encoders, tokenizers, max_sequence_length, device):
-        return torch.zeros(len(prompts_), 1), torch.zeros(len(prompts_), 1)
-
-    def tokenize(prompts_, **_):
-        return SimpleNamespace(input_ids=torch.tensor([[prompts.index(p)] for p in prompts_]))
-
-    def submit(fn, *args, **kwargs):
-        done = concurrent.futures.Future()
-        done.set_result((fn(*args, **kwargs), {}))
-        return done
-
     config = SimpleNamespace(
         resolution=LATENT[-1],
         per_prompt_stat_tracking=True,
@@ -273,9 +150,10 @@ def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dic
             num_steps=STEPS,
             guidance_scale=g.guidance_scale,
             noise_level=g.eta,
-            sde_window_size=window_size,
+            sde_window_size=g.sde_window_size,
             sde_window_range=(lo, hi),
             sde_type={"flowcps": "cps", "flowgrpo_sde": "sde"}[g.sampler],
+            global_std=g.advantage_std == "batch",
         ),
         train=SimpleNamespace(
             cfg=False,
@@ -283,62 +161,37 @@ def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dic
             adv_clip_max=5,
             clip_range=g.clip_range,
             num_inner_epochs=g.update_passes,
-            max_grad_norm=t.max_grad_norm,
+            max_grad_norm=cfg.train.max_grad_norm,
             ema=True,
         ),
     )
-    stat_tracker = tracker.PerPromptStatTracker(g.advantage_std == "batch")
-    computed = []
-    real_update = stat_tracker.update
-    stat_tracker.update = lambda *a, **k: computed.append(real_update(*a, **k)) or computed[-1]
-    ema = ema_module.EMAModuleWrapper(params, decay=t.ema_decay, update_step_interval=t.ema_every, device="cpu")
-    scope = {
-        "torch": torch,
-        "np": np,
-        "time": time,
-        "defaultdict": collections.defaultdict,
-        "tqdm": lambda iterable, **_: iterable,
-        "config": config,
-        "pipeline": pipeline,
-        "pipeline_with_logprob": pipeline_with_logprob,
-        "sde_step_with_logprob": patch["sd3_sde_with_logprob"].sde_step_with_logprob,
-        "train_sampler": SimpleNamespace(set_epoch=lambda epoch: None),
-        "train_iter": iter([([prompts[j] for j, _ in call], [{}] * len(call)) for call in calls]),
-        "compute_text_embeddings": embeddings,
-        "text_encoders": None,
-        "tokenizers": [tokenize],
-        "sample_neg_prompt_embeds": None,
-        "sample_neg_pooled_prompt_embeds": None,
-        "autocast": contextlib.nullcontext,
-        "executor": SimpleNamespace(submit=submit),
-        "reward_fn": lambda images, prompts_, metadata, only_strict: rewards(),
-        "accelerator": NotMain(accelerator),
-        "stat_tracker": stat_tracker,
-        "num_train_timesteps": window_size,
-        "transformer": transformer,
-        "optimizer": optimizer,
-        "epoch": 0,
-        "global_step": 0,
-        "ema": ema,
-        "transformer_trainable_parameters": params,
-        "wandb": None,
-    }
-    for name in ("compute_log_prob", "calculate_zero_std_ratio"):
-        exec(function_source(text, name), scope)
-    exec(compile(block_source(text, LOOP_FROM, LOOP_TO), TRAIN_FILE, "exec"), scope)
+    theirs = flow_grpo_epoch(
+        text,
+        TRAIN_FILE,
+        patch["sd3_pipeline_with_logprob_fast"].pipeline_with_logprob,
+        patch["sd3_sde_with_logprob"].sde_step_with_logprob,
+        SimpleNamespace(tracker=tracker, ema=ema_module),
+        config,
+        data["weights"],
+        scheduler(),
+        calls,
+        [torch.stack([data["initial_noise"][position[r]] for r in call]) for call in calls],
+        data["rewards"],
+        cfg.train,
+        CALLS // 2 * g.sde_window_size,  # their gradient accumulation: 2 mini-batches x the window's steps
+        g.sde_window_size,
+    )
     place = {r: (k, n) for k, call in enumerate(calls) for n, r in enumerate(call)}
     by_row = lambda per_call_values: torch.stack([per_call_values[place[r][0]][place[r][1]] for r in rows])  # noqa: E731
-    states = [torch.stack(latents, dim=1) for _, latents, _, _ in sampled]
-    log_probs = [torch.stack(logps, dim=1) for _, _, logps, _ in sampled]
     mine = lambda values: torch.stack([values[order.index(r)] for r in rows])  # noqa: E731
     return {
-        "states": by_row(states),
-        "log_probs": by_row(log_probs),
-        "advantages": mine(torch.as_tensor(computed[0][:, 0]).float()),
-        "kept": mine(scope["mask"].float()),
-        "gradients": torch.stack(optimizer.optimizer.seen),
-        "trained": flat(params),
-        "ema": flat(ema.ema_parameters),
+        "states": by_row([torch.stack(latents, dim=1) for _, latents, _, _ in theirs["sampled"]]),
+        "log_probs": by_row([torch.stack(logps, dim=1) for _, _, logps, _ in theirs["sampled"]]),
+        "advantages": mine(theirs["advantages"]),
+        "kept": mine(theirs["mask"]),
+        "gradients": theirs["gradients"],
+        "trained": theirs["trained"],
+        "ema": theirs["ema"],
     }
 
 

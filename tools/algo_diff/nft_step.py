@@ -46,6 +46,7 @@ from checkout import (
     relative_differences,
     store,
 )
+from their_loop import GradientsSeen, Handed, TorchWith
 from torch import nn
 from trainer_side import StandIn, flat, one_batch
 
@@ -92,32 +93,6 @@ class Wrapped(nn.Module):
 
     def forward(self, **kwargs):
         return self.module(**kwargs)
-
-
-class TorchDrawingGiven:
-    """`torch` for their loop, its `randn_like` handing out the given noises in order."""
-
-    def __init__(self, noises: list[torch.Tensor]):
-        self.noises = [n.clone() for n in noises]
-
-    def randn_like(self, like: torch.Tensor) -> torch.Tensor:
-        return self.noises.pop(0).to(like.dtype)
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-
-class GradientsSeen(torch.optim.AdamW):
-    """Their AdamW, keeping the (clipped) gradient of each step: one AdamW step from fresh moments moves each weight
-    by about lr x the gradient's sign, so the weights after it say little of the loss; the gradient says it all."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list[torch.Tensor] = []
-
-    def step(self, closure=None):
-        self.seen.append(flat(p.grad for group in self.param_groups for p in group["params"]))
-        return super().step(closure)
 
 
 def preset_config():
@@ -209,7 +184,7 @@ def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
         use_lora=True,
     )
     scope = {
-        "torch": TorchDrawingGiven(data["noises"]),
+        "torch": TorchWith(randn_like=Handed(n.clone() for n in data["noises"])),
         "tqdm": lambda iterable, **_: iterable,
         "samples_batched_list": [batch],  # one micro-batch of every row: one optimizer update
         "epoch": 0,
