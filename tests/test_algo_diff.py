@@ -290,3 +290,44 @@ def test_one_whole_flow_grpo_fast_step_is_its_authors_epoch_to_round_off(monkeyp
 
     assert not changed("grpo", "advantage_std", "group")["advantages"]
     assert not changed("train", "ema_repeats", 1)["ema"]
+
+
+def test_one_whole_grpo_guard_step_is_its_authors_epoch_to_round_off(monkeypatch):
+    """tests/data/algo_diff/guard_step.pt: one step of config/algorithms/grpo_guard.yaml over a stand-in transformer,
+    their epoch's lines of train_sd3_GRPO_Guard.py (their SDE pipeline with the means kept, per-group stat tracker,
+    zero-advantage mask, shuffle, normalised ratio and dt-scaled loss over 4 micro-batches under accelerate's gradient
+    accumulation, the EMA after each; run by tools/algo_diff/guard_step.py with this project's draws handed in): the
+    trainer's own prepare and update must agree, each update's gradient included."""
+    import guard_step
+
+    stored = torch.load(REPO / "tests/data/algo_diff/guard_step.pt", weights_only=True)
+    assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
+    rows = guard_step.compare(stored["theirs"], guard_step.project_side(stored["inputs"]))
+    assert [name for name, *_ in rows] == [
+        "states",
+        "log_probs",
+        "means",
+        "advantages",
+        "kept",
+        "gradients",
+        "trained",
+        "ema",
+    ]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: the mean-shift term per row (the paper's scope, not their code's), a clip that never
+    # acts in the off-policy second update, and their 16-GPU count of EMA blends at this shape each move an output.
+    real = guard_step.preset_config
+
+    def changed(section: str, name: str, value):
+        def config():
+            cfg = real()
+            setattr(getattr(cfg, section), name, value)
+            return cfg
+
+        monkeypatch.setattr(guard_step, "preset_config", config)
+        found = guard_step.compare(stored["theirs"], guard_step.project_side(stored["inputs"]))
+        return dict((n, ok) for n, _, ok in found)
+
+    assert not changed("grpo", "grpo_guard_scope", "row")["gradients"]
+    assert not changed("grpo", "clip_range", 1.0)["gradients"]
+    assert not changed("train", "ema_repeats", 4)["ema"]

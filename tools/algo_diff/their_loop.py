@@ -83,15 +83,32 @@ class NotMain:
         return getattr(self.accelerator, name)
 
 
-def stand_in_pipeline(transformer, scheduler, initial: Handed, prompts: list[str], guided: bool):
-    """What their `pipeline_with_logprob` asks of its `self`, for the stand-in: the given initial noise as
-    `prepare_latents`, the VAE and image processing as the identity, the prompt ids decoded."""
+class StandInPipeline(SimpleNamespace):
+    """What their `pipeline_with_logprob` asks of its `self`, for the stand-in (`stand_in_pipeline`); guidance as
+    diffusers' pipeline reads it, from the scale the function sets."""
+
+    @property
+    def guidance_scale(self) -> float:
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale > 1
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
+
+
+def stand_in_pipeline(transformer, scheduler, initial: Handed, prompts: list[str]) -> StandInPipeline:
+    """The stand-in pipeline: the given initial noise as `prepare_latents`, the VAE and image processing as the
+    identity, the prompt ids decoded."""
     identity = SimpleNamespace(
         config=SimpleNamespace(scaling_factor=1.0, shift_factor=0.0),
         dtype=torch.float32,
         decode=lambda latents, return_dict=False: (latents,),
     )
-    return SimpleNamespace(
+    return StandInPipeline(
         transformer=transformer,
         scheduler=scheduler,
         check_inputs=lambda *a, **k: None,
@@ -104,8 +121,7 @@ def stand_in_pipeline(transformer, scheduler, initial: Handed, prompts: list[str
                 "negative_pooled_prompt_embeds",
             )
         ),  # fmt: skip
-        do_classifier_free_guidance=guided,
-        interrupt=False,
+        _interrupt=False,
         prepare_latents=initial,
         progress_bar=lambda total: contextlib.nullcontext(SimpleNamespace(update=lambda: None)),
         default_sample_size=1,
@@ -155,8 +171,7 @@ def flow_grpo_epoch(
         Timestepped(net, initial[0].shape[1]),
         GradientsSeen(params, lr=t.lr, betas=(0.9, 0.999), weight_decay=t.weight_decay, eps=1e-8),
     )
-    guided = config.sample.guidance_scale > 1
-    pipeline = stand_in_pipeline(transformer, scheduler, Handed(initial), prompts, guided)
+    pipeline = stand_in_pipeline(transformer, scheduler, Handed(initial), prompts)
     sampled, computed = [], []
 
     def pipeline_with_logprob(pipeline, **kwargs):  # theirs, its rollouts kept

@@ -103,10 +103,10 @@ def one_batch(
 ) -> dict:
     """Batch 0 of `cfg` (one rank) rolled out and trained in update 1 by the trainer's own functions, the stand-in
     starting from `weights` (DiffusionNFT's old policy from `old`; the KL's frozen reference from `base`, else the
-    initial weights), `rewards` [P, G] given. Returns what it did:
-    `trajectory` [P x G rows in (prompt, member) order, T + 1, ...] and `log_probs`, the `advantages` [P, G], the
-    rows each optimizer update trained (`sets`), the clipped gradient each stepped on, and the trained weights, the
-    EMA's and the old policy's after the batch (flat)."""
+    initial weights), `rewards` [P, G] given. Returns what it did: `trajectory` [P x G rows in (prompt, member)
+    order, T + 1, ...], `log_probs` and (GRPO-Guard) `means`, the `advantages` [P, G], the rows each optimizer
+    update trained (`sets`), the clipped gradient each stepped on, and the trained weights, the EMA's and the old
+    policy's after the batch (flat)."""
     from videogrpo.grpo import assignment, offload, replay
     from videogrpo.grpo.experts import Experts
     from videogrpo.grpo.peak_memory import PeakMemory
@@ -169,6 +169,7 @@ def one_batch(
     return {
         "trajectory": pick("latents"),
         "log_probs": pick("log_probs"),
+        "means": pick("means") if g.grpo_guard else None,
         "advantages": torch.stack([found[r][0].advantages[found[r][1]] for r in rows]).view(g.prompts_per_step, -1),
         "sets": sets,
         "gradients": gradients,
