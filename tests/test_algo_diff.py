@@ -331,3 +331,36 @@ def test_one_whole_grpo_guard_step_is_its_authors_epoch_to_round_off(monkeypatch
     assert not changed("grpo", "grpo_guard_scope", "row")["gradients"]
     assert not changed("grpo", "clip_range", 1.0)["gradients"]
     assert not changed("train", "ema_repeats", 4)["ema"]
+
+
+def test_one_whole_mixgrpo_and_flash_step_is_their_train_one_step_to_round_off(monkeypatch):
+    """tests/data/algo_diff/mixgrpo_step.pt: one step of config/algorithms/mixgrpo.yaml and of mixgrpo_flash.yaml over
+    a stand-in transformer, their train_one_step (train_grpo_flux.py: their sampling with the sliding window and, for
+    Flash, the DPM-Solver tail, their group advantages, per-sample losses under gradient accumulation 3, 4 optimizer
+    steps; run by tools/algo_diff/mixgrpo_step.py with this project's draws handed in): the trainer's own prepare and
+    update must agree, each update's gradient included."""
+    import mixgrpo_step
+
+    stored = torch.load(REPO / "tests/data/algo_diff/mixgrpo_step.pt", weights_only=True)
+    assert stored["commit"] == "e5cdd6a427778d8c8b2e7a48ce16972141adbe7c"
+    rows = mixgrpo_step.compare(stored["theirs"], mixgrpo_step.project_side(stored["inputs"]))
+    outputs = ["states", "log_probs", "advantages", "gradients", "trained"]
+    assert [name for name, *_ in rows] == [f"{p}: {o}" for p in ("mixgrpo", "mixgrpo_flash") for o in outputs]
+    assert all(ok for *_, ok in rows), rows
+    # The comparison can fail: updates over shuffled rows in place of member blocks, the population std in place of
+    # torch's n - 1, and the Euler tail in place of Flash's DPM-Solver each move an output.
+    real = mixgrpo_step.preset_config
+
+    def failing(name: str, value) -> set[str]:
+        def config(preset):
+            cfg = real(preset)
+            setattr(cfg.grpo, name, value)
+            return cfg
+
+        monkeypatch.setattr(mixgrpo_step, "preset_config", config)
+        found = mixgrpo_step.compare(stored["theirs"], mixgrpo_step.project_side(stored["inputs"]))
+        return {n for n, _, ok in found if not ok}
+
+    assert {"mixgrpo: gradients", "mixgrpo_flash: gradients"} <= failing("update_order", "shuffled")
+    assert {"mixgrpo: advantages", "mixgrpo_flash: advantages"} <= failing("advantage_std_unbiased", False)
+    assert failing("sde_window_tail", "euler") == {"mixgrpo_flash: states"}

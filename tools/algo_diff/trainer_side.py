@@ -100,10 +100,14 @@ def one_batch(
     shape,
     old: dict | None = None,
     base: dict | None = None,
+    batch: int = 0,
+    shift: float | None = None,
+    model: StandInModel | None = None,
 ) -> dict:
-    """Batch 0 of `cfg` (one rank) rolled out and trained in update 1 by the trainer's own functions, the stand-in
-    starting from `weights` (DiffusionNFT's old policy from `old`; the KL's frozen reference from `base`, else the
-    initial weights), `rewards` [P, G] given. Returns what it did: `trajectory` [P x G rows in (prompt, member)
+    """Batch `batch` of `cfg` (one rank) rolled out and trained in update 1 by the trainer's own functions, the
+    stand-in starting from `weights` (DiffusionNFT's old policy from `old`; the KL's frozen reference from `base`,
+    else the initial weights), `rewards` [P, G] given, `shift` the flow shift (a DPM-Solver tail re-spaces by it),
+    `model` the stand-in model (StandInModel). Returns what it did: `trajectory` [P x G rows in (prompt, member)
     order, T + 1, ...], `log_probs` and (GRPO-Guard) `means`, the `advantages` [P, G], the rows each optimizer
     update trained (`sets`), the clipped gradient each stepped on, and the trained weights, the EMA's and the old
     policy's after the batch (flat)."""
@@ -133,7 +137,7 @@ def one_batch(
     trainer.__dict__.update(
         cfg=cfg,
         ctx=SimpleNamespace(world_size=1, rank=0, device=CPU, is_main=False),
-        model=StandInModel(),
+        model=model or StandInModel(),
         experts=experts,
         layout=experts.layout(),
         nft_old=WeightCopy(experts.params, modules) if g.algorithm == "nft" else None,
@@ -141,7 +145,7 @@ def one_batch(
         scores=True,
         placement=offload.Placement(CPU, False, {}, {}),
         sigmas=sigmas,
-        shift=None,
+        shift=shift,
         shape=tuple(shape),
         waves=waves,
         scorer=GivenRewards([rewards[j, m] for wave in waves for j, m in wave]),
@@ -157,8 +161,8 @@ def one_batch(
     with tempfile.TemporaryDirectory() as where:
         trainer.order = samples(g.prompts_per_step, Path(where))
         try:
-            prepared = trainer.prepare(0)
-            trainer.update(replay.Action(0, True, 0, 1, True), prepared)
+            prepared = trainer.prepare(batch)
+            trainer.update(replay.Action(batch, True, batch, 1, True), prepared)
         finally:
             real_sets()
     rows = [(j, m) for j in range(g.prompts_per_step) for m in range(g.group_size)]
