@@ -1,5 +1,5 @@
 """This project's side of a whole-step comparison: one rollout batch through the trainer's own functions, on a
-stand-in transformer (README.md beside this file).
+stand-in transformer (README.md beside this file), as a preset's tool sets it up (which batch, the schedule, rewards).
 
 `one_batch` makes a `grpo.trainer.Trainer` without its model loading (its attributes set here: the stand-in model,
 the experts built by `Experts.build`, given rewards in place of the scorer) and runs its own `prepare` (the keyed
