@@ -21,6 +21,22 @@ sys.path.insert(0, str(REPO / "tools/algo_diff"))
 import flow_grpo_steps  # noqa: E402
 
 
+def failing_with(monkeypatch, tool, stored: dict, section: str, name: str, value) -> set[str]:
+    """The outputs of a whole-step tool whose comparison with the stored authors' outputs fails once the tool's preset
+    has `section.name` set to `value` (a tool of several presets: the setting in each). The test's earlier patches are
+    undone first, so that each call changes one setting."""
+    monkeypatch.undo()
+    real = tool.preset_config
+
+    def config(*preset):
+        cfg = real(*preset)
+        setattr(getattr(cfg, section), name, value)
+        return cfg
+
+    monkeypatch.setattr(tool, "preset_config", config)
+    return {n for n, _, ok in tool.compare(stored["theirs"], tool.project_side(stored["inputs"])) if not ok}
+
+
 def test_the_flowcps_sde_and_ode_steps_are_flow_grpos_to_round_off():
     stored = torch.load(REPO / "tests/data/algo_diff/flow_grpo_steps.pt", weights_only=True)
     assert stored["commit"] == "9745241cf1101407e9b518dd4f10498092150522"
@@ -223,11 +239,12 @@ def test_the_presets_advantages_are_the_authors_stat_trackers_to_round_off():
     assert not any(ok for *_, ok in unbiased)
 
 
-def test_one_whole_diffusion_nft_step_is_its_authors_loop_to_round_off():
+def test_one_whole_diffusion_nft_step_is_its_authors_loop_to_round_off(monkeypatch):
     """tests/data/algo_diff/nft_step.pt: one step of config/algorithms/diffusion_nft.yaml over a stand-in transformer,
     their sampling, stat tracker, training loop lines (train_nft_sd3.py), EMA and old-policy update (run by
-    tools/algo_diff/nft_step.py with this project's draws handed in): this project's rollout, advantages, replayed
-    update (objectives.replay_update), optimizer step, EMA and old policy must agree, the gradient included."""
+    tools/algo_diff/nft_step.py with this project's draws handed in): the trainer's own prepare and update (the
+    rollouts with the old policy, the advantages, the replay, the optimizer step, the EMA and the old policy's mix)
+    must agree, the gradient included."""
     import nft_step
 
     stored = torch.load(REPO / "tests/data/algo_diff/nft_step.pt", weights_only=True)
@@ -237,27 +254,14 @@ def test_one_whole_diffusion_nft_step_is_its_authors_loop_to_round_off():
     assert all(ok for *_, ok in rows), rows
     # The comparison can fail: the preset's KL term left out moves the gradient; an old policy that never decays
     # moves the old weights.
+    assert "gradient" in failing_with(monkeypatch, nft_step, stored, "grpo", "kl_coeff", 0.0)
+    monkeypatch.undo()
     from videogrpo.grpo import nft
 
-    real_config, real_decay = nft_step.preset_config, nft.old_decay
-
-    def without_kl():
-        cfg = real_config()
-        cfg.grpo.kl_coeff = 0.0
-        return cfg
-
-    try:
-        nft_step.preset_config = without_kl
-        no_kl = dict(
-            (n, ok) for n, _, ok in nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"]))
-        )
-        nft_step.preset_config, nft.old_decay = real_config, lambda *args: 0.0
-        no_decay = dict(
-            (n, ok) for n, _, ok in nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"]))
-        )
-    finally:
-        nft_step.preset_config, nft.old_decay = real_config, real_decay
-    assert not no_kl["gradient"] and not no_decay["old"]
+    monkeypatch.setattr(nft, "old_decay", lambda *args: 0.0)
+    assert "old" in {
+        n for n, _, ok in nft_step.compare(stored["theirs"], nft_step.project_side(stored["inputs"])) if not ok
+    }
 
 
 def test_one_whole_flow_grpo_fast_step_is_its_authors_epoch_to_round_off(monkeypatch):
@@ -275,21 +279,8 @@ def test_one_whole_flow_grpo_fast_step_is_its_authors_epoch_to_round_off(monkeyp
     assert all(ok for *_, ok in rows), rows
     # The comparison can fail: the group's std in place of the batch's moves the advantages, and one EMA blend an
     # update in place of one a micro-batch moves the average.
-    real = fast_step.preset_config
-
-    def changed(section: str, name: str, value):
-        def config():
-            cfg = real()
-            setattr(getattr(cfg, section), name, value)
-            return cfg
-
-        monkeypatch.setattr(fast_step, "preset_config", config)
-        return dict(
-            (n, ok) for n, _, ok in fast_step.compare(stored["theirs"], fast_step.project_side(stored["inputs"]))
-        )
-
-    assert not changed("grpo", "advantage_std", "group")["advantages"]
-    assert not changed("train", "ema_repeats", 1)["ema"]
+    assert "advantages" in failing_with(monkeypatch, fast_step, stored, "grpo", "advantage_std", "group")
+    assert "ema" in failing_with(monkeypatch, fast_step, stored, "train", "ema_repeats", 1)
 
 
 def test_one_whole_grpo_guard_step_is_its_authors_epoch_to_round_off(monkeypatch):
@@ -316,21 +307,9 @@ def test_one_whole_grpo_guard_step_is_its_authors_epoch_to_round_off(monkeypatch
     assert all(ok for *_, ok in rows), rows
     # The comparison can fail: the mean-shift term per row (the paper's scope, not their code's), a clip that never
     # acts in the off-policy second update, and their 16-GPU count of EMA blends at this shape each move an output.
-    real = guard_step.preset_config
-
-    def changed(section: str, name: str, value):
-        def config():
-            cfg = real()
-            setattr(getattr(cfg, section), name, value)
-            return cfg
-
-        monkeypatch.setattr(guard_step, "preset_config", config)
-        found = guard_step.compare(stored["theirs"], guard_step.project_side(stored["inputs"]))
-        return dict((n, ok) for n, _, ok in found)
-
-    assert not changed("grpo", "grpo_guard_scope", "row")["gradients"]
-    assert not changed("grpo", "clip_range", 1.0)["gradients"]
-    assert not changed("train", "ema_repeats", 4)["ema"]
+    assert "gradients" in failing_with(monkeypatch, guard_step, stored, "grpo", "grpo_guard_scope", "row")
+    assert "gradients" in failing_with(monkeypatch, guard_step, stored, "grpo", "clip_range", 1.0)
+    assert "ema" in failing_with(monkeypatch, guard_step, stored, "train", "ema_repeats", 4)
 
 
 def test_one_whole_mixgrpo_and_flash_step_is_their_train_one_step_to_round_off(monkeypatch):
@@ -349,18 +328,10 @@ def test_one_whole_mixgrpo_and_flash_step_is_their_train_one_step_to_round_off(m
     assert all(ok for *_, ok in rows), rows
     # The comparison can fail: updates over shuffled rows in place of member blocks, the population std in place of
     # torch's n - 1, and the Euler tail in place of Flash's DPM-Solver each move an output.
-    real = mixgrpo_step.preset_config
-
-    def failing(name: str, value) -> set[str]:
-        def config(preset):
-            cfg = real(preset)
-            setattr(cfg.grpo, name, value)
-            return cfg
-
-        monkeypatch.setattr(mixgrpo_step, "preset_config", config)
-        found = mixgrpo_step.compare(stored["theirs"], mixgrpo_step.project_side(stored["inputs"]))
-        return {n for n, _, ok in found if not ok}
-
-    assert {"mixgrpo: gradients", "mixgrpo_flash: gradients"} <= failing("update_order", "shuffled")
-    assert {"mixgrpo: advantages", "mixgrpo_flash: advantages"} <= failing("advantage_std_unbiased", False)
-    assert failing("sde_window_tail", "euler") == {"mixgrpo_flash: states"}
+    shuffled = failing_with(monkeypatch, mixgrpo_step, stored, "grpo", "update_order", "shuffled")
+    population = failing_with(monkeypatch, mixgrpo_step, stored, "grpo", "advantage_std_unbiased", False)
+    assert {"mixgrpo: gradients", "mixgrpo_flash: gradients"} <= shuffled
+    assert {"mixgrpo: advantages", "mixgrpo_flash: advantages"} <= population
+    assert failing_with(monkeypatch, mixgrpo_step, stored, "grpo", "sde_window_tail", "euler") == {
+        "mixgrpo_flash: states"
+    }

@@ -117,21 +117,35 @@ def store(path: Path | None, stored: dict) -> None:
     print(f"stored the inputs and their outputs in {path}")
 
 
-def run_module_comparison(doc: str, repository: str, argv: list[str] | None, path: str, tool) -> int:
-    """The command line of a tool that loads one authors' file as a module: `tool` (the tool's own module) gives
-    `inputs()`, `authors_side(module, data)`, `project_side(data)`, `compare(theirs, ours)` and `HEADER` (what the
-    run compares, after the commit). Exit status: 0 all within round-off, 1 one is not, 2 it could not run."""
+def run_comparison(doc: str, repository: str, argv: list[str] | None, tool, load) -> int:
+    """A tool's command line: `load(checkout, commit)` gives (what the authors' side needs of their code, the commit);
+    `tool` (the tool's own module) gives `inputs()`, `authors_side(loaded, data)`, `project_side(data)`,
+    `compare(theirs, ours)` and `HEADER` (what the run compares, after the commit). Exit status: 0 all within
+    round-off, 1 one is not, 2 it could not run."""
     import sys
 
     args = arguments(doc, repository, argv)
     try:
-        module, commit = load_module(args.checkout.resolve(), args.commit, path, f"authors_{Path(path).stem}")
+        loaded, commit = load(args.checkout.resolve(), args.commit)
         data = tool.inputs()
-        theirs = tool.authors_side(module, data)
+        theirs = tool.authors_side(loaded, data)
     except (OSError, ImportError) as err:
-        print(f"{Path(tool.__file__).stem}: could not run {path} of {args.checkout}: {err}", file=sys.stderr)
+        print(
+            f"{Path(tool.__file__).stem}: could not run {repository}'s code at {args.checkout}: {err}", file=sys.stderr
+        )
         return 2
-    print(f"{path} at {commit}: {tool.HEADER}")
+    print(f"{repository} at {commit}: {tool.HEADER}")
     ok = print_rows(tool.compare(theirs, tool.project_side(data)))
     store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
     return 0 if ok else 1
+
+
+def run_module_comparison(doc: str, repository: str, argv: list[str] | None, path: str, tool) -> int:
+    """`run_comparison` of a tool that loads one authors' file, `path`, as a module."""
+    return run_comparison(
+        doc,
+        repository,
+        argv,
+        tool,
+        lambda checkout, commit: load_module(checkout, commit, path, f"authors_{Path(path).stem}"),
+    )

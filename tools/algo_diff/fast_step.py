@@ -31,18 +31,16 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import arguments, load_module, load_package, print_rows, read_source, relative_differences, store
-from their_loop import Handed, flow_grpo_epoch
-from trainer_side import one_batch, seeded_weights
+from checkout import relative_differences, run_comparison
+from their_loop import SD3_SHIFT, Handed, flow_grpo_epoch, load_flow_grpo, sd3_scheduler
+from trainer_side import keyed_noise, one_batch, seeded_weights, update_rows
+from trainer_side import preset_config as tiny_with
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE = "scripts/train_sd3_fast.py"
-PATCH_DIR = "flow_grpo/diffusers_patch"
-PROMPTS, GROUP, STEPS, SHIFT, CALLS = 3, 4, 10, 3.0, 4
+PROMPTS, GROUP, STEPS, CALLS = 3, 4, 10, 4
 LATENT = (4, 3, 4, 4)  # [C, F, h, w]
 SEED = 0
 """train.seed: batch 0's window starts at step 1, so the Euler step before it is in the comparison."""
@@ -50,73 +48,41 @@ EMA_EVERY = 2
 """The EMA's interval here (the preset's 8 would not blend within one step)."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"one Flow-GRPO-Fast step of {PROMPTS} prompts x {GROUP}, {TRAIN_FILE}'s epoch"
 
 
 def preset_config():
     """The tiny default with config/algorithms/flow_grpo_fast.yaml, one rank, 3 prompts x 4 members, the stand-in
     trained in full, the EMA every 2 updates."""
-    from videogrpo import config
-
-    cfg = config.load([REPO / "config/config.yaml", REPO / "config/algorithms/flow_grpo_fast.yaml"])
-    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = PROMPTS, GROUP, STEPS
-    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node = None, 1
-    cfg.train.lora_rank, cfg.train.ema_every, cfg.train.seed = 0, EMA_EVERY, SEED
-    return cfg
-
-
-def scheduler():
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    found = FlowMatchEulerDiscreteScheduler(shift=SHIFT)
-    found.set_timesteps(STEPS)
-    return found
+    return tiny_with(["config/algorithms/flow_grpo_fast.yaml"], PROMPTS, GROUP, STEPS, seed=SEED, ema_every=EMA_EVERY)
 
 
 def inputs() -> dict:
     """Seeded weights and rewards (prompt 1's all alike), their scheduler's sigmas, and this project's draws for batch
     0: the window, each rollout's initial noise and its window steps' noise, and the rows of each optimizer update."""
-    from videogrpo.grpo import assignment, minibatches, sde_window
-    from videogrpo.grpo.advantages import group_advantages
-    from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo import sde_window
 
     cfg = preset_config()
-    g, seed = cfg.grpo, cfg.train.seed
     generator = torch.Generator().manual_seed(0)
     rewards = torch.rand(PROMPTS, GROUP, generator=generator)
     rewards[1] = 0.5
-    rows = minibatches.batch_rows(g)
-    start, end = sde_window.window(g, seed, 0)
-    kept = minibatches.kept_rows(
-        g, seed, 0, group_advantages(rewards, g.advantage_std, g.advantage_std_unbiased, g.advantage_eps)
-    )
-    cpu = torch.device("cpu")
+    start, end = sde_window.window(cfg.grpo, cfg.train.seed, 0)
     return {
         "weights": seeded_weights(LATENT[0], generator),
         "rewards": rewards,
-        "sigmas": scheduler().sigmas.clone(),
+        "sigmas": sd3_scheduler(STEPS, SD3_SHIFT).sigmas.clone(),
         "window": torch.tensor([start, end]),
-        "initial_noise": torch.stack(
-            [
-                seeded_normal(LATENT, cpu, *assignment.init_noise_key(seed, 0, j, m, g.share_group_noise))
-                for j, m in rows
-            ]
-        ),
-        "step_noise": torch.stack(
-            [
-                torch.stack(
-                    [
-                        seeded_normal(LATENT, cpu, *assignment.step_noise_key(seed, 0, j, m, i))
-                        for i in range(start, end)
-                    ]
-                )
-                for j, m in rows
-            ]
-        ),
-        "sets": torch.tensor([sorted(r) for _, r in minibatches.update_sets(g, seed, 0, kept)]),
+        **keyed_noise(cfg, 0, LATENT, range(start, end)),
+        "sets": update_rows(cfg, 0, rewards),
     }
 
 
-def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dict:
+def load(checkout, commit: str):
+    """What their epoch runs (their_loop.load_flow_grpo); the commit."""
+    return load_flow_grpo(checkout, commit, TRAIN_FILE, "sd3_pipeline_with_logprob_fast")
+
+
+def authors_side(loaded, data: dict) -> dict:
     """Their epoch, sampling to the EMA's step, on the stand-in with this project's draws handed in."""
     cfg = preset_config()
     g = cfg.grpo
@@ -132,52 +98,22 @@ def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dic
         assert (a, b) == (lo, hi - g.sde_window_size), (a, b)
         return start
 
-    patch["sd3_pipeline_with_logprob_fast"].random = SimpleNamespace(randint=randint)
-    patch["sd3_sde_with_logprob"].randn_tensor = Handed(
+    loaded.pipeline.random = SimpleNamespace(randint=randint)
+    loaded.step.randn_tensor = Handed(
         torch.stack(
             [data["step_noise"][position[r], i - start] if start <= i < end else torch.zeros(LATENT) for r in call]
         )
         for call in calls
         for i in range(STEPS)
     )
-    config = SimpleNamespace(
-        resolution=LATENT[-1],
-        per_prompt_stat_tracking=True,
-        sample=SimpleNamespace(
-            num_batches_per_epoch=CALLS,
-            train_batch_size=per_call,
-            same_latent=g.share_group_noise,
-            num_steps=STEPS,
-            guidance_scale=g.guidance_scale,
-            noise_level=g.eta,
-            sde_window_size=g.sde_window_size,
-            sde_window_range=(lo, hi),
-            sde_type={"flowcps": "cps", "flowgrpo_sde": "sde"}[g.sampler],
-            global_std=g.advantage_std == "batch",
-        ),
-        train=SimpleNamespace(
-            cfg=False,
-            beta=g.kl_coeff,
-            adv_clip_max=5,
-            clip_range=g.clip_range,
-            num_inner_epochs=g.update_passes,
-            max_grad_norm=cfg.train.max_grad_norm,
-            ema=True,
-        ),
-    )
     theirs = flow_grpo_epoch(
-        text,
+        loaded,
         TRAIN_FILE,
-        patch["sd3_pipeline_with_logprob_fast"].pipeline_with_logprob,
-        patch["sd3_sde_with_logprob"].sde_step_with_logprob,
-        SimpleNamespace(tracker=tracker, ema=ema_module),
-        config,
+        cfg,
         data["weights"],
-        scheduler(),
         calls,
         [torch.stack([data["initial_noise"][position[r]] for r in call]) for call in calls],
         data["rewards"],
-        cfg.train,
         CALLS // 2 * g.sde_window_size,  # their gradient accumulation: 2 mini-batches x the window's steps
         g.sde_window_size,
     )
@@ -197,8 +133,7 @@ def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dic
 
 def project_side(data: dict) -> dict:
     """The trainer's own prepare and update of batch 0 (trainer_side.one_batch) with the preset's values."""
-    cfg = preset_config()
-    out = one_batch(cfg, data["weights"], data["sigmas"], data["rewards"], LATENT)
+    out = one_batch(preset_config(), data["weights"], data["sigmas"], data["rewards"], LATENT)
     start, end = data["window"].tolist()
     trained = {r for s in out["sets"] for r in s}
     rows = [(j, m) for j in range(PROMPTS) for m in range(GROUP)]
@@ -219,28 +154,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "flow_grpo", argv)
-    checkout = args.checkout.resolve()
-    try:
-        text, commit = read_source(checkout, args.commit, TRAIN_FILE)
-        patch, _ = load_package(
-            checkout,
-            args.commit,
-            PATCH_DIR,
-            ["sd3_sde_with_logprob", "sd3_pipeline_with_logprob_fast"],
-            "authors_diffusers_patch",
-        )
-        tracker, _ = load_module(checkout, args.commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
-        ema, _ = load_module(checkout, args.commit, "flow_grpo/ema.py", "authors_ema")
-        data = inputs()
-        theirs = authors_side(text, patch, tracker, ema, data)
-    except (OSError, ImportError) as err:
-        print(f"fast_step: could not run flow_grpo's code at {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"flow_grpo at {commit}: one Flow-GRPO-Fast step of {PROMPTS} prompts x {GROUP}, their epoch's lines")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_comparison(__doc__, "flow_grpo", argv, sys.modules[__name__], load)
 
 
 if __name__ == "__main__":

@@ -35,18 +35,15 @@ checkout). Exit status: 0 when every comparison is within round-off, 1 when one 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import torch
-from checkout import arguments, load_module, load_package, print_rows, read_source, relative_differences, store
-from their_loop import Handed, TorchWith, flow_grpo_epoch
-from trainer_side import one_batch, seeded_weights
+from checkout import relative_differences, run_comparison
+from their_loop import SD3_SHIFT, Handed, TorchWith, flow_grpo_epoch, load_flow_grpo, sd3_scheduler
+from trainer_side import keyed_noise, one_batch, seeded_weights, update_rows
+from trainer_side import preset_config as tiny_with
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE = "scripts/train_sd3_GRPO_Guard.py"
-PATCH_DIR = "flow_grpo/diffusers_patch"
-PROMPTS, GROUP, STEPS, SHIFT, CALLS = 3, 4, 10, 3.0, 4
+PROMPTS, GROUP, STEPS, CALLS = 3, 4, 10, 4
 LATENT = (4, 3, 4, 4)  # [C, F, h, w]
 SEED = 1
 """train.seed: each of batch 0's two updates takes 2 rollouts of each kept prompt (inputs() checks it)."""
@@ -54,80 +51,50 @@ EMA_EVERY, EMA_REPEATS = 2, 2
 """The EMA's cadence here: blends within one step, 2 an update as their loop at 2 micro-batches an update."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"one GRPO-Guard step of {PROMPTS} prompts x {GROUP}, {TRAIN_FILE}'s epoch"
 
 
 def preset_config():
     """The tiny default with config/algorithms/grpo_guard.yaml, one rank, 3 prompts x 4 members, the stand-in
     trained in full, the EMA's cadence of this step's shape."""
-    from videogrpo import config
-
-    cfg = config.load([REPO / "config/config.yaml", REPO / "config/algorithms/grpo_guard.yaml"])
-    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = PROMPTS, GROUP, STEPS
-    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node = None, 1
-    cfg.train.lora_rank, cfg.train.seed = 0, SEED
-    cfg.train.ema_every, cfg.train.ema_repeats = EMA_EVERY, EMA_REPEATS
-    return cfg
-
-
-def scheduler():
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    found = FlowMatchEulerDiscreteScheduler(shift=SHIFT)
-    found.set_timesteps(STEPS)
-    return found
+    return tiny_with(
+        ["config/algorithms/grpo_guard.yaml"], PROMPTS, GROUP, STEPS, seed=SEED, ema_every=EMA_EVERY,
+        ema_repeats=EMA_REPEATS,
+    )  # fmt: skip
 
 
 def inputs() -> dict:
     """Seeded weights and rewards (prompt 1's all alike), their scheduler's sigmas, and this project's draws for batch
     0: each rollout's initial noise and step noise, and the rows of each optimizer update."""
-    from videogrpo.grpo import assignment, minibatches
-    from videogrpo.grpo.advantages import group_advantages
-    from videogrpo.grpo.draws import seeded_normal
-
     cfg = preset_config()
-    g, seed = cfg.grpo, cfg.train.seed
     generator = torch.Generator().manual_seed(0)
     rewards = torch.rand(PROMPTS, GROUP, generator=generator)
     rewards[1] = 0.5
-    rows = minibatches.batch_rows(g)
-    kept = minibatches.kept_rows(
-        g, seed, 0, group_advantages(rewards, g.advantage_std, g.advantage_std_unbiased, g.advantage_eps)
-    )
-    sets = [sorted(r) for _, r in minibatches.update_sets(g, seed, 0, kept)]
-    halves = {sum(1 for j, _ in s if j == prompt) for s in sets for prompt in {j for j, _ in kept}}
-    if halves != {len(sets[0]) // 2}:
-        raise OSError(f"seed {seed}: the updates' rows {sets} do not split evenly by prompt; pick another SEED")
-    cpu = torch.device("cpu")
+    sets = update_rows(cfg, 0, rewards)
+    kept = {j for j, _ in sets.flatten(0, 1).tolist()}
+    if {int((s[:, 0] == j).sum()) for s in sets for j in kept} != {sets.shape[1] // len(kept)}:
+        raise OSError(f"seed {SEED}: the updates' rows {sets.tolist()} do not split evenly by prompt; pick another")
     return {
         "weights": seeded_weights(LATENT[0], generator),
         "rewards": rewards,
-        "sigmas": scheduler().sigmas.clone(),
-        "initial_noise": torch.stack(
-            [
-                seeded_normal(LATENT, cpu, *assignment.init_noise_key(seed, 0, j, m, g.share_group_noise))
-                for j, m in rows
-            ]
-        ),
-        "step_noise": torch.stack(
-            [
-                torch.stack(
-                    [seeded_normal(LATENT, cpu, *assignment.step_noise_key(seed, 0, j, m, i)) for i in range(STEPS)]
-                )
-                for j, m in rows
-            ]
-        ),
-        "sets": torch.tensor(sets),
+        "sigmas": sd3_scheduler(STEPS, SD3_SHIFT).sigmas.clone(),
+        **keyed_noise(cfg, 0, LATENT, range(STEPS)),
+        "sets": sets,
     }
 
 
-def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dict:
+def load(checkout, commit: str):
+    """What their epoch runs (their_loop.load_flow_grpo); the commit."""
+    return load_flow_grpo(checkout, commit, TRAIN_FILE, "sd3_pipeline_with_logprob")
+
+
+def authors_side(loaded, data: dict) -> dict:
     """Their epoch, sampling to the EMA's step, on the stand-in with this project's draws handed in."""
     cfg = preset_config()
-    g = cfg.grpo
     rows = [(j, m) for j in range(PROMPTS) for m in range(GROUP)]
     per_call = len(rows) // CALLS
     calls = [rows[k * per_call : (k + 1) * per_call] for k in range(CALLS)]  # sampled in order
-    patch["sd3_sde_with_logprob"].randn_tensor = Handed(
+    loaded.step.randn_tensor = Handed(
         torch.stack([data["step_noise"][rows.index(r), i] for r in call]) for call in calls for i in range(STEPS)
     )
     kept = [tuple(r) for s in data["sets"].tolist() for r in s]
@@ -137,42 +104,14 @@ def authors_side(text: str, patch: dict, tracker, ema_module, data: dict) -> dic
     order = sorted(kept)  # their kept rows, as the mask leaves them; shuffled into this project's forwards
     shuffle = torch.tensor([order.index(r) for r in by_prompt])
     trained = int(STEPS * 0.99)  # their timestep_fraction 0.99: every step but the last
-    config = SimpleNamespace(
-        resolution=LATENT[-1],
-        per_prompt_stat_tracking=True,
-        rationorm=g.grpo_guard,
-        sample=SimpleNamespace(
-            num_batches_per_epoch=CALLS,
-            train_batch_size=per_call,
-            same_latent=g.share_group_noise,
-            num_steps=STEPS,
-            guidance_scale=g.guidance_scale,
-            noise_level=g.eta,
-            global_std=g.advantage_std == "batch",
-        ),
-        train=SimpleNamespace(
-            cfg=g.guidance_scale > 1,
-            beta=g.kl_coeff,
-            adv_clip_max=5,
-            clip_range=g.clip_range,
-            num_inner_epochs=g.update_passes,
-            max_grad_norm=cfg.train.max_grad_norm,
-            ema=True,
-        ),
-    )
     theirs = flow_grpo_epoch(
-        text,
+        loaded,
         TRAIN_FILE,
-        patch["sd3_pipeline_with_logprob"].pipeline_with_logprob,
-        patch["sd3_sde_with_logprob"].sde_step_with_logprob,
-        SimpleNamespace(tracker=tracker, ema=ema_module),
-        config,
+        cfg,
         data["weights"],
-        scheduler(),
         calls,
         [torch.stack([data["initial_noise"][rows.index(r)] for r in call]) for call in calls],
         data["rewards"],
-        cfg.train,
         CALLS // 2 * trained,  # their gradient accumulation: 2 micro-batches x the trained steps
         trained,
         TorchWith(randperm=Handed([shuffle])),
@@ -213,24 +152,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "flow_grpo", argv)
-    checkout = args.checkout.resolve()
-    try:
-        text, commit = read_source(checkout, args.commit, TRAIN_FILE)
-        patch, _ = load_package(
-            checkout, args.commit, PATCH_DIR, ["sd3_sde_with_logprob", "sd3_pipeline_with_logprob"], "authors_patch"
-        )
-        tracker, _ = load_module(checkout, args.commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
-        ema, _ = load_module(checkout, args.commit, "flow_grpo/ema.py", "authors_ema")
-        data = inputs()
-        theirs = authors_side(text, patch, tracker, ema, data)
-    except (OSError, ImportError) as err:
-        print(f"guard_step: could not run flow_grpo's code at {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"flow_grpo at {commit}: one GRPO-Guard step of {PROMPTS} prompts x {GROUP}, their epoch's lines")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_comparison(__doc__, "flow_grpo", argv, sys.modules[__name__], load)
 
 
 if __name__ == "__main__":

@@ -34,25 +34,16 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import (
-    arguments,
-    function_source,
-    load_module,
-    print_rows,
-    read_source,
-    relative_differences,
-    store,
-)
+from checkout import function_source, load_module, read_source, relative_differences, run_comparison
 from mixgrpo_tail import their_timestep
 from their_loop import GradientsSeen, Handed, TorchWith
 from torch import nn
-from trainer_side import StandIn, StandInModel, flat, one_batch, seeded_weights
+from trainer_side import StandIn, StandInModel, flat, keyed_noise, one_batch, seeded_weights
+from trainer_side import preset_config as tiny_with
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE, SAMPLING_FILE = "fastvideo/train_grpo_flux.py", "fastvideo/utils/sampling_utils.py"
 THEIR_FUNCTIONS = (
     "assert_eq",
@@ -78,6 +69,7 @@ WINDOW_START = 3
 """The sliding window's start at the compared batch."""
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"one step of {GROUP} samples of a prompt, {STEPS} steps, {TRAIN_FILE}'s train_one_step"
 
 
 class QuantizedModel(StandInModel):
@@ -103,13 +95,8 @@ class FluxStandIn(nn.Module):
 
 
 def preset_config(preset: str):
-    """The tiny default with the preset, one rank, one prompt x 12 members, 25 steps."""
-    from videogrpo import config
-
-    cfg = config.load([REPO / "config/config.yaml", *(REPO / layer for layer in PRESETS[preset])])
-    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = 1, GROUP, STEPS
-    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node = None, 1
-    return cfg
+    """The tiny default with the preset, one rank, one prompt x 12 members, 25 steps, the stand-in trained in full."""
+    return tiny_with(PRESETS[preset], 1, GROUP, STEPS)
 
 
 def batch_of(cfg) -> int:
@@ -120,34 +107,28 @@ def batch_of(cfg) -> int:
 def inputs() -> dict:
     """Per preset: seeded weights and rewards, and this project's draws for the compared batch: the group's initial
     noise and each member's step noise, and the window."""
-    from videogrpo.grpo import assignment, sde_window
-    from videogrpo.grpo.draws import seeded_normal
+    from videogrpo.grpo import sde_window
 
     found = {}
     for k, preset in enumerate(PRESETS):
         cfg = preset_config(preset)
-        g, seed, b, cpu = cfg.grpo, cfg.train.seed, batch_of(cfg), torch.device("cpu")
         generator = torch.Generator().manual_seed(k)
-        start, end = sde_window.window(g, seed, b)
+        start, end = sde_window.window(cfg.grpo, cfg.train.seed, batch_of(cfg))
         assert start == WINDOW_START, (start, end)
         found[preset] = {
             "weights": seeded_weights(LATENT[0], generator),
             "rewards": torch.rand(1, GROUP, generator=generator),
             "window": torch.tensor([start, end]),
-            "initial_noise": seeded_normal(LATENT, cpu, *assignment.init_noise_key(seed, b, 0, 0, g.share_group_noise)),
-            "step_noise": torch.stack(
-                [
-                    torch.stack(
-                        [
-                            seeded_normal(LATENT, cpu, *assignment.step_noise_key(seed, b, 0, m, i))
-                            for i in range(start, end)
-                        ]
-                    )
-                    for m in range(GROUP)
-                ]
-            ),
+            **keyed_noise(cfg, batch_of(cfg), LATENT, range(start, end)),
         }
     return found
+
+
+def load(checkout, commit: str):
+    """Their training script's text and their sampling module; the commit."""
+    text, where = read_source(checkout, commit, TRAIN_FILE)
+    sampling, _ = load_module(checkout, commit, SAMPLING_FILE, "mixgrpo_sampling_utils")
+    return SimpleNamespace(text=text, sampling=sampling), where
 
 
 def their_args(cfg, preset: str):
@@ -186,9 +167,14 @@ def their_args(cfg, preset: str):
     )
 
 
-def authors_side(text: str, sampling, data: dict) -> dict:
-    """Their train_one_step per preset, on the stand-in with this project's draws handed in."""
-    return {preset: their_step(text, sampling, preset, given) for preset, given in data.items()}
+def authors_side(loaded, data: dict) -> dict:
+    """Their train_one_step per preset, on the stand-in with this project's draws handed in. Their float32 schedule,
+    as their sample_reference_model builds it, is handed to this project's side too (`sigmas` in `data`)."""
+    found = {}
+    for preset, given in data.items():
+        given["sigmas"] = loaded.sampling.sd3_time_shift(SHIFT, torch.linspace(1, 0, STEPS + 1))
+        found[preset] = their_step(loaded.text, loaded.sampling, preset, given)
+    return found
 
 
 def their_step(text: str, sampling, preset: str, given: dict) -> dict:
@@ -241,7 +227,7 @@ def their_step(text: str, sampling, preset: str, given: dict) -> dict:
     }
     for name in THEIR_FUNCTIONS:
         exec(function_source(text, name), scope)
-    unpacked = scope["unpack_latents"](given["initial_noise"].reshape(packed), SIZE, SIZE, 8)
+    unpacked = scope["unpack_latents"](given["initial_noise"][0].reshape(packed), SIZE, SIZE, 8)  # the group's one
     seen = []  # the advantages their loss clamps, as their train_one_step computed them
 
     def clamp(value, low, high):
@@ -311,22 +297,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="CUDA is not available")  # their autocast("cuda") on this CPU
-    args = arguments(__doc__, "MixGRPO", argv)
-    checkout = args.checkout.resolve()
-    try:
-        text, commit = read_source(checkout, args.commit, TRAIN_FILE)
-        sampling, _ = load_module(checkout, args.commit, SAMPLING_FILE, "mixgrpo_sampling_utils")
-        data = inputs()
-        for given in data.values():  # their float32 schedule, as their sample_reference_model builds it
-            given["sigmas"] = sampling.sd3_time_shift(SHIFT, torch.linspace(1, 0, STEPS + 1))
-        theirs = authors_side(text, sampling, data)
-    except (OSError, ImportError) as err:
-        print(f"mixgrpo_step: could not run MixGRPO's code at {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"MixGRPO at {commit}: one step of {GROUP} samples of a prompt, {STEPS} steps, their train_one_step")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_comparison(__doc__, "MixGRPO", argv, sys.modules[__name__], load)
 
 
 if __name__ == "__main__":

@@ -32,25 +32,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from checkout import (
-    arguments,
-    block_source,
-    function_source,
-    load_module,
-    print_rows,
-    read_source,
-    relative_differences,
-    store,
-)
+from checkout import block_source, function_source, load_module, read_source, relative_differences, run_comparison
 from their_loop import GradientsSeen, Handed, TorchWith
 from torch import nn
-from trainer_side import StandIn, flat, one_batch
+from trainer_side import StandIn, flat, keyed_noise, one_batch
+from trainer_side import preset_config as tiny_with
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_FILE = "scripts/train_nft_sd3.py"
 LOOP_FROM, LOOP_TO = "for i, train_sample_batch in tqdm(", "ema.step(transformer_trainable_parameters, global_step)"
 MIX_FROM, MIX_TO = "decay = return_decay(global_step, config.decay_type)", "tgt_param.data.copy_("
@@ -58,6 +48,7 @@ PROMPTS, GROUP, STEPS, SHIFT = 2, 4, 10, 3.0
 LATENT = (4, 3, 4, 4)  # [C, F, h, w]
 TOLERANCE = 1e-6
 """Largest relative difference taken as float round-off."""
+HEADER = f"one DiffusionNFT step of {PROMPTS} prompts x {GROUP}, {STEPS} steps, {TRAIN_FILE}'s loop lines"
 
 
 class Adapters(nn.Module):
@@ -98,24 +89,19 @@ class Wrapped(nn.Module):
 def preset_config():
     """The tiny default with config/algorithms/diffusion_nft.yaml, one rank, 2 prompts x 4 members, the stand-in
     trained in full (their adapter's weights are the stand-in's)."""
-    from videogrpo import config
-
-    cfg = config.load([REPO / "config/config.yaml", REPO / "config/algorithms/diffusion_nft.yaml"])
-    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = PROMPTS, GROUP, STEPS
-    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node, cfg.train.lora_rank = None, 1, 0
-    return cfg
+    return tiny_with(["config/algorithms/diffusion_nft.yaml"], PROMPTS, GROUP, STEPS)
 
 
 def inputs() -> dict:
     """Seeded weights (base; trained a little off it; old between), initial noise, rewards, the schedule, and this
     project's draws for update 1 of batch 0: the trained noise levels and each level's noise, rows in their order
     (prompt-major)."""
-    from videogrpo.grpo import assignment, nft, sde_window
+    from videogrpo.grpo import nft, sde_window
     from videogrpo.grpo.draws import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
 
     cfg = preset_config()
-    seed, shared, cpu = cfg.train.seed, cfg.grpo.share_group_noise, torch.device("cpu")
+    cpu = torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
     channels = LATENT[0]
     base = {"mix": torch.randn(channels, channels, generator=generator) / channels,
@@ -133,12 +119,7 @@ def inputs() -> dict:
         "base": base,
         "default": trained,
         "old": old,
-        "initial_noise": torch.stack(
-            [
-                seeded_normal(LATENT, cpu, *assignment.init_noise_key(seed, 0, n // GROUP, n % GROUP, shared))
-                for n in range(rows)
-            ]
-        ),
+        **keyed_noise(cfg, 0, LATENT),
         "rewards": torch.rand(PROMPTS, GROUP, generator=generator),
         "sigmas": sigma_schedule(STEPS, SHIFT).float(),
         "levels": torch.tensor(levels),
@@ -146,8 +127,18 @@ def inputs() -> dict:
     }
 
 
-def authors_side(text: str, solver, tracker, ema_module, data: dict) -> dict:
+def load(checkout, commit: str):
+    """Their training script's text, solver, stat tracker and EMA; the commit."""
+    text, where = read_source(checkout, commit, TRAIN_FILE)
+    solver, _ = load_module(checkout, commit, "flow_grpo/diffusers_patch/solver.py", "authors_solver")
+    tracker, _ = load_module(checkout, commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
+    ema, _ = load_module(checkout, commit, "flow_grpo/ema.py", "authors_ema")
+    return SimpleNamespace(text=text, solver=solver, tracker=tracker, ema=ema), where
+
+
+def authors_side(loaded, data: dict) -> dict:
     """Their sampling, stat tracker, training loop lines and old-policy update on the stand-in."""
+    text, solver, tracker, ema_module = loaded.text, loaded.solver, loaded.tracker, loaded.ema
     cfg = preset_config()
     g, t = cfg.grpo, cfg.train
     model = Adapters(data)
@@ -257,22 +248,7 @@ def compare(theirs: dict, ours: dict) -> list[tuple[str, float, bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "DiffusionNFT", argv)
-    checkout = args.checkout.resolve()
-    try:
-        text, commit = read_source(checkout, args.commit, TRAIN_FILE)
-        solver, _ = load_module(checkout, args.commit, "flow_grpo/diffusers_patch/solver.py", "authors_solver")
-        tracker, _ = load_module(checkout, args.commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
-        ema, _ = load_module(checkout, args.commit, "flow_grpo/ema.py", "authors_ema")
-        data = inputs()
-        theirs = authors_side(text, solver, tracker, ema, data)
-    except (OSError, ImportError) as err:
-        print(f"nft_step: could not run DiffusionNFT's code at {args.checkout}: {err}", file=sys.stderr)
-        return 2
-    print(f"DiffusionNFT at {commit}: one step of {PROMPTS} prompts x {GROUP}, {STEPS} steps, their loop lines")
-    ok = print_rows(compare(theirs, project_side(data)))
-    store(args.store, {"commit": commit, "inputs": data, "theirs": theirs})
-    return 0 if ok else 1
+    return run_comparison(__doc__, "DiffusionNFT", argv, sys.modules[__name__], load)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from checkout import block_source, function_source
+from checkout import block_source, function_source, load_module, load_package, read_source
 from torch import nn
 from trainer_side import StandIn, flat
 
 LOOP_FROM, LOOP_TO = "#################### SAMPLING ####################", "ema.step(transformer_trainable_parameters"
+SD3_SHIFT = 3.0
+"""The flow shift of their SD3 configs."""
 
 
 class Handed:
@@ -136,32 +138,86 @@ def stand_in_pipeline(transformer, scheduler, initial: Handed, prompts: list[str
     )
 
 
+def sd3_scheduler(steps: int, shift: float):
+    """Their SD3 scheduler (diffusers' FlowMatchEulerDiscreteScheduler) set to `steps` steps at `shift`."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    found = FlowMatchEulerDiscreteScheduler(shift=shift)
+    found.set_timesteps(steps)
+    return found
+
+
+def flow_grpo_config(cfg, calls: int, per_call: int) -> SimpleNamespace:
+    """Their config's fields that an epoch of their Flow-GRPO scripts reads, from this project's `cfg` with a preset:
+    `calls` sampling batches of `per_call` samples an epoch."""
+    from videogrpo.grpo.sde_window import window_range
+
+    g = cfg.grpo
+    return SimpleNamespace(
+        resolution=1,  # read by their pipeline's prepare_latents only: the stand-in's hands out given noise
+        per_prompt_stat_tracking=True,
+        rationorm=g.grpo_guard,
+        sample=SimpleNamespace(
+            num_batches_per_epoch=calls,
+            train_batch_size=per_call,
+            same_latent=g.share_group_noise,
+            num_steps=g.sampling_steps,
+            guidance_scale=g.guidance_scale,
+            noise_level=g.eta,
+            global_std=g.advantage_std == "batch",
+            sde_type={"flowcps": "cps", "flowgrpo_sde": "sde"}[g.sampler],
+            sde_window_size=g.sde_window_size,
+            sde_window_range=window_range(g),
+        ),
+        train=SimpleNamespace(
+            cfg=g.guidance_scale > 1,
+            beta=g.kl_coeff,
+            adv_clip_max=5,  # config/base.py's, and the clamp this project's advantages take
+            clip_range=g.clip_range,
+            num_inner_epochs=g.update_passes,
+            max_grad_norm=cfg.train.max_grad_norm,
+            ema=True,
+        ),
+    )
+
+
+def load_flow_grpo(checkout, commit: str, script: str, pipeline: str) -> tuple[SimpleNamespace, str]:
+    """What an epoch of their Flow-GRPO `script` runs, from `checkout` at `commit`: the script's text, their sampling
+    `pipeline` module (flow_grpo/diffusers_patch/<pipeline>.py) with the step module it imports, their stat tracker
+    and their EMA; the commit."""
+    text, where = read_source(checkout, commit, script)
+    patch, _ = load_package(
+        checkout, commit, "flow_grpo/diffusers_patch", ["sd3_sde_with_logprob", pipeline], f"authors_{pipeline}"
+    )
+    tracker, _ = load_module(checkout, commit, "flow_grpo/stat_tracking.py", "authors_stat_tracking")
+    ema, _ = load_module(checkout, commit, "flow_grpo/ema.py", "authors_ema")
+    step = patch["sd3_sde_with_logprob"]
+    return SimpleNamespace(text=text, pipeline=patch[pipeline], step=step, tracker=tracker, ema=ema), where
+
+
 def flow_grpo_epoch(
-    text: str,
+    loaded: SimpleNamespace,
     file: str,
-    pipeline_function,
-    step_function,
-    modules: SimpleNamespace,
-    config: SimpleNamespace,
+    cfg,
     weights: dict,
-    scheduler,
     calls: list[list[tuple[int, int]]],
     initial: list[torch.Tensor],
-    rewards: dict,
-    train_cfg,
+    rewards: torch.Tensor,
     accumulation: int,
     num_train_timesteps: int,
     torch_in_loop=torch,
 ) -> dict:
-    """Their epoch (`text`, the script `file`), sampling to the EMA's step, on the stand-in from `weights`: one
-    `pipeline_function` call per list of rows in `calls` (the rows' prompts; `initial` its initial noise, `rewards`
-    by row), `modules` their stat tracker's and EMA's, `config` their config's fields, `train_cfg` this project's
-    train section (learning rate, weight decay, the EMA's decay and interval), `accumulation` accelerate's gradient
-    accumulation steps. Returns their rollouts (`sampled`, per call), the advantages, the mask of kept rows, each
-    optimizer step's gradient, and the trained and EMA weights."""
+    """Their epoch (the script `file`, as `load_flow_grpo` gives it in `loaded`), sampling to the EMA's step, on the
+    stand-in from `weights`: one pipeline call per list of rows in `calls` (`initial` its initial noise, `rewards`
+    [P, G] by row), `cfg` this project's config with the preset (their config's fields, the learning rate, weight
+    decay and EMA), `accumulation` accelerate's gradient accumulation steps, `torch_in_loop` the torch their loop
+    lines see. Returns their rollouts (`sampled`, per call), the advantages, the mask of kept rows, each optimizer
+    step's gradient, and the trained and EMA weights."""
     from accelerate import Accelerator
 
-    t = train_cfg
+    t = cfg.train
+    config = flow_grpo_config(cfg, len(calls), len(calls[0]))
+    scheduler = sd3_scheduler(cfg.grpo.sampling_steps, SD3_SHIFT)
     prompt_count = 1 + max(j for call in calls for j, _ in call)
     prompts = [f"prompt {j}" for j in range(prompt_count)]
     net = StandIn(weights)
@@ -175,7 +231,7 @@ def flow_grpo_epoch(
     sampled, computed = [], []
 
     def pipeline_with_logprob(pipeline, **kwargs):  # theirs, its rollouts kept
-        out = pipeline_function(pipeline, **kwargs)
+        out = loaded.pipeline.pipeline_with_logprob(pipeline, **kwargs)
         sampled.append(out)
         return out
 
@@ -185,10 +241,10 @@ def flow_grpo_epoch(
         return done
 
     given = Handed({"avg": np.array([float(rewards[r]) for r in call])} for call in calls)
-    tracker = modules.tracker.PerPromptStatTracker(config.sample.global_std)
+    tracker = loaded.tracker.PerPromptStatTracker(config.sample.global_std)
     real_update = tracker.update
     tracker.update = lambda *a, **k: computed.append(real_update(*a, **k)) or computed[-1]
-    ema = modules.ema.EMAModuleWrapper(params, decay=t.ema_decay, update_step_interval=t.ema_every, device="cpu")
+    ema = loaded.ema.EMAModuleWrapper(params, decay=t.ema_decay, update_step_interval=t.ema_every, device="cpu")
     per_call = len(calls[0])
     zeros = torch.zeros(per_call, 1)
     scope = {
@@ -200,7 +256,7 @@ def flow_grpo_epoch(
         "config": config,
         "pipeline": pipeline,
         "pipeline_with_logprob": pipeline_with_logprob,
-        "sde_step_with_logprob": step_function,
+        "sde_step_with_logprob": loaded.step.sde_step_with_logprob,
         "train_sampler": SimpleNamespace(set_epoch=lambda epoch: None),
         "train_iter": iter([([prompts[j] for j, _ in call], [{}] * len(call)) for call in calls]),
         "compute_text_embeddings": lambda texts, *a, **k: (torch.zeros(len(texts), 1), torch.zeros(len(texts), 1)),
@@ -225,8 +281,8 @@ def flow_grpo_epoch(
         "wandb": None,
     }
     for name in ("compute_log_prob", "calculate_zero_std_ratio"):
-        exec(function_source(text, name), scope)
-    exec(compile(block_source(text, LOOP_FROM, LOOP_TO), file, "exec"), scope)
+        exec(function_source(loaded.text, name), scope)
+    exec(compile(block_source(loaded.text, LOOP_FROM, LOOP_TO), file, "exec"), scope)
     return {
         "sampled": sampled,
         "advantages": torch.as_tensor(computed[0][:, 0]).float(),

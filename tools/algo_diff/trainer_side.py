@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[2]
 
 
 class StandIn(nn.Module):
@@ -90,6 +91,56 @@ def samples(prompts: int, where: Path):
         (ref.directory / "video/prompt.txt").write_text(f"prompt {j}\n")
         refs.append(ref)
     return refs
+
+
+def preset_config(layers: list[str], prompts: int, group: int, steps: int, **train):
+    """The tiny default with a preset's `layers`, on one rank: `prompts` x `group` members, `steps` sampling steps,
+    each wave rolled out at once, the stand-in trained in full (no LoRA); `train`: train-section fields to set."""
+    from videogrpo import config
+
+    cfg = config.load([REPO / "config/config.yaml", *(REPO / layer for layer in layers)])
+    cfg.grpo.prompts_per_step, cfg.grpo.group_size, cfg.grpo.sampling_steps = prompts, group, steps
+    cfg.grpo.sample_batch_size, cfg.parallel.procs_per_node, cfg.train.lora_rank = None, 1, 0
+    for name, value in train.items():
+        setattr(cfg.train, name, value)
+    return cfg
+
+
+def keyed_noise(cfg, batch: int, shape, steps: range = range(0)) -> dict[str, torch.Tensor]:
+    """This project's draws for batch `batch`, handed to the authors' code: each row's initial noise
+    (`initial_noise`, [P x G rows in (prompt, member) order, ...]) and its noise at `steps` (`step_noise`, [rows,
+    len(steps), ...]), by the trainer's keys (grpo.assignment)."""
+    from videogrpo.grpo import assignment, minibatches
+    from videogrpo.grpo.draws import seeded_normal
+
+    g, seed = cfg.grpo, cfg.train.seed
+    rows = minibatches.batch_rows(g)
+    initial = [
+        seeded_normal(shape, CPU, *assignment.init_noise_key(seed, batch, j, m, g.share_group_noise)) for j, m in rows
+    ]
+    found = {"initial_noise": torch.stack(initial)}
+    if len(steps):
+        found["step_noise"] = torch.stack(
+            [
+                torch.stack(
+                    [seeded_normal(shape, CPU, *assignment.step_noise_key(seed, batch, j, m, i)) for i in steps]
+                )
+                for j, m in rows
+            ]
+        )
+    return found
+
+
+def update_rows(cfg, batch: int, rewards: torch.Tensor) -> torch.Tensor:
+    """The rows (prompt, member) each optimizer update of batch `batch` trains, [updates, rows, 2], by the trainer's
+    own functions (the advantages, the kept rows, the update sets), for `rewards` [P, G]."""
+    from videogrpo.grpo import minibatches
+    from videogrpo.grpo.advantages import group_advantages
+
+    g, seed = cfg.grpo, cfg.train.seed
+    advantages = group_advantages(rewards, g.advantage_std, g.advantage_std_unbiased, g.advantage_eps)
+    kept = minibatches.kept_rows(g, seed, batch, advantages) if g.drop_zero_advantage else None
+    return torch.tensor([sorted(r) for _, r in minibatches.update_sets(g, seed, batch, kept)])
 
 
 def one_batch(
