@@ -342,6 +342,7 @@ CHECKS = (
     (("matrix",), _matrix_problems),
     (("logging",), _logging_problems),
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
+    (("actors", "parallel", "train", "model"), lambda cfg: actors_problems(cfg)),
     (("parallel", "train"), lora_problems),
     (("train", "data"), validation_problems),
     (("train",), gold_problems),
@@ -388,14 +389,53 @@ def tensor_parallel_problems(world: int, tensor_parallel: int, data_parallel: st
     return []
 
 
+def actors_problems(cfg: Config) -> list[str]:
+    """Rollout actor ranks (the `actors` section, docs/options.md#rollout-actors): which ranks train, and what the
+    actors cannot do yet."""
+    a, par, world = cfg.actors, cfg.parallel, cfg.world_size
+    if not (a.train_ranks or a.train_nodes):
+        return []
+    if a.train_ranks and a.train_nodes:
+        return [
+            f"actors.train_ranks = {a.train_ranks} and actors.train_nodes = {a.train_nodes}: set one of the two "
+            "(train_nodes counts whole nodes of parallel.procs_per_node ranks)"
+        ]
+    if cfg.train_world_size >= world:
+        which = f"train_ranks = {a.train_ranks}" if a.train_ranks else f"train_nodes = {a.train_nodes}"
+        return [
+            f"actors.{which}: {cfg.train_world_size} train ranks leave none of the {world} ranks (nodes {par.nodes} "
+            f"x procs_per_node {par.procs_per_node}) to roll out; train on fewer, or set it to 0 for no actors"
+        ]
+    found = []
+    if a.weight_sync == "lora" and not cfg.train.lora_rank:
+        found.append("actors.weight_sync = 'lora' without LoRA (train.lora_rank 0): use 'full' or 'auto'")
+    if a.asynchronous:
+        found.append(
+            "actors.asynchronous = true: the asynchronous mode is not available yet; set it to false (the actors "
+            "roll out each batch under the weights of the update before it)"
+        )
+    if par.tensor_parallel > 1 or cfg.model.kind == "i2v_a14b":
+        found.append(
+            "rollout actors with the A14B recipe (two experts, parallel.tensor_parallel > 1) are not available yet: "
+            "an actor would hold both experts whole; set actors.train_ranks and actors.train_nodes to 0"
+        )
+    return found
+
+
 def topology_problems(cfg: Config) -> list[str]:
-    """World size vs prompts vs group size (docs/reference-system.md#grpo, shared-prompt mode)."""
+    """World size vs prompts vs group size (docs/reference-system.md#grpo, shared-prompt mode): the ranks that
+    train (all of them, or the train ranks beside rollout actors)."""
     p, g = cfg.grpo, cfg.parallel
-    world = cfg.world_size
+    world = cfg.train_world_size
+    sized = (
+        f"{world} train ranks (actors.train_ranks / train_nodes)"
+        if cfg.has_actors
+        else f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
+    )
     found = []
     if g.tensor_parallel > 1:
         if found := tensor_parallel_problems(world, g.tensor_parallel, g.data_parallel):
-            return [f"{found[0]} (world size {world} = nodes {g.nodes} x procs_per_node {g.procs_per_node})"]
+            return [f"{found[0]} ({sized})"]
         if p.shared_prompts:
             # assignment.waves deals shared-prompt rows per rank; a TP pair must roll out the same rows.
             return [
@@ -404,17 +444,14 @@ def topology_problems(cfg: Config) -> list[str]:
                 "grpo.shared_prompts: false (prompts dealt per data replica, as the A14B recipe) or tensor_parallel: 1"
             ]
     if g.data_parallel == "hsdp" and world % g.shard_group_size:
-        found.append(
-            f"parallel.shard_group_size = {g.shard_group_size}: must divide the world size {world} "
-            f"(= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
-        )
+        found.append(f"parallel.shard_group_size = {g.shard_group_size}: must divide the {sized}")
     if p.shared_prompts:
         wave = p.prompts_per_wave or p.prompts_per_step
         if p.prompts_per_step % wave:
             found.append(f"grpo.prompts_per_wave = {wave}: must divide grpo.prompts_per_step = {p.prompts_per_step}")
         elif world % wave and wave % world:
             found.append(
-                f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node}) must divide or be a "
+                f"{sized} must divide or be a "
                 f"multiple of the prompts per wave {wave} (grpo.prompts_per_wave or grpo.prompts_per_step) in "
                 f"shared-prompt mode: a rank serves several prompts of a wave, or several ranks share one"
             )
@@ -435,8 +472,8 @@ def topology_problems(cfg: Config) -> list[str]:
             )
             found.append(
                 f"grpo.prompts_per_step = {p.prompts_per_step}: must equal train.batch_size {cfg.train.batch_size} "
-                f"x {replicas} data replicas (world size {world} = nodes {g.nodes} x procs_per_node "
-                f"{g.procs_per_node}, / tensor_parallel {g.tensor_parallel}) = {cfg.train.batch_size * replicas}" + fix
+                f"x {replicas} data replicas ({sized}, / tensor_parallel {g.tensor_parallel}) = "
+                f"{cfg.train.batch_size * replicas}" + fix
             )
     return found
 

@@ -31,6 +31,7 @@ CHOICES = {
     "grpo.sde_window_tail": ("euler", "dpm_solver"),
     "grpo.grpo_guard_scope": ("micro_batch", "row"),
     "grpo.update_order": ("shuffled", "by_member"),
+    "actors.weight_sync": ("auto", "lora", "full", "none"),
     "grpo.advantage_std": ("group", "batch"),
     "train.lr_schedule": ("cosine", "constant"),
     "train.lora_base_dtype": ("compute", "float32"),
@@ -48,6 +49,9 @@ CHOICES = {
 
 POSITIVE = {
     "model.max_text_tokens",
+    "actors.prefetch",
+    "actors.sync_interval",
+    "actors.stall_timeout_s",
     "grpo.updates_per_batch",
     "grpo.update_passes",
     "grpo.advantage_eps",
@@ -109,6 +113,8 @@ POSITIVE = {
 
 NON_NEGATIVE = {
     "data.heldout_per_task",
+    "actors.train_ranks",
+    "actors.train_nodes",
     "train.save_steps",
     "grpo.eta",
     "grpo.kl_coeff",

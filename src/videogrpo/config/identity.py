@@ -45,6 +45,13 @@ _SECTION_CLASSES = {
     "results": EXECUTION,
 }
 _FIELD_CLASSES = {
+    # Which ranks train is the topology, as parallel.nodes and procs_per_node are; how long a rank waits for an actor
+    # changes nothing computed.
+    "actors.stall_timeout_s": EXECUTION,
+    **{
+        f"actors.{f}": CONTRACT
+        for f in ("train_ranks", "train_nodes", "weight_sync", "asynchronous", "prefetch", "sync_interval")
+    },
     **{
         f"data.{f}": CONTRACT
         for f in (
@@ -262,7 +269,7 @@ def _value(cfg: Config, path: str) -> Any:
 
 # What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
 # params, so changing one reruns it, and nothing else does.
-RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel")
+RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel", "actors")
 STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
     "validate_dataset": ("data",),
@@ -416,6 +423,8 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
         ),
     ),
     ({"train.keep_best_by": None}, ()),
+    ({"actors.train_ranks": 0, "actors.train_nodes": 0}, ("actors.weight_sync",)),
+    ({"actors.asynchronous": False}, ("actors.prefetch", "actors.sync_interval")),
     ({"train.stop_on_divergence": False}, ()),
 )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from videogrpo.config.actors_section import ActorsConfig
 from videogrpo.config.grpo_section import GRPOConfig
 
 
@@ -462,6 +463,7 @@ class Config:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
     matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
@@ -471,6 +473,18 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.parallel.nodes * self.parallel.procs_per_node
+
+    @property
+    def train_world_size(self) -> int:
+        """The ranks that train: all of them, or with rollout actors (the `actors` section) the first
+        actors.train_ranks (or actors.train_nodes x procs_per_node); the others roll out."""
+        a = self.actors
+        return a.train_ranks or a.train_nodes * self.parallel.procs_per_node or self.world_size
+
+    @property
+    def has_actors(self) -> bool:
+        """Whether some ranks are rollout actors (the `actors` section)."""
+        return self.train_world_size < self.world_size
 
     @property
     def lora_base_dtype(self) -> str:

@@ -28,6 +28,7 @@ from videogrpo import atomic
 from videogrpo.config import Config, setting_warnings, to_dict
 from videogrpo.data.dataset import SampleRef, load_split, steps_per_epoch, training_order
 from videogrpo.grpo import (
+    actors,
     assignment,
     checkpoint,
     export,
@@ -150,8 +151,14 @@ class Trainer:
         self.sigmas = sigma_schedule(cfg.grpo.sampling_steps, self.shift)
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = assignment.waves(cfg, ctx.rank, ctx.world_size)
+        self.policy_version = 0
+        """Optimizer updates the weights have taken (rollout actors: the version the actors must hold)."""
+        self.actor_versions: dict[int, int] = {}
+        """With rollout actors: the version of the weights each actor holds (the train root sent it)."""
         if scorer is not None:
             self.scorer = scorer
+        elif ctx.link is not None:  # rollout actors score the rollouts; their results come with them
+            self.scorer = actors.ReceivedScores()
         elif not self.scores:
             self.scorer = NoScorer()
         else:
@@ -173,7 +180,10 @@ class Trainer:
     # ---- preparing a batch: rollouts and reward submission -----------------------------------------
 
     def prepare(self, batch_index: int) -> Prepared:
-        """This rank's rollouts of batch `batch_index`, scoring submitted (rollout_batch.prepare)."""
+        """This rank's rollouts of batch `batch_index`, scoring submitted (rollout_batch.prepare); with rollout
+        actors, received from them, scored (actors.request_batch)."""
+        if self.ctx.link is not None:
+            return actors.request_batch(self, batch_index)
         return rollout_batch.prepare(self, batch_index)
 
     # ---- replaying prepared batches: one optimizer update ------------------------------------------
@@ -353,6 +363,7 @@ class Trainer:
         scorers = [self.scorer, *self.gold_scorers.values()]
         try:
             self._train()
+            actors.stop_actors(self)
         except BaseException:
             for scorer in scorers:
                 scorer.close(kill=True)
@@ -378,15 +389,19 @@ class Trainer:
         self.tracker.trim(done if start else -1)  # a fresh start redoes validation point 0 too
         t, batches = self.cfg.train, steps_per_epoch(len(self.order), self.cfg.grpo.prompts_per_step)
         length = replay.describe(self.actions, batches, t.epochs, t.max_steps, self.cfg.grpo.delayed_replay)
-        where = (
-            f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}, "
-            f"{assignment.describe_share(self.waves, self.ctx.rank)}, starting at batch {start}"
-        )
+        share = assignment.describe_share(self.waves, self.ctx.rank)
+        if self.ctx.link is not None:  # rollout actors roll out this rank's share; it replays it
+            share = share.replace(" rolls out ", " replays ", 1)
+        layout = f"world size {self.ctx.world_size}, {self.cfg.parallel.data_parallel}"
+        where = f"{layout}, {share}, starting at batch {start}"
         self._log(f"{length}; {where}")
         self._log(f"parameters: {json.dumps(self.layout)}")
         self._log(f"flow shift {self.shift} ({self.shift_source})")
         if window := sde_window.describe(self.cfg.grpo):
             self._log(window)
+        if split := actors.describe(self.cfg):
+            self._log(split)
+        self.policy_version = done
         # The run's length is known here, with or without train.max_steps.
         for warning in setting_warnings(self.cfg, self.total * minibatches.updates_per_step(self.cfg.grpo)):
             self._log(f"warning: {warning}")
@@ -411,6 +426,7 @@ class Trainer:
                         f"action {index}: batch {action.replay} is not prepared (the plan and the trainer disagree)"
                     )
                 metrics = self.update(action, target)
+                self.policy_version = action.update
                 slot = None if action.flush else fresh
                 metrics.update(
                     rolled_out_batches=self.rolled_out,

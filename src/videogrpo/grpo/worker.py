@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.parallel.backend,
         cfg.parallel.cpu_threads,
         group_of_one=cfg.parallel.data_parallel != "replicate",
+        train_world=cfg.train_world_size if cfg.has_actors else None,
+        stall_timeout_s=cfg.actors.stall_timeout_s,
     )
     # Before any model is loaded: the co-hosted judge's share of this GPU is not training's to take.
     cap = cap_training_memory(cfg, ctx.device)
@@ -74,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             args.run_dir,
             json.loads(args.input_digests),
         )
-        Trainer(cfg, paths, ctx, args.run_id).run()
+        if ctx.is_actor:
+            from videogrpo.grpo.actors import run_actor
+
+            run_actor(cfg, paths, ctx)
+        else:
+            Trainer(cfg, paths, ctx, args.run_id).run()
     except VideoGRPOError as err:
         print(f"[rank {ctx.rank}] error: {err}", file=sys.stderr)
         return err.exit_code

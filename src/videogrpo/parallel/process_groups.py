@@ -18,13 +18,23 @@ PROCESS_GROUP_TIMEOUT_S = 240 * 60
 @dataclass(frozen=True)
 class Context:
     rank: int
+    """This process's rank: in the job (a train rank's is also its rank among the train ranks)."""
     world_size: int
+    """Ranks of the default process group: the job's, or with rollout actors the train ranks' (an actor's: the
+    job's)."""
     local_rank: int
     device: torch.device
+    link: Any = None
+    """With rollout actors: the link over every rank of the job (parallel.link.Link); None without."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def is_actor(self) -> bool:
+        """A rollout actor: a rank of the job beyond the train ranks."""
+        return self.link is not None and self.rank >= self.link.train_world
 
 
 def init(
@@ -33,10 +43,14 @@ def init(
     cpu_threads: int,
     timeout_s: int = PROCESS_GROUP_TIMEOUT_S,
     group_of_one: bool = False,
+    train_world: int | None = None,
+    stall_timeout_s: float = 600.0,
 ) -> Context:
     """Join the process group torchrun prepared (or a world of one without torchrun).
 
     group_of_one: make the group for a world of one too, when torchrun started it (FSDP2 needs a mesh).
+    train_world: with rollout actors (fewer than the job's ranks), the ranks that train: they make the default group
+    on their own, and every rank joins the link (parallel.link) with `stall_timeout_s`.
     """
     torch.set_num_threads(cpu_threads)
     rank = int(os.environ.get("RANK", "0"))
@@ -47,6 +61,12 @@ def init(
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    if train_world is not None and train_world < world:
+        from videogrpo.parallel import link as link_mod
+
+        device_id = device if device_kind == "cuda" else None
+        joined = link_mod.connect(rank, world, train_world, backend, stall_timeout_s, device_id)
+        return Context(rank, train_world if rank < train_world else world, local_rank, device, joined)
     one = group_of_one and world == 1 and "MASTER_ADDR" in os.environ
     if (world > 1 or one) and not dist.is_initialized():
         dist.init_process_group(

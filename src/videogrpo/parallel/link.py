@@ -1,0 +1,127 @@
+"""The link between the train ranks and the rollout actors (the `actors` section, docs/options.md#rollout-actors).
+
+With actors, the train ranks form the job's default process group on their own (world: the train ranks), so that
+every collective of training (FSDP, the reductions of metrics and rewards) is the one a job of that many ranks would
+run, and nothing of training waits on an actor. Every rank of the job, train ranks and actors, also joins one gloo
+group, the link, over the same rendezvous store: messages between a train rank and an actor go over it, point to
+point, on host memory. A message is a header (any picklable object, with the dtype and shape of each tensor) and the
+tensors' bytes, each one send: bf16 and every other dtype travel as bytes.
+
+A receive waits at most the link's timeout (actors.stall_timeout_s); past it the run stops with an error that names
+the peer by its rank and node, instead of waiting forever on an actor that died or stalled.
+
+May import the core modules.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from videogrpo.errors import VideoGRPOError
+
+LINK_PREFIX = "videogrpo-actors-link"
+TRAIN_PREFIX = "videogrpo-train"
+
+
+class LinkError(VideoGRPOError):
+    """A peer on the link sent nothing within the stall timeout, or its message could not be read."""
+
+
+@dataclass
+class Link:
+    group: object
+    """The gloo process group over every rank of the job."""
+    rank: int
+    """This process's rank in the job (the link's rank)."""
+    world: int
+    """Ranks of the job: train ranks and actors."""
+    timeout_s: float
+    train_world: int = 0
+    """The train ranks (0 .. train_world - 1); the others are actors."""
+    nodes: dict[int, str] = field(default_factory=dict)
+    """Each peer's node, as it said in its hello (names it in errors)."""
+
+    def send(self, dst: int, header, tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Send `header` (picklable) and `tensors` (any device, any dtype) to rank `dst`."""
+        tensors = tensors or {}
+        layout = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()]
+        meta = torch.frombuffer(bytearray(pickle.dumps((header, layout))), dtype=torch.uint8)
+        self._send(torch.tensor([meta.numel()], dtype=torch.int64), dst)
+        self._send(meta, dst)
+        for t in tensors.values():
+            if t.numel():
+                self._send(t.detach().contiguous().cpu().view(-1).view(torch.uint8), dst)
+
+    def recv(self, src: int, what: str) -> tuple[object, dict[str, torch.Tensor]]:
+        """(header, tensors) of the next message from rank `src`; `what` says what is awaited (for the error)."""
+        size = torch.zeros(1, dtype=torch.int64)
+        self._recv(size, src, what)
+        meta = torch.empty(int(size), dtype=torch.uint8)
+        self._recv(meta, src, what)
+        header, layout = pickle.loads(meta.numpy().tobytes())
+        tensors = {}
+        for name, dtype, shape in layout:
+            kind = getattr(torch, dtype)
+            out = torch.empty(shape, dtype=kind)
+            if out.numel():
+                self._recv(out.view(-1).view(torch.uint8), src, what)
+            tensors[name] = out
+        return header, tensors
+
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.group.send([tensor], dst, 0).wait()
+
+    def _recv(self, tensor: torch.Tensor, src: int, what: str) -> None:
+        try:
+            self.group.recv([tensor], src, 0).wait()
+        except RuntimeError as err:
+            node = self.nodes.get(src, "an unknown node")
+            raise LinkError(
+                f"rank {self.rank}: nothing from rank {src} (on {node}) while waiting for {what} within "
+                f"actors.stall_timeout_s = {self.timeout_s:g} s: that rank died or stalled ({err}). Complete "
+                "checkpoints are kept: a plain rerun resumes from the last one"
+            ) from None
+
+    def hello(self, peers: list[int]) -> None:
+        """Tell `peers` this rank's node and learn theirs (every rank of the link calls it with its peers)."""
+        mine = socket.gethostname()
+        for peer in sorted(peers):
+            if peer < self.rank:  # the lower rank speaks first: no two ranks wait on each other
+                self.nodes[peer] = self.recv(peer, "a hello")[0]
+                self.send(peer, mine)
+            else:
+                self.send(peer, mine)
+                self.nodes[peer] = self.recv(peer, "a hello")[0]
+
+
+def connect(rank: int, world: int, train_world: int, backend: str, timeout_s: float, device_id) -> Link:
+    """Join the job's rendezvous store (torchrun's MASTER_ADDR and MASTER_PORT): a train rank (`rank` <
+    `train_world`) makes the default process group of the train ranks; every rank joins the link."""
+    import os
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=max(timeout_s, 60)),
+    )
+    if rank < train_world and not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            store=dist.PrefixStore(TRAIN_PREFIX, store),
+            rank=rank,
+            world_size=train_world,
+            device_id=device_id,
+        )
+    group = dist.ProcessGroupGloo(
+        dist.PrefixStore(LINK_PREFIX, store), rank, world, datetime.timedelta(seconds=timeout_s)
+    )
+    link = Link(group, rank, world, timeout_s, train_world)
+    link.hello(list(range(train_world, world)) if rank < train_world else list(range(train_world)))
+    return link

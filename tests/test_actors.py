@@ -1,0 +1,86 @@
+"""Rollout actor ranks (the `actors` section, docs/options.md#rollout-actors): some ranks train, the others roll
+out and score for them.
+
+Synchronous: the same tiny run on 2 ranks that roll out and train, and on 3 ranks of which 2 train and 1 rolls out
+(weights sent whole after every update): the draws are keyed by batch, prompt and member, and the train ranks
+replay the rows a 2-rank job replays, so the rewards, advantages, losses and weights are the same to round-off, and
+every update is on-policy (the ratio exactly 1). With no weights sent (`weight_sync: none`) the actor rolls out the
+initial weights: the first update is the same, the later ones are off-policy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import metrics, tensors, train, trainer_config
+
+SYNC = dict(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "epochs": 2, "save_steps": 0})
+
+
+def test_a_synchronous_actor_makes_the_updates_of_the_train_ranks_alone(tiny_model, dataset, tmp_path):
+    runs = {}
+    for name, procs, actors in (
+        ("alone", 2, {}),
+        ("actor", 3, {"train_ranks": 2}),
+        ("stale", 3, {"train_ranks": 2, "weight_sync": "none"}),
+    ):
+        cfg = trainer_config(**SYNC)
+        cfg["parallel"].update(procs_per_node=procs, data_parallel="replicate")
+        cfg["actors"] = actors
+        assert train(cfg, tmp_path / name, tiny_model, dataset)
+        runs[name] = metrics(tmp_path / name), tensors(tmp_path / name)
+    log = (tmp_path / "actor/log.txt").read_text()
+    assert "rollout actors: ranks 0..1 train, ranks 2..2 (1) roll out and score, synchronous" in log
+    (alone, alone_weights), (split, split_weights) = runs["alone"], runs["actor"]
+    assert [m["step"] for m in split] == [m["step"] for m in alone] == [1, 2, 3]
+    for a, b in zip(alone, split):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6), a["step"]
+        assert a["advantage_mean"] == pytest.approx(b["advantage_mean"], abs=1e-6), a["step"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+        assert b["ppo_ratio_abs_max"] == 0.0, b["step"]  # on-policy: the actor held the update's weights
+    for name, weight in alone_weights.items():
+        assert (weight - split_weights[name]).abs().max() <= 1e-6, name
+    stale, _ = runs["stale"]
+    assert stale[0]["reward_mean"] == alone[0]["reward_mean"] and stale[0]["ppo_ratio_abs_max"] == 0.0
+    assert all(m["ppo_ratio_abs_max"] > 0 for m in stale[1:])  # rolled out by the initial weights
+
+
+@pytest.mark.parametrize(
+    ("actors", "settings", "refused"),
+    [
+        ({"train_ranks": 1, "train_nodes": 1}, {}, r"set one of the two"),
+        ({"train_ranks": 2}, {}, r"leave none of the 2 ranks .* to roll out"),
+        ({"train_ranks": 1, "weight_sync": "lora"}, {}, r"'lora' without LoRA .* use 'full' or 'auto'"),
+        ({"train_ranks": 1, "asynchronous": True}, {}, r"asynchronous mode is not available yet; set it to false"),
+        ({"train_ranks": 1, "weight_sync": "some"}, {}, r"actors.weight_sync"),
+        ({"train_ranks": 1, "stall_timeout_s": 0}, {}, r"actors.stall_timeout_s"),
+        # The train ranks alone must make a valid topology: 3 ranks with 2 training, one prompt per rank a wave.
+        ({"train_ranks": 2}, {"parallel": {"procs_per_node": 3}, "grpo": {"prompts_per_step": 3}}, r"2 train ranks"),
+    ],
+)
+def test_what_actors_cannot_do_is_refused_with_the_reason(actors, settings, refused):
+    from videogrpo import config
+    from videogrpo.errors import ConfigError
+
+    from conftest import REPO
+
+    with pytest.raises(ConfigError, match=refused):
+        config.load([REPO / "config/config.yaml"], {"actors": actors, **settings})
+
+
+def test_which_ranks_train_is_the_topology_of_the_run_identity():
+    """Which ranks train is part of the topology, as the ranks' count is; how long a rank waits for an actor is not.
+    Without actors the section is off: no run's identity names it."""
+    from videogrpo import config
+
+    from conftest import REPO
+
+    def identity(procs: int, **actors):
+        cfg = config.load([REPO / "config/config.yaml"], {"parallel": {"procs_per_node": procs}, "actors": actors})
+        return config.run_identity(cfg)
+
+    actor = identity(3, train_ranks=2)
+    assert actor == identity(3, train_ranks=2, stall_timeout_s=5)
+    assert len({identity(2), actor, identity(3, train_ranks=2, weight_sync="none"), identity(4, train_ranks=2)}) == 4
+    assert identity(2) == identity(2, stall_timeout_s=5, weight_sync="none")  # no actors: the section is off
