@@ -1,6 +1,9 @@
 """Rollout actor ranks (the `actors` section, docs/options.md#rollout-actors): some ranks train, the others roll
 out and score for them.
 
+A stalled actor (SIGSTOP after update 1's checkpoint) is noticed within actors.stall_timeout_s: the run stops with
+an error naming its rank and node, and a plain rerun resumes from the checkpoint to the uninterrupted run's weights.
+
 Synchronous: the same tiny run on 2 ranks that roll out and train, and on 3 ranks of which 2 train and 1 rolls out
 (weights sent whole after every update): the draws are keyed by batch, prompt and member, and the train ranks
 replay the rows a 2-rank job replays, so the rewards, advantages, losses and weights are the same to round-off, and
@@ -10,9 +13,14 @@ initial weights: the first update is the same, the later ones are off-policy.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
+
+import psutil
 import pytest
 
-from harness import metrics, tensors, train, trainer_config
+from harness import kill_tree, launch, metrics, tensors, train, trainer_config
 
 SYNC = dict(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "epochs": 2, "save_steps": 0})
 
@@ -44,6 +52,52 @@ def test_a_synchronous_actor_makes_the_updates_of_the_train_ranks_alone(tiny_mod
     stale, _ = runs["stale"]
     assert stale[0]["reward_mean"] == alone[0]["reward_mean"] and stale[0]["ppo_ratio_abs_max"] == 0.0
     assert all(m["ppo_ratio_abs_max"] > 0 for m in stale[1:])  # rolled out by the initial weights
+
+    # The actor stalls after update 1's checkpoint: the train ranks give up on it within the stall timeout.
+    cfg = trainer_config(grpo=SYNC["grpo"], train=dict(SYNC["train"], save_steps=1))
+    cfg["parallel"].update(procs_per_node=3, data_parallel="replicate")
+    cfg["actors"] = {"train_ranks": 2, "stall_timeout_s": 10}
+    out = tmp_path / "stalled"
+    proc = launch(cfg, out, tiny_model, dataset)
+    actor = None
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not (out / "checkpoints/step-00000001/COMPLETE").exists():
+            assert time.monotonic() < deadline, (out / "log.txt").read_text()[-3000:]
+            time.sleep(0.05)
+        actor = actor_process(proc)
+        actor.suspend()  # SIGSTOP: alive, silent
+        started = time.monotonic()
+        assert proc.wait(timeout=120) != 0
+        waited = time.monotonic() - started
+    finally:
+        if actor is not None:  # torchrun kills it once the train ranks have stopped; else it goes on
+            with contextlib.suppress(psutil.NoSuchProcess):
+                actor.resume()
+        if proc.poll() is None:
+            kill_tree(proc)
+    log = (out / "log.txt").read_text()
+    named = f"nothing from rank 2 (on {socket.gethostname()}) while waiting for the rollouts of batch"
+    assert named in log, log[-3000:]
+    assert "actors.stall_timeout_s = 10 s" in log and waited < 60
+    # A plain rerun resumes from update 1's checkpoint and ends with the uninterrupted run's weights.
+    cfg["actors"]["stall_timeout_s"] = 600
+    assert train(cfg, out, tiny_model, dataset)
+    assert "starting at batch 1" in (out / "log.txt").read_text()
+    resumed = tensors(out)
+    for name, weight in split_weights.items():
+        assert (weight - resumed[name]).abs().max() <= 1e-6, name
+
+
+def actor_process(proc):
+    """The worker process of job rank 2 (the actor) under torchrun `proc`."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == "2" and "videogrpo.grpo.worker" in " ".join(child.cmdline()):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError("no worker of rank 2 under torchrun")
 
 
 @pytest.mark.parametrize(

@@ -227,42 +227,47 @@ class ActorState:
 
 def run_actor(cfg, paths, ctx) -> None:
     """An actor's life: wait for the train root's next batch (with weights when behind), roll out, decode and score
-    its pieces, send each to its train rank; until the train root says stop."""
+    its pieces, send each to its train rank; until the train root says stop. A piece is sent once the next one is
+    rolled out (its scoring overlaps that rollout), so a train rank waits at most about two pieces' work for each."""
     link = ctx.link
     state = ActorState.build(cfg, paths, ctx)
     dealt = pieces(cfg, link.train_world)
     print(f"[rank {ctx.rank}] rollout actor of {link.train_world} train ranks", file=sys.stderr, flush=True)
     try:
         while True:
-            header, weights = link.recv(0, "the next batch from the train root")
+            header, weights = link.recv(0, "the next batch from the train root", bounded=False)
             if header["kind"] == "stop":
                 return
             if header["weights"]:
                 state.load(weights)
             batch = header["batch"]
             _, prompts = batch_for_step(state.order, cfg.grpo.prompts_per_step, batch)
-            made = []
-            with torch.no_grad():
-                for k in header["pieces"]:  # rolled out (and submitted for scoring) one after another
-                    r, w, rows = dealt[k]
-                    made.append((r, w, rows, rollout_batch.rollout_wave(state, batch, prompts, rows)))
-            for r, w, rows, chunk in made:
-                results = state.scorer.collect(chunk.futures)
-                trajectory = chunk.trajectory
-                tensors = {
-                    "latents": trajectory.latents,
-                    "log_probs": trajectory.log_probs,
-                    "etas": trajectory.etas,
-                    "embeds": chunk.embeds,
-                }
-                if trajectory.means is not None:
-                    tensors["means"] = trajectory.means
-                if chunk.condition is not None:
-                    tensors["condition"] = chunk.condition
-                message = {"batch": batch, "wave": w, "rows": rows, "results": results, "version": header["version"]}
-                link.send(r, message, tensors)
+            waiting = None
+            for k in header["pieces"]:
+                r, w, rows = dealt[k]
+                with torch.no_grad():
+                    chunk = rollout_batch.rollout_wave(state, batch, prompts, rows)  # submitted for scoring
+                if waiting is not None:
+                    send_piece(state, batch, header["version"], *waiting)
+                waiting = (r, w, rows, chunk)
+            if waiting is not None:
+                send_piece(state, batch, header["version"], *waiting)
     finally:
         state.scorer.close()
+
+
+def send_piece(state: ActorState, batch: int, version: int, rank: int, wave: int, rows: list[Row], chunk) -> None:
+    """A rolled-out piece to its train rank, once scored: the trajectory, the text embeddings, the rewards."""
+    results = state.scorer.collect(chunk.futures)
+    trajectory = chunk.trajectory
+    tensors = {"latents": trajectory.latents, "log_probs": trajectory.log_probs, "etas": trajectory.etas}
+    tensors["embeds"] = chunk.embeds
+    if trajectory.means is not None:
+        tensors["means"] = trajectory.means
+    if chunk.condition is not None:
+        tensors["condition"] = chunk.condition
+    message = {"batch": batch, "wave": wave, "rows": rows, "results": results, "version": version}
+    state.ctx.link.send(rank, message, tensors)
 
 
 def describe(cfg) -> str:

@@ -58,10 +58,12 @@ class Link:
             if t.numel():
                 self._send(t.detach().contiguous().cpu().view(-1).view(torch.uint8), dst)
 
-    def recv(self, src: int, what: str) -> tuple[object, dict[str, torch.Tensor]]:
-        """(header, tensors) of the next message from rank `src`; `what` says what is awaited (for the error)."""
+    def recv(self, src: int, what: str, bounded: bool = True) -> tuple[object, dict[str, torch.Tensor]]:
+        """(header, tensors) of the next message from rank `src`; `what` says what is awaited (for the error).
+        `bounded`: its first part within the stall timeout (else within the process groups' timeout: an actor
+        waiting for its next batch while the train ranks update, validate or checkpoint)."""
         size = torch.zeros(1, dtype=torch.int64)
-        self._recv(size, src, what)
+        self._recv(size, src, what, bounded)
         meta = torch.empty(int(size), dtype=torch.uint8)
         self._recv(meta, src, what)
         header, layout = pickle.loads(meta.numpy().tobytes())
@@ -77,15 +79,17 @@ class Link:
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         self.group.send([tensor], dst, 0).wait()
 
-    def _recv(self, tensor: torch.Tensor, src: int, what: str) -> None:
+    def _recv(self, tensor: torch.Tensor, src: int, what: str, bounded: bool = True) -> None:
+        work = self.group.recv([tensor], src, 0)
         try:
-            self.group.recv([tensor], src, 0).wait()
+            work.wait(datetime.timedelta(seconds=self.timeout_s)) if bounded else work.wait()
         except RuntimeError as err:
             node = self.nodes.get(src, "an unknown node")
+            within = f"actors.stall_timeout_s = {self.timeout_s:g} s" if bounded else "the process groups' timeout"
             raise LinkError(
-                f"rank {self.rank}: nothing from rank {src} (on {node}) while waiting for {what} within "
-                f"actors.stall_timeout_s = {self.timeout_s:g} s: that rank died or stalled ({err}). Complete "
-                "checkpoints are kept: a plain rerun resumes from the last one"
+                f"rank {self.rank}: nothing from rank {src} (on {node}) while waiting for {what} within {within}: "
+                f"that rank died or stalled ({err}). Complete checkpoints are kept: a plain rerun resumes from the "
+                "last one"
             ) from None
 
     def hello(self, peers: list[int]) -> None:
@@ -93,23 +97,26 @@ class Link:
         mine = socket.gethostname()
         for peer in sorted(peers):
             if peer < self.rank:  # the lower rank speaks first: no two ranks wait on each other
-                self.nodes[peer] = self.recv(peer, "a hello")[0]
+                self.nodes[peer] = self.recv(peer, "a hello", bounded=False)[0]
                 self.send(peer, mine)
             else:
                 self.send(peer, mine)
-                self.nodes[peer] = self.recv(peer, "a hello")[0]
+                self.nodes[peer] = self.recv(peer, "a hello", bounded=False)[0]
 
 
-def connect(rank: int, world: int, train_world: int, backend: str, timeout_s: float, device_id) -> Link:
+def connect(
+    rank: int, world: int, train_world: int, backend: str, timeout_s: float, device_id, group_timeout_s: float
+) -> Link:
     """Join the job's rendezvous store (torchrun's MASTER_ADDR and MASTER_PORT): a train rank (`rank` <
-    `train_world`) makes the default process group of the train ranks; every rank joins the link."""
+    `train_world`) makes the default process group of the train ranks; every rank joins the link (`timeout_s`: the
+    stall timeout of a bounded receive; `group_timeout_s`: every other wait's)."""
     import os
 
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         is_master=False,
-        timeout=datetime.timedelta(seconds=max(timeout_s, 60)),
+        timeout=datetime.timedelta(seconds=group_timeout_s),
     )
     if rank < train_world and not dist.is_initialized():
         dist.init_process_group(
@@ -118,9 +125,10 @@ def connect(rank: int, world: int, train_world: int, backend: str, timeout_s: fl
             rank=rank,
             world_size=train_world,
             device_id=device_id,
+            timeout=datetime.timedelta(seconds=group_timeout_s),
         )
     group = dist.ProcessGroupGloo(
-        dist.PrefixStore(LINK_PREFIX, store), rank, world, datetime.timedelta(seconds=timeout_s)
+        dist.PrefixStore(LINK_PREFIX, store), rank, world, datetime.timedelta(seconds=group_timeout_s)
     )
     link = Link(group, rank, world, timeout_s, train_world)
     link.hello(list(range(train_world, world)) if rank < train_world else list(range(train_world)))

@@ -65,7 +65,7 @@ def init(
         from videogrpo.parallel import link as link_mod
 
         device_id = device if device_kind == "cuda" else None
-        joined = link_mod.connect(rank, world, train_world, backend, stall_timeout_s, device_id)
+        joined = link_mod.connect(rank, world, train_world, backend, stall_timeout_s, device_id, timeout_s)
         return Context(rank, train_world if rank < train_world else world, local_rank, device, joined)
     one = group_of_one and world == 1 and "MASTER_ADDR" in os.environ
     if (world > 1 or one) and not dist.is_initialized():
