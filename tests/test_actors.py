@@ -89,6 +89,26 @@ def test_a_synchronous_actor_makes_the_updates_of_the_train_ranks_alone(tiny_mod
         assert (weight - resumed[name]).abs().max() <= 1e-6, name
 
 
+def test_lora_adapters_alone_reach_actors_of_fsdp_train_ranks(tiny_model, dataset, tmp_path):
+    """LoRA on FSDP-sharded train ranks: the adapters are gathered whole and sent alone (`auto` is `lora`), the
+    actor adds the same adapters to its base and loads them by name; the updates are the train ranks' alone."""
+    runs = {}
+    for name, procs, actors in (("alone", 2, {}), ("actor", 3, {"train_ranks": 2})):
+        cfg = trainer_config(
+            grpo=SYNC["grpo"], train=dict(SYNC["train"], max_steps=2, lora_rank=4, lora_export_merged=True)
+        )
+        cfg["parallel"].update(procs_per_node=procs, data_parallel="fsdp")
+        cfg["actors"] = actors
+        assert train(cfg, tmp_path / name, tiny_model, dataset)
+        runs[name] = metrics(tmp_path / name), tensors(tmp_path / name)
+    assert "weights sent as lora" in (tmp_path / "actor/log.txt").read_text()
+    (alone, alone_weights), (split, split_weights) = runs["alone"], runs["actor"]
+    for a, b in zip(alone, split, strict=True):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4) and b["ppo_ratio_abs_max"] == 0.0, a["step"]
+    for name, weight in alone_weights.items():
+        assert (weight - split_weights[name]).abs().max() <= 1e-6, name
+
+
 def actor_process(proc):
     """The worker process of job rank 2 (the actor) under torchrun `proc`."""
     for child in psutil.Process(proc.pid).children(recursive=True):
