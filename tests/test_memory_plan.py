@@ -368,3 +368,34 @@ def test_preflight_refuses_offload_past_the_nodes_host_memory(tiny_model, tmp_pa
         partial=True,
     )  # noqa: E501
     assert preflight.check_memory_plan(plain, tiny_model, meminfo=small)[0].ok  # no offload: no host check
+
+
+def test_a_rollout_actor_is_planned_apart_from_the_train_ranks():
+    """The 5B recipe at its 128 ranks with 64 of them rollout actors (actors.train_nodes 8): the train ranks' plan is
+    that of a 64-rank job; an actor holds the policy whole in bf16, the frozen models, one piece's rollout working set
+    and two pieces' trajectories, and no optimizer state."""
+    from videogrpo.preflight.actor_memory import actor_plan
+
+    shape = wan_5b_shape()
+    cfg = recipe("rl_5b_cps", parallel={"device_memory_gib": 80}, actors={"train_nodes": 8})
+    alone = recipe("rl_5b_cps", parallel={"device_memory_gib": 80, "nodes": 8})
+    assert memory_plan.plan_for_config(cfg, shape).lines() == memory_plan.plan_for_config(alone, shape).lines()
+    actor = actor_plan(cfg, shape)
+    terms = {t.name: t.bytes for t in actor.terms}
+    assert set(terms) == {"policy", "frozen models", "rollout working set", "trajectories", "decoded videos",
+                          "CUDA reserve"}  # fmt: skip
+    assert terms["policy"] == 2 * shape.params.total and terms["frozen models"] == 2 * shape.frozen_params
+    train = {t.name: t.bytes for t in memory_plan.plan_for_config(alone, shape).terms}
+    # A piece is one train rank's wave: the rows it would roll out itself, as its rollout working set counts them.
+    assert terms["rollout working set"] == train["rollout working set"] and actor.facts["piece_rows"] == 16
+    assert terms["trajectories"] == 2 * 16 * (31 * 48 * 21 * 32 * 32 * 2 + 512 * 4096 * 2)
+    assert actor.fits and actor.peak < memory_plan.plan_for_config(alone, shape).peak
+
+
+def test_preflight_checks_the_actors_plan_too(tiny_model):
+    """With rollout actors preflight prints an actor's plan beside the train ranks' and checks both."""
+    settings = trainer_config(parallel={"device": "cuda", "backend": "nccl", "procs_per_node": 3})
+    settings["actors"] = {"train_ranks": 2}
+    check, report = preflight.check_memory_plan(config.from_dict(settings, partial=True), tiny_model, probe=a_gpu(80))
+    assert check.ok and " per train rank, " in check.detail and " per actor, fits" in check.detail
+    assert "\n  a rollout actor:\n    policy" in check.detail and report["actor"]["fits"]

@@ -182,7 +182,7 @@ class ActorState:
     @classmethod
     def build(cls, cfg, paths, ctx) -> ActorState:
         from videogrpo.grpo.peak_memory import PeakMemory
-        from videogrpo.models.wan import WanTI2V, flow_shift, tile_decoding
+        from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift, tile_decoding
         from videogrpo.rewards.terms import training_scorer
 
         offloading = cfg.train.offload_inference_models
@@ -191,7 +191,8 @@ class ActorState:
         (policy,) = model.trainable.values()
         if lora.enabled(cfg):  # the same adapters as the train ranks', so that theirs load by name
             lora.add_adapters(policy, cfg, 0)
-        policy.requires_grad_(False).eval()
+        # Frozen and whole, in the compute dtype: what FSDP's mixed-precision policy gathers on a train rank.
+        policy.requires_grad_(False).eval().to(DTYPES[cfg.parallel.param_dtype])
         placement = offload.Placement(
             ctx.device,
             offloading,

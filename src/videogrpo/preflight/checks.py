@@ -305,7 +305,22 @@ def check_memory_plan(
     if plan.enforced and plan.host_terms and (refused := host_memory_problem(cfg, plan, meminfo)):
         return Check("memory_plan", False, refused + lines), plan.as_dict()
     verdict = "fits" if plan.enforced else "not enforced on CPU"
-    return Check("memory_plan", True, f"{memory_plan.gib(plan.peak)} per rank, {verdict}{lines}"), plan.as_dict()
+    if not cfg.has_actors:
+        return Check("memory_plan", True, f"{memory_plan.gib(plan.peak)} per rank, {verdict}{lines}"), plan.as_dict()
+    from videogrpo.preflight.actor_memory import actor_plan
+
+    actor = actor_plan(cfg, shape, frozen_dtype, probe)
+    both = f"{lines}\n  a rollout actor:\n    " + "\n    ".join(actor.lines())
+    report = dict(plan.as_dict(), actor=actor.as_dict())
+    if not actor.fits:
+        detail = (
+            f"a rollout actor needs {memory_plan.gib(actor.peak)}, more than the {memory_plan.gib(actor.available)} "
+            f"available (it holds the policy whole); roll out fewer rows at once (grpo.sample_batch_size, "
+            f"grpo.decode_batch_size), or train without actors (actors.train_ranks 0){both}"
+        )
+        return Check("memory_plan", False, detail), report
+    sizes = f"{memory_plan.gib(plan.peak)} per train rank, {memory_plan.gib(actor.peak)} per actor"
+    return Check("memory_plan", True, f"{sizes}, {verdict}{both}"), report
 
 
 HOST_RESERVE_GIB = 16

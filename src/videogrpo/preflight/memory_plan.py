@@ -430,19 +430,8 @@ def plan(
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
         )
     )
-    # Counted with the transformer's code for one row (an upper bound under TP, which splits a block's transients).
-    forward = forward_peak_bytes(config, latent, text_tokens, compute_dtype, per_token_timestep)
-    forward += int(tokens * math_attention)
-    terms.append(
-        Term(
-            "rollout working set",
-            rows * forward,
-            (ROLLOUT,),
-            f"{rows} rows x {forward / GIB:.2f} GiB, a forward without gradients at {tokens:,} tokens (counted: "
-            "preflight/working_sets.py)",
-            alternative=SAMPLE_OR_DECODE,
-        )
-    )
+    working = rollout_working_set(config, latent, text_tokens, compute_dtype, per_token_timestep, rows, math_attention)
+    terms.append(working)
     per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
     if transition_means:  # GRPO-Guard: the rollout's mean of every step, float32
         per_row += sampling_steps * math.prod(latent) * 4
@@ -462,27 +451,7 @@ def plan(
         )
     )
     videos = rows_per_forward if decode_rows is None else decode_rows  # 0: a reward that decodes nothing
-    pixels = 3 * frames * height * width
-    if videos:
-        # While the VAE decodes: its own peak (its output included); after: the output, its float32 copy, the
-        # clamp's and the uint8 frames. The larger of the two, per video of a decode batch.
-        after = pixels * (z + 4 + 4 + 1)
-        tiles = f"in {vae_tile_size}-pixel tiles" if vae_tile_size else "whole frames"
-        if shape.vae:
-            decoder = decoder_peak_bytes(shape.vae, frames, height, width, frozen_dtype, vae_tile_size)
-            how = f"the decoder's peak ({tiles}, counted: preflight/working_sets.py) {decoder / GIB:.2f} GiB"
-        else:
-            decoder, how = 0, "the decoder's peak not counted (no VAE config)"
-        terms.append(
-            Term(
-                "decoded videos",
-                videos * max(decoder, after),
-                (ROLLOUT,),
-                f"{videos} videos x the larger of {how} and 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B "
-                f"{after / GIB:.2f} GiB (its output, the float32 copy, the clamp's, the uint8 frames)",
-                alternative=SAMPLE_OR_DECODE,
-            )
-        )
+    terms += decoded_videos(shape, videos, frames, height, width, frozen_dtype, vae_tile_size)
     if cuda:
         terms.append(Term("CUDA reserve", CUDA_RESERVE, both, "context, cuBLAS and NCCL workspaces"))
     return MemoryPlan(
@@ -494,6 +463,53 @@ def plan(
         facts={"video_tokens": tokens, "latent_shape": list(latent), "sharding": shard, "rows_per_forward": rows},
         host_terms=host_terms,
     )
+
+
+def rollout_working_set(
+    config: dict, latent, text_tokens: int, compute_dtype: str, per_token_timestep: bool, rows: int, math_attention
+) -> Term:
+    """The rollout's working set: one forward without gradients per row, counted with the transformer's code at the
+    run's latent shape (an upper bound under TP, which splits a block's transients), times the rows of a chunk."""
+    tokens = video_tokens(latent, tuple(config["patch_size"]))
+    forward = forward_peak_bytes(config, latent, text_tokens, compute_dtype, per_token_timestep)
+    forward += int(tokens * math_attention)
+    return Term(
+        "rollout working set",
+        rows * forward,
+        (ROLLOUT,),
+        f"{rows} rows x {forward / GIB:.2f} GiB, a forward without gradients at {tokens:,} tokens (counted: "
+        "preflight/working_sets.py)",
+        alternative=SAMPLE_OR_DECODE,
+    )
+
+
+def decoded_videos(
+    shape: ModelShape, videos: int, frames: int, height: int, width: int, frozen_dtype: str, vae_tile_size
+) -> list[Term]:
+    """The decoding's term (rollout phase; none for a reward that decodes nothing): per video of a decode batch the
+    larger of the VAE's own peak while it decodes (its output included) and, after, the output, its float32 copy, the
+    clamp's and the uint8 frames."""
+    if not videos:
+        return []
+    z = BYTES[frozen_dtype]
+    pixels = 3 * frames * height * width
+    after = pixels * (z + 4 + 4 + 1)
+    tiles = f"in {vae_tile_size}-pixel tiles" if vae_tile_size else "whole frames"
+    if shape.vae:
+        decoder = decoder_peak_bytes(shape.vae, frames, height, width, frozen_dtype, vae_tile_size)
+        how = f"the decoder's peak ({tiles}, counted: preflight/working_sets.py) {decoder / GIB:.2f} GiB"
+    else:
+        decoder, how = 0, "the decoder's peak not counted (no VAE config)"
+    return [
+        Term(
+            "decoded videos",
+            videos * max(decoder, after),
+            (ROLLOUT,),
+            f"{videos} videos x the larger of {how} and 3 x {frames}x{height}x{width} x ({z} + 4 + 4 + 1) B "
+            f"{after / GIB:.2f} GiB (its output, the float32 copy, the clamp's, the uint8 frames)",
+            alternative=SAMPLE_OR_DECODE,
+        )
+    ]
 
 
 def judge_share(cfg) -> float:
@@ -527,7 +543,7 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
     field sets: docs/what-fits.md)."""
     from videogrpo.models.wan import DTYPES, trajectory_dtype
 
-    world = cfg.world_size
+    world = cfg.train_world_size  # with rollout actors, the train ranks (their plan: actor_plan)
     wave, batch, chunk = rows_per_rank(cfg, world)
     traj = trajectory_dtype(cfg.grpo.trajectory_dtype, cfg.parallel.param_dtype)
     traj_name = next(name for name, dtype in DTYPES.items() if dtype == traj)
