@@ -134,7 +134,10 @@ def _simulate_command(args: argparse.Namespace) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     results = simulate(cfg, args.ranks, steps=not args.no_steps, log=log, jobs=jobs)
     print(
-        f"{len(results)} ranks of {cfg.world_size} checked in {time.monotonic() - started:.0f} s ({jobs} at a time): "
+        f"{len(results)} ranks of {cfg.train_world_size} checked in {time.monotonic() - started:.0f} s "
+        + f"({jobs} at a time"
+        + (f"; {cfg.world_size - cfg.train_world_size} rollout actors beside them" if cfg.has_actors else "")
+        + "): "
         "every parameter's "
         "shard, the training state's bytes and the checkpoint plan as the memory plan and layout say"
         + ("" if args.no_steps else ", and a rollout and a replay step on fake tensors")

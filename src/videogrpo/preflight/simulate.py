@@ -79,7 +79,7 @@ class RankResult:
 def ranks_to_check(cfg: Config) -> list[int]:
     """The first and last rank, the first rank of every HSDP shard group (or, under FSDP, of every block of 8 data
     replicas), and with tensor parallelism each such rank's TP peers: where an off-by-one in a mesh shows."""
-    par, world = cfg.parallel, cfg.world_size
+    par, world = cfg.parallel, cfg.train_world_size  # with rollout actors, the train ranks
     tp = max(1, par.tensor_parallel)
     stride = par.shard_group_size if par.data_parallel == "hsdp" else 8
     firsts = set(range(0, world // tp, stride)) | {world // tp - 1}
@@ -130,8 +130,9 @@ def simulate(
     cfg: Config, ranks: list[int] | None = None, steps: bool = True, log=print, jobs: int = 1
 ) -> list[RankResult]:
     """Check `ranks` (default `ranks_to_check`) of the recipe `cfg`, `jobs` ranks at a time; SimulationMismatch lists
-    every difference."""
-    world = cfg.world_size
+    every difference. With rollout actors the train ranks are simulated (ranks 0 .. train ranks - 1): an actor holds
+    the policy whole and builds no mesh (its memory: preflight/actor_memory.py)."""
+    world = cfg.train_world_size
     ranks = ranks_to_check(cfg) if ranks is None else ranks
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:
@@ -145,6 +146,7 @@ def simulate(
         + (f" in groups of {par.shard_group_size}" if par.data_parallel == "hsdp" else "")
         + (f", tensor_parallel {par.tensor_parallel}" if par.tensor_parallel > 1 else "")
         + f"; {len(shapes)} transformer(s) of {model_shape.trained // len(shapes):,} parameters; ranks {ranks}"
+        + (f"; the {world} train ranks of {cfg.world_size} (the others are rollout actors)" if cfg.has_actors else "")
     )
 
     def start(rank: int):
@@ -225,13 +227,13 @@ def _simulate_rank(cfg, rank, layout, shapes, planned, latent: tuple[int, ...] |
 
     started = time.monotonic()
     sim = simulation_config(cfg)
-    dist.init_process_group(sim.parallel.backend, store=FakeStore(), rank=rank, world_size=cfg.world_size)
+    dist.init_process_group(sim.parallel.backend, store=FakeStore(), rank=rank, world_size=cfg.train_world_size)
     try:
         raw = {}
         for name, shape in shapes.items():
             with torch.device("meta"):
                 raw[name] = WanTransformer3DModel(**shape)
-        experts = Experts.build(raw, cfg.model.kind == "i2v_a14b", sim, cfg.world_size, torch.device("cpu"))
+        experts = Experts.build(raw, cfg.model.kind == "i2v_a14b", sim, cfg.train_world_size, torch.device("cpu"))
         result = RankResult(rank, layout, 0, 0, planned=planned)
         allocated = 0
         for expert in experts.experts:
@@ -329,7 +331,7 @@ def _run_steps(cfg, sim, rank, experts, sigmas: list[float], latent: tuple[int, 
 
         model = WanTI2V.without_frozen_models(experts.policy, device, sim)
     g = cfg.grpo
-    wave = waves(cfg, rank, cfg.world_size)[0]
+    wave = waves(cfg, rank, cfg.train_world_size)[0]
     rows = len(offload.rollout_chunks(wave, g.sample_batch_size)[0])
     first = next(iter(experts.policy.values() if routed else [experts.policy]))
     text_dim = first.config.text_dim
