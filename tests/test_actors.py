@@ -160,22 +160,17 @@ def test_which_ranks_train_is_the_topology_of_the_run_identity():
     assert identity(2) == identity(2, stall_timeout_s=5, weight_sync="none")  # no actors: the section is off
 
 
-def test_simulate_accepts_actors_at_the_5b_recipes_world_size(tmp_path):
+def test_simulate_accepts_actors_at_the_5b_recipes_world_size():
     """The 5B recipe's 128 ranks, the first 8 nodes training and the other 8 rolling out: the train ranks are
-    simulated as a 64-rank job (rank 0 and the last train rank), and the actors are named beside them."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    simulated as a 64-rank job (rank 0 and the last train rank), and the actors are named beside them (the command
+    docs/options.md#rollout-actors shows)."""
+    from demo import run
 
     from conftest import REPO
 
-    layer = tmp_path / "actors.yaml"
-    layer.write_text("actors:\n  train_nodes: 8\n")
-    argv = [str(Path(sys.executable).parent / "videogrpo"), "simulate", "--configfile"]
-    argv += [str(REPO / "config/recipes/rl_5b_cps.yaml"), str(layer), "--ranks", "0,63", "--no-steps"]
-    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
+    argv = ["videogrpo", "simulate", "--configfile", "config/recipes/rl_5b_cps.yaml", "--set", "actors.train_nodes=8"]
+    out = run([*argv, "--ranks", "0,63", "--no-steps"], REPO)
     assert "the 64 train ranks of 128 (the others are rollout actors)" in out.stdout
     assert "2 ranks of 64 checked" in out.stdout and "64 rollout actors beside them" in out.stdout
-    refused = subprocess.run([*argv[:-3], "--ranks", "64"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    refused = run([*argv, "--ranks", "64", "--no-steps"], REPO, check=False)
     assert refused.returncode != 0 and "the world size is 64 (ranks 0 to 63)" in refused.stdout + refused.stderr
