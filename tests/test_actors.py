@@ -89,6 +89,28 @@ def test_a_synchronous_actor_makes_the_updates_of_the_train_ranks_alone(tiny_mod
         assert (weight - resumed[name]).abs().max() <= 1e-6, name
 
 
+def test_two_actors_under_delayed_replay_make_the_updates_of_the_train_ranks_alone(tiny_model, dataset, tmp_path):
+    """Two actors (pieces dealt in turn), FSDP train ranks, delayed replay with two shuffled updates a batch: each
+    batch is rolled out under the weights of the update before it, as the train ranks alone roll it out."""
+    delayed = dict(
+        grpo={"prompts_per_step": 2, "delayed_replay": True, "updates_per_batch": 2, "sample_batch_size": 2},
+        train={"max_steps": None, "epochs": 1, "save_steps": 0},
+    )
+    runs = {}
+    for name, procs, actors in (("alone", 2, {}), ("actors", 4, {"train_ranks": 2})):
+        cfg = trainer_config(**delayed)
+        cfg["parallel"].update(procs_per_node=procs, data_parallel="fsdp")
+        cfg["actors"] = actors
+        assert train(cfg, tmp_path / name, tiny_model, dataset)
+        runs[name] = metrics(tmp_path / name), tensors(tmp_path / name)
+    (alone, alone_weights), (split, split_weights) = runs["alone"], runs["actors"]
+    assert [m["delayed_replay_staleness"] for m in split] == [m["delayed_replay_staleness"] for m in alone]
+    for a, b in zip(alone, split, strict=True):
+        assert a["grad_norm_per_update"] == pytest.approx(b["grad_norm_per_update"], rel=1e-5), a["step"]
+    for name, weight in alone_weights.items():
+        assert (weight - split_weights[name]).abs().max() <= 1e-6, name
+
+
 def test_lora_adapters_alone_reach_actors_of_fsdp_train_ranks(tiny_model, dataset, tmp_path):
     """LoRA on FSDP-sharded train ranks: the adapters are gathered whole and sent alone (`auto` is `lora`), the
     actor adds the same adapters to its base and loads them by name; the updates are the train ranks' alone."""
