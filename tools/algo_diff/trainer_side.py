@@ -187,7 +187,7 @@ def one_batch(
     waves = assignment.waves(cfg, 0, 1)
     trainer.__dict__.update(
         cfg=cfg,
-        ctx=SimpleNamespace(world_size=1, rank=0, device=CPU, is_main=False),
+        ctx=SimpleNamespace(world_size=1, rank=0, device=CPU, is_main=False, link=None),
         model=model or StandInModel(),
         experts=experts,
         layout=experts.layout(),

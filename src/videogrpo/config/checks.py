@@ -427,15 +427,15 @@ def topology_problems(cfg: Config) -> list[str]:
     train (all of them, or the train ranks beside rollout actors)."""
     p, g = cfg.grpo, cfg.parallel
     world = cfg.train_world_size
-    sized = (
-        f"{world} train ranks (actors.train_ranks / train_nodes)"
-        if cfg.has_actors
-        else f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
-    )
+    if cfg.has_actors:
+        sized = flat = f"{world} train ranks (actors.train_ranks / train_nodes)"
+    else:
+        sized = f"world size {world} (= nodes {g.nodes} x procs_per_node {g.procs_per_node})"
+        flat = f"world size {world} = nodes {g.nodes} x procs_per_node {g.procs_per_node}"
     found = []
     if g.tensor_parallel > 1:
         if found := tensor_parallel_problems(world, g.tensor_parallel, g.data_parallel):
-            return [f"{found[0]} ({sized})"]
+            return [f"{found[0]} ({flat})"]
         if p.shared_prompts:
             # assignment.waves deals shared-prompt rows per rank; a TP pair must roll out the same rows.
             return [
@@ -472,7 +472,7 @@ def topology_problems(cfg: Config) -> list[str]:
             )
             found.append(
                 f"grpo.prompts_per_step = {p.prompts_per_step}: must equal train.batch_size {cfg.train.batch_size} "
-                f"x {replicas} data replicas ({sized}, / tensor_parallel {g.tensor_parallel}) = "
+                f"x {replicas} data replicas ({flat}, / tensor_parallel {g.tensor_parallel}) = "
                 f"{cfg.train.batch_size * replicas}" + fix
             )
     return found
