@@ -90,9 +90,7 @@ def test_every_rank_caps_its_allocator_at_what_the_judge_leaves_before_loading_a
     events = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: events.append(("cap", f, str(d))))
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(
-        worker.process_groups, "init", lambda *a, **k: worker.process_groups.Context(0, 1, 0, cuda0)
-    )
+    monkeypatch.setattr(worker.process_groups, "init", lambda *a, **k: worker.process_groups.Context(0, 1, 0, cuda0))
     monkeypatch.setattr(worker.process_groups, "shutdown", lambda: None)
 
     class Trainer:
