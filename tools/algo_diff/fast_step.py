@@ -135,13 +135,11 @@ def project_side(data: dict) -> dict:
     """The trainer's own prepare and update of batch 0 (trainer_side.one_batch) with the preset's values."""
     out = one_batch(preset_config(), data["weights"], data["sigmas"], data["rewards"], LATENT)
     start, end = data["window"].tolist()
-    trained = {r for s in out["sets"] for r in s}
-    rows = [(j, m) for j in range(PROMPTS) for m in range(GROUP)]
     return {
         "states": out["trajectory"][:, start : end + 1],
         "log_probs": out["log_probs"][:, start:end],
         "advantages": out["advantages"].flatten(),
-        "kept": torch.tensor([float(r in trained) for r in rows]),
+        "kept": out["kept"],
         "gradients": torch.stack(out["gradients"]),
         "trained": out["trained"],
         "ema": out["ema"],

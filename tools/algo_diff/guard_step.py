@@ -132,14 +132,12 @@ def authors_side(loaded, data: dict) -> dict:
 def project_side(data: dict) -> dict:
     """The trainer's own prepare and update of batch 0 (trainer_side.one_batch) with the preset's values."""
     out = one_batch(preset_config(), data["weights"], data["sigmas"], data["rewards"], LATENT)
-    trained = {r for s in out["sets"] for r in s}
-    rows = [(j, m) for j in range(PROMPTS) for m in range(GROUP)]
     return {
         "states": out["trajectory"],
         "log_probs": out["log_probs"],
         "means": out["means"],
         "advantages": out["advantages"].flatten(),
-        "kept": torch.tensor([float(r in trained) for r in rows]),
+        "kept": out["kept"],
         "gradients": torch.stack(out["gradients"]),
         "trained": out["trained"],
         "ema": out["ema"],

@@ -160,8 +160,8 @@ def one_batch(
     else the initial weights), `rewards` [P, G] given, `shift` the flow shift (a DPM-Solver tail re-spaces by it),
     `model` the stand-in model (StandInModel). Returns what it did: `trajectory` [P x G rows in (prompt, member)
     order, T + 1, ...], `log_probs` and (GRPO-Guard) `means`, the `advantages` [P, G], the rows each optimizer
-    update trained (`sets`), the clipped gradient each stepped on, and the trained weights, the EMA's and the old
-    policy's after the batch (flat)."""
+    update trained (`sets`; `kept`: 1 for each row one of them trained, by row), the clipped gradient each stepped
+    on, and the trained weights, the EMA's and the old policy's after the batch (flat)."""
     from videogrpo.grpo import assignment, offload, replay
     from videogrpo.grpo.experts import Experts
     from videogrpo.grpo.peak_memory import PeakMemory
@@ -227,6 +227,7 @@ def one_batch(
         "means": pick("means") if g.grpo_guard else None,
         "advantages": torch.stack([found[r][0].advantages[found[r][1]] for r in rows]).view(g.prompts_per_step, -1),
         "sets": sets,
+        "kept": torch.tensor([float(any(r in s for s in sets)) for r in rows]),
         "gradients": gradients,
         "trained": flat(experts.params),
         "ema": flat(trainer.ema.copies) if trainer.ema is not None else None,

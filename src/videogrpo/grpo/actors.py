@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from videogrpo.data.dataset import batch_for_step, load_split, training_order
 from videogrpo.grpo import assignment, lora, offload, rollout_batch
 from videogrpo.grpo.rollout import Trajectory
-from videogrpo.grpo.rollout_batch import Chunk, Prepared
+from videogrpo.grpo.rollout_batch import Chunk
 from videogrpo.grpo.samplers import sigma_schedule
 
 Row = tuple[int, int]
@@ -78,21 +77,20 @@ class ReceivedScores:
 def rollout_weights(trainer) -> dict[str, torch.Tensor]:
     """The weights the rollouts are sampled with, whole, on the host, by name: the policy's trained tensors
     (LoRA: the adapters), DiffusionNFT's old policy swapped in. A collective under FSDP: every train rank calls it."""
-    sampling = trainer.nft_old.swapped_in() if trainer.nft_old is not None else contextlib.nullcontext()
-    with sampling:
-        whole = trainer.experts.full_state_dicts()
+    from videogrpo.parallel import fsdp
+
     (expert,) = trainer.experts.experts  # the A14B's two experts are refused with actors (config checks)
-    trained = {n for n, p in expert.module.named_parameters() if p.requires_grad}
-    return {travel_name(n): t for n, t in whole[expert.name].items() if n in trained}
+    sampling = trainer.nft_old.swapped_in() if trainer.nft_old is not None else contextlib.nullcontext()
+    with sampling:  # only the trained tensors are gathered: under LoRA, not the frozen base
+        trained = fsdp.trained_state_dict(expert.module)
+    return {travel_name(n): t for n, t in trained.items()}
 
 
-def request_batch(trainer, batch: int) -> Prepared:
-    """The train side of a batch: the weights sent to the actors that are behind, each actor's pieces dealt (by the
-    train root), this rank's pieces received; the batch as `rollout_batch.prepare` would have made it."""
-    t0 = time.monotonic()
+def receive_pieces(trainer, batch: int, prompts: list) -> list[Chunk]:
+    """The train side of a batch (rollout_batch.prepare's `receive`): the weights sent to the actors that are behind,
+    each actor's pieces dealt (by the train root), this rank's pieces received as the chunks it would have rolled
+    out."""
     cfg, ctx, link = trainer.cfg, trainer.ctx, trainer.ctx.link
-    trainer.memory.enter("rollout")
-    epoch, prompts = batch_for_step(trainer.order, cfg.grpo.prompts_per_step, batch)
     actors = range(link.train_world, link.world)
     version = trainer.policy_version
     behind = [a for a in actors if trainer.actor_versions.get(a) != version]
@@ -120,8 +118,7 @@ def request_batch(trainer, batch: int) -> Prepared:
                 f"{header['wave']} rows {header['rows']} (the actors and the train ranks disagree on the pieces)"
             )
         chunks.append(received_chunk(trainer, prompts, header, tensors))
-    trainer.rolled_out.append(batch)
-    return Prepared(batch, epoch, chunks, time.monotonic() - t0)
+    return chunks
 
 
 def received_chunk(trainer, prompts, header: dict, tensors: dict) -> Chunk:
@@ -171,7 +168,6 @@ class ActorState:
     sigmas: torch.Tensor
     shift: float
     shape: tuple
-    memory: object
     nft_old: None = None
     scores: bool = True
 
@@ -181,7 +177,6 @@ class ActorState:
 
     @classmethod
     def build(cls, cfg, paths, ctx) -> ActorState:
-        from videogrpo.grpo.peak_memory import PeakMemory
         from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift, tile_decoding
         from videogrpo.rewards.terms import training_scorer
 
@@ -212,7 +207,6 @@ class ActorState:
             sigma_schedule(cfg.grpo.sampling_steps, shift),
             shift,
             model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape,
-            PeakMemory(ctx.device),
         )
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:

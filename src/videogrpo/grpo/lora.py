@@ -93,15 +93,10 @@ def adapter_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapters of a wrapped transformer gathered on CPU, in Diffusers' LoRA keys (peft's without the adapter
     name). Collective under FSDP: every rank calls it."""
     from peft.utils import get_peft_model_state_dict
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from videogrpo.parallel import fsdp
 
-    if fsdp.is_sharded(module):
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        gathered = get_model_state_dict(module, options=options)
-    else:
-        gathered = {k: v.detach().cpu() for k, v in module.state_dict().items() if is_adapter(k)}
+    gathered = fsdp.trained_state_dict(module)  # the adapters: the only parameters that train
     return get_peft_model_state_dict(module, state_dict=gathered, adapter_name=ADAPTER)
 
 

@@ -49,11 +49,16 @@ class Prepared:
     time_rollout_s: float
 
 
-def prepare(trainer, batch_index: int) -> Prepared:
+def prepare(trainer, batch_index: int, receive=None) -> Prepared:
+    """This rank's chunks of batch `batch_index`: rolled out wave by wave and submitted for scoring, or with rollout
+    actors `receive(trainer, batch_index, prompts)`'s (actors.receive_pieces: rolled out and scored by them)."""
     t0 = time.monotonic()
     trainer.memory.enter("rollout")
     epoch, prompts = batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, batch_index)
-    chunks = [rollout_wave(trainer, batch_index, prompts, rows) for rows in trainer.waves]
+    if receive is not None:
+        chunks = receive(trainer, batch_index, prompts)
+    else:
+        chunks = [rollout_wave(trainer, batch_index, prompts, rows) for rows in trainer.waves]
     trainer.rolled_out.append(batch_index)
     return Prepared(batch_index, epoch, chunks, time.monotonic() - t0)
 

@@ -181,10 +181,8 @@ class Trainer:
 
     def prepare(self, batch_index: int) -> Prepared:
         """This rank's rollouts of batch `batch_index`, scoring submitted (rollout_batch.prepare); with rollout
-        actors, received from them, scored (actors.request_batch)."""
-        if self.ctx.link is not None:
-            return actors.request_batch(self, batch_index)
-        return rollout_batch.prepare(self, batch_index)
+        actors, received from them, scored (actors.receive_pieces)."""
+        return rollout_batch.prepare(self, batch_index, actors.receive_pieces if self.ctx.link is not None else None)
 
     # ---- replaying prepared batches: one optimizer update ------------------------------------------
 

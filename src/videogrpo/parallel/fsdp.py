@@ -137,6 +137,18 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def trained_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that require gradients (under LoRA: the adapters) gathered whole on CPU, by name; the frozen
+    ones are neither gathered nor copied (collective: every rank calls it; on a sharded model rank 0 alone receives
+    them, as torch's full state dict offloaded to CPU hands them out)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_sharded(model):
+        return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_model_state_dict(model, options=options)
+
+
 def describe_layout(model: torch.nn.Module) -> dict:
     """Where the trainable parameters live: their dtype, and for sharded models the mesh and this rank's share.
 

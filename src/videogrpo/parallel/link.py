@@ -7,8 +7,10 @@ group, the link, over the same rendezvous store: messages between a train rank a
 point, on host memory. A message is a header (any picklable object, with the dtype and shape of each tensor) and the
 tensors' bytes, each one send: bf16 and every other dtype travel as bytes.
 
-A receive waits at most the link's timeout (actors.stall_timeout_s); past it the run stops with an error that names
-the peer by its rank and node, instead of waiting forever on an actor that died or stalled.
+A train rank's receive of an actor's rollouts waits at most actors.stall_timeout_s; past it the run stops with an
+error that names the peer by its rank and node, instead of waiting forever on an actor that died or stalled. An
+actor's wait for its next batch is bounded by the process groups' timeout only (the train ranks may be updating,
+validating or writing a checkpoint meanwhile).
 
 May import the core modules.
 """

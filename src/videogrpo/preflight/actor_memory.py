@@ -7,8 +7,6 @@ May import: `preflight.memory_plan`, `grpo` (assignment, offload, actors), `mode
 
 from __future__ import annotations
 
-import math
-
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.preflight import memory_plan
 from videogrpo.preflight.memory_plan import (
@@ -21,6 +19,7 @@ from videogrpo.preflight.memory_plan import (
     decoded_videos,
     device_memory,
     judge_share,
+    rollout_record_bytes,
     rollout_working_set,
     with_lora,
 )
@@ -51,9 +50,7 @@ def actor_plan(cfg, shape: memory_plan.ModelShape, frozen_dtype: str | None = No
     math_attention = 2 * heads * tokens * c if cfg.parallel.attention_backend in MATH_BACKENDS else 0
     weights = shape.params.total + (shape.trainable if shape.adapters else 0)
     steps = cfg.grpo.sampling_steps
-    per_row = (steps + 1) * math.prod(latent) * t + cfg.model.max_text_tokens * config["text_dim"] * c
-    if cfg.grpo.grpo_guard:
-        per_row += steps * math.prod(latent) * 4
+    per_row = rollout_record_bytes(config, latent, steps, cfg.model.max_text_tokens, t, c, cfg.grpo.grpo_guard)
     phase = (ROLLOUT,)
     terms = [
         Term("policy", weights * c, phase, f"{weights:,} parameters whole and frozen x {c} B ({compute})"),

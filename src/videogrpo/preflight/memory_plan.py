@@ -432,9 +432,7 @@ def plan(
     )
     working = rollout_working_set(config, latent, text_tokens, compute_dtype, per_token_timestep, rows, math_attention)
     terms.append(working)
-    per_row = (sampling_steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
-    if transition_means:  # GRPO-Guard: the rollout's mean of every step, float32
-        per_row += sampling_steps * math.prod(latent) * 4
+    per_row = rollout_record_bytes(config, latent, sampling_steps, text_tokens, t, c, transition_means)
     held = (
         (rollout_rows_per_forward or rows_per_forward)
         if offload_trajectories
@@ -481,6 +479,15 @@ def rollout_working_set(
         "preflight/working_sets.py)",
         alternative=SAMPLE_OR_DECODE,
     )
+
+
+def rollout_record_bytes(
+    config: dict, latent, steps: int, text_tokens: int, t: int, c: int, transition_means: bool
+) -> int:
+    """What one rollout's record holds until it is replayed: its steps + 1 latents in the trajectory dtype (t B), its
+    prompt embeddings (c B) and, with GRPO-Guard, every step's transition mean in float32."""
+    per_row = (steps + 1) * math.prod(latent) * t + text_tokens * config["text_dim"] * c
+    return per_row + (steps * math.prod(latent) * 4 if transition_means else 0)
 
 
 def decoded_videos(
