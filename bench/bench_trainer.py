@@ -88,8 +88,8 @@ def config(kit: Path, updates: int, delayed: bool, smoke: bool = False) -> dict:
     return cfg
 
 
-def torchrun(module: str, args: list[str], latency: float, log: Path, ranks: int) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **{LATENCY_VAR: str(latency)})
+def torchrun(module: str, args: list[str], latency: float, log: Path, ranks: int, env: dict | None = None) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{LATENCY_VAR: str(latency)}, **(env or {}))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", module]
     argv += args
     with open(log, "w") as out:
@@ -98,10 +98,20 @@ def torchrun(module: str, args: list[str], latency: float, log: Path, ranks: int
         raise SystemExit(f"{module} failed; see {log}:\n{log.read_text()[-3000:]}")
 
 
-def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path, latency: float) -> list[dict]:
+def train(
+    root: Path,
+    name: str,
+    cfg: dict,
+    model: Path,
+    dataset: Path,
+    latency: float,
+    module: str = "videogrpo.grpo.worker",
+    env: dict | None = None,
+) -> list[dict]:
+    """A torchrun of the trainer's worker (or `module`, a worker of its own) with the reward's `latency` and `env`."""
     out = root / name
     torchrun(
-        "videogrpo.grpo.worker",
+        module,
         [
             "--config-json",
             json.dumps(cfg),
@@ -125,6 +135,7 @@ def train(root: Path, name: str, cfg: dict, model: Path, dataset: Path, latency:
         latency,
         root / f"{name}.log",
         cfg["parallel"]["procs_per_node"],
+        env,
     )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

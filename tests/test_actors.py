@@ -111,6 +111,58 @@ def test_two_actors_under_delayed_replay_make_the_updates_of_the_train_ranks_alo
         assert (weight - split_weights[name]).abs().max() <= 1e-6, name
 
 
+def test_asynchronous_actors_roll_out_ahead_within_the_bound_and_resume_exactly(tiny_model, dataset, tmp_path):
+    """2 train ranks (FSDP) and 2 actors, asynchronous: prefetch by the reference's formula (2 actors, a whole group
+    a job: 3), weights collected every 2 updates, so batch n is rolled out under the weights of update
+    (n - 2) rounded down to even: versions 0 0 0 0 2 2, staleness 0 1 2 3 2 3 (at most 3). The ratio is taken
+    against the actors' own log-probabilities: exactly 1 where the batch is fresh, not where it is stale.
+
+    One actor is killed (SIGKILL) once update 2's checkpoint is complete, with batches 2 to 4 dealt (batch 3's
+    rolled out under version 0, which the checkpoint keeps). The run stops with an error; a plain rerun resumes
+    mid-epoch, deals them again under the same weights, and makes the uninterrupted run's updates: no batch
+    skipped or repeated, the same versions, the same final weights."""
+    cfg = trainer_config(grpo={"prompts_per_step": 2}, train={"max_steps": None, "epochs": 2, "save_steps": 2})
+    cfg["parallel"].update(procs_per_node=4, data_parallel="fsdp")
+    cfg["actors"] = {"train_ranks": 2, "asynchronous": True, "sync_interval": 2, "stall_timeout_s": 30}
+    whole = tmp_path / "whole"
+    assert train(cfg, whole, tiny_model, dataset)
+    log = (whole / "log.txt").read_text()
+    assert "asynchronous, prefetch 3, weights collected every 2 update(s), staleness at most 3" in log
+    rows = metrics(whole)
+    assert [m["replayed_batch"] for m in rows] == [0, 1, 2, 3, 4, 5]
+    assert [m["rollout_policy_version"] for m in rows] == [0, 0, 0, 0, 2, 2]
+    assert [m["rollout_staleness"] for m in rows] == [0, 1, 2, 3, 2, 3]
+    for m in rows:
+        assert (m["ppo_ratio_abs_max"] == 0.0) == (m["rollout_staleness"] == 0), m["step"]
+
+    out = tmp_path / "killed"
+    proc = launch(cfg, out, tiny_model, dataset)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not (out / "checkpoints/step-00000002/COMPLETE").exists():
+            assert time.monotonic() < deadline, (out / "log.txt").read_text()[-3000:]
+            time.sleep(0.05)
+        actor_process(proc, 3).kill()
+        started = time.monotonic()
+        assert proc.wait(timeout=120) != 0
+        assert time.monotonic() - started < 60
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert "Signal 9 (SIGKILL)" in (out / "log.txt").read_text()
+    assert train(cfg, out, tiny_model, dataset)
+    resumed_log = (out / "log.txt").read_text()
+    assert "starting at batch 2" in resumed_log or "starting at batch 4" in resumed_log, resumed_log[-3000:]
+    again = metrics(out)
+    for key in ("replayed_batch", "rollout_policy_version", "rollout_staleness", "rolled_out_batches"):
+        assert [m[key] for m in again] == [m[key] for m in rows], key
+    for a, b in zip(rows, again, strict=True):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), a["step"]
+    expected = tensors(whole)
+    for name, weight in tensors(out).items():
+        assert (weight - expected[name]).abs().max() <= 1e-6, name
+
+
 def test_lora_adapters_alone_reach_actors_of_fsdp_train_ranks(tiny_model, dataset, tmp_path):
     """LoRA on FSDP-sharded train ranks: the adapters are gathered whole and sent alone (`auto` is `lora`), the
     actor adds the same adapters to its base and loads them by name; the updates are the train ranks' alone."""
@@ -131,15 +183,15 @@ def test_lora_adapters_alone_reach_actors_of_fsdp_train_ranks(tiny_model, datase
         assert (weight - split_weights[name]).abs().max() <= 1e-6, name
 
 
-def actor_process(proc):
-    """The worker process of job rank 2 (the actor) under torchrun `proc`."""
+def actor_process(proc, rank: int = 2):
+    """The worker process of job rank `rank` (an actor) under torchrun `proc`."""
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if child.environ().get("RANK") == "2" and "videogrpo.grpo.worker" in " ".join(child.cmdline()):
+            if child.environ().get("RANK") == str(rank) and "videogrpo.grpo.worker" in " ".join(child.cmdline()):
                 return child
         except psutil.NoSuchProcess:
             continue
-    raise AssertionError("no worker of rank 2 under torchrun")
+    raise AssertionError(f"no worker of rank {rank} under torchrun")
 
 
 @pytest.mark.parametrize(
@@ -148,7 +200,7 @@ def actor_process(proc):
         ({"train_ranks": 1, "train_nodes": 1}, {}, r"set one of the two"),
         ({"train_ranks": 2}, {}, r"leave none of the 2 ranks .* to roll out"),
         ({"train_ranks": 1, "weight_sync": "lora"}, {}, r"'lora' without LoRA .* use 'full' or 'auto'"),
-        ({"train_ranks": 1, "asynchronous": True}, {}, r"asynchronous mode is not available yet; set it to false"),
+        ({"train_ranks": 1, "asynchronous": True, "prefetch": 0}, {}, r"actors.prefetch"),
         ({"train_ranks": 1, "weight_sync": "some"}, {}, r"actors.weight_sync"),
         ({"train_ranks": 1, "stall_timeout_s": 0}, {}, r"actors.stall_timeout_s"),
         # The train ranks alone must make a valid topology: 3 ranks with 2 training, one prompt per rank a wave.

@@ -409,11 +409,6 @@ def actors_problems(cfg: Config) -> list[str]:
     found = []
     if a.weight_sync == "lora" and not cfg.train.lora_rank:
         found.append("actors.weight_sync = 'lora' without LoRA (train.lora_rank 0): use 'full' or 'auto'")
-    if a.asynchronous:
-        found.append(
-            "actors.asynchronous = true: the asynchronous mode is not available yet; set it to false (the actors "
-            "roll out each batch under the weights of the update before it)"
-        )
     if par.tensor_parallel > 1 or cfg.model.kind == "i2v_a14b":
         found.append(
             "rollout actors with the A14B recipe (two experts, parallel.tensor_parallel > 1) are not available yet: "

@@ -7,12 +7,20 @@ draw is keyed by batch, prompt and member, so an actor's rollout of a row is the
 made, and a train rank replays, data-parallel, exactly the rows of a job of train ranks alone: the synchronous mode
 makes the updates such a job makes.
 
-Synchronous mode, per batch the trainer prepares: the train ranks gather the weights the rollouts are sampled with
-(the policy's trained tensors, LoRA's adapters only; DiffusionNFT's old policy) when an actor's are behind; the
-train root sends each actor its pieces of the batch, with the weights if it is behind; each actor rolls out, decodes
-and scores its pieces in order and sends each to its train rank (the trajectory, the text embeddings, the rewards);
-each train rank receives its own pieces. The rewards reach the trainer as the scorer's results would
-(`ReceivedScores`), so the advantages, the replay and the update are the trainer's own.
+Which batch is dealt when, and under which weights, is `actor_schedule`'s: a function of the run's plan, so the
+rollouts do not depend on the actors' timing. Synchronous mode: each batch is dealt after the update before it, under
+its weights. Asynchronous mode: up to actors.prefetch batches are dealt ahead, under the weights collected every
+actors.sync_interval updates; each update records its batch's policy version and staleness, and the PPO ratio is
+taken against the log-probabilities the actor recorded.
+
+Per batch dealt (`Feed`): the train ranks gather the weights the rollouts are sampled with (the policy's trained
+tensors, LoRA's adapters only; DiffusionNFT's old policy) when a batch needs a version not yet collected; the train
+root posts each actor its pieces of the batch, with the weights if its own are of another version; each actor rolls
+out, decodes and scores its pieces in order and posts each to its train rank (the trajectory, the text embeddings,
+the rewards, the weights' version); each train rank receives its own pieces when it prepares the batch. The rewards
+reach the trainer as the scorer's results would (`ReceivedScores`), so the advantages, the replay and the update are
+the trainer's own. A checkpoint keeps the weights of the batches dealt or still to deal under older versions, so a
+resume deals them as the uninterrupted run did.
 
 May import: `grpo` modules below the trainer, `models`, `rewards`, `data`, `parallel` and the core modules.
 """
@@ -26,10 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from videogrpo.data.dataset import batch_for_step, load_split, training_order
-from videogrpo.grpo import assignment, lora, offload, rollout_batch
+from videogrpo.grpo import actor_schedule, assignment, checkpoint, lora, offload, rollout_batch
 from videogrpo.grpo.rollout import Trajectory
 from videogrpo.grpo.rollout_batch import Chunk
 from videogrpo.grpo.samplers import sigma_schedule
+from videogrpo.parallel.link import Outbox, Posted
 
 Row = tuple[int, int]
 COMPILED = "_orig_mod."
@@ -75,50 +84,158 @@ class ReceivedScores:
 
 
 def rollout_weights(trainer) -> dict[str, torch.Tensor]:
-    """The weights the rollouts are sampled with, whole, on the host, by name: the policy's trained tensors
-    (LoRA: the adapters), DiffusionNFT's old policy swapped in. A collective under FSDP: every train rank calls it."""
+    """The weights the rollouts are sampled with, whole, on the host, by name, in the compute dtype (what an actor
+    holds): the policy's trained tensors (LoRA: the adapters), DiffusionNFT's old policy swapped in. A collective
+    under FSDP: every train rank calls it; the train root's are fresh copies (the others' may be empty)."""
+    from videogrpo.models.wan import DTYPES
     from videogrpo.parallel import fsdp
 
     (expert,) = trainer.experts.experts  # the A14B's two experts are refused with actors (config checks)
     sampling = trainer.nft_old.swapped_in() if trainer.nft_old is not None else contextlib.nullcontext()
     with sampling:  # only the trained tensors are gathered: under LoRA, not the frozen base
         trained = fsdp.trained_state_dict(expert.module)
-    return {travel_name(n): t for n, t in trained.items()}
+    dtype = DTYPES[trainer.cfg.parallel.param_dtype]
+    # A copy: an unsharded model's gathered tensors are its parameters themselves, which the next update changes.
+    return {travel_name(n): t.to(dtype, copy=True) for n, t in trained.items()}
 
 
-def receive_pieces(trainer, batch: int, prompts: list) -> list[Chunk]:
-    """The train side of a batch (rollout_batch.prepare's `receive`): the weights sent to the actors that are behind,
-    each actor's pieces dealt (by the train root), this rank's pieces received as the chunks it would have rolled
-    out."""
-    cfg, ctx, link = trainer.cfg, trainer.ctx, trainer.ctx.link
-    actors = range(link.train_world, link.world)
-    version = trainer.policy_version
-    behind = [a for a in actors if trainer.actor_versions.get(a) != version]
-    sync = weight_sync(cfg)
-    weights = rollout_weights(trainer) if behind and sync != "none" else None
-    dealt = pieces(cfg, link.train_world)
-    if ctx.is_main:
-        for a in actors:
-            mine = [k for k in range(len(dealt)) if actor_of(k, link.train_world, link.world) == a]
-            sent = weights if weights is not None and a in behind else None
-            header = {"kind": "batch", "batch": batch, "version": version, "pieces": mine, "weights": sent is not None}
-            link.send(a, header, sent)
-    if sync != "none":
-        trainer.actor_versions.update(dict.fromkeys(actors, version))
-    chunks = []
-    for k, (r, w, rows) in enumerate(dealt):
-        if r != ctx.rank:
-            continue
-        header, tensors = link.recv(
-            actor_of(k, link.train_world, link.world), f"the rollouts of batch {batch}, wave {w}"
-        )
-        if (header["batch"], header["wave"], header["rows"]) != (batch, w, rows):
+class Feed:
+    """The train ranks' side of the actors: which batches are dealt when and under which weights (actor_schedule),
+    the weights collected when a batch to deal needs them (the train root keeps them until no batch does), each
+    actor sent the weights only when its own are behind, and each train rank's pieces received."""
+
+    def __init__(self, trainer, start: int, kept: dict[int, dict[str, torch.Tensor]]):
+        """`start`: the first action this run does; `kept`: the weights a resumed checkpoint kept, by version (the
+        train root's; empty on the others)."""
+        cfg = trainer.cfg
+        self.trainer, self.link = trainer, trainer.ctx.link
+        self.sync = weight_sync(cfg)
+        self.prefetch, self.interval = actor_schedule.prefetch(cfg), actor_schedule.sync_interval(cfg)
+        self.done = actor_schedule.updates_before(trainer.actions)
+        everything = actor_schedule.schedule(trainer.actions, self.prefetch, self.interval)
+        self.dispatches = [d for d in everything if d.action >= start]
+        self.by_batch = {d.batch: d for d in self.dispatches}
+        self.collected = actor_schedule.versions_kept(everything, self.done, start) if self.sync != "none" else set()
+        self.weights = kept
+        if trainer.ctx.is_main and (missing := sorted(self.collected - set(kept))):
+            raise RuntimeError(f"the resumed checkpoint lacks the rollout weights of version(s) {missing}")
+        self.dealt = 0
+        """How many of `dispatches` have been dealt."""
+        self.received: set[int] = set()
+        self.actor_versions: dict[int, int] = {}
+        self.outbox = Outbox()
+        self.actors = list(range(self.link.train_world, self.link.world))
+
+    def advance(self, index: int) -> None:
+        """At loop index `index` (the actions before it done): collect the current weights if a batch dealt from
+        now on is rolled out under them, then deal every batch due. Every train rank calls it at the same points."""
+        current = self.done[index]
+        pending = self.dispatches[self.dealt :]
+        if self.sync != "none" and current not in self.collected and any(d.version == current for d in pending):
+            weights = rollout_weights(self.trainer)
+            self.collected.add(current)
+            if self.trainer.ctx.is_main:
+                self.weights[current] = weights
+        due = [d for d in pending if d.at <= index]
+        if self.trainer.ctx.is_main:
+            for d in due:
+                self._deal(d)
+        self.dealt += len(due)
+        needed = {d.version for d in self.dispatches if d.batch not in self.received}
+        for version in sorted(set(self.weights) - needed):
+            del self.weights[version]
+
+    def _deal(self, d: actor_schedule.Dispatch) -> None:
+        dealt = pieces(self.trainer.cfg, self.link.train_world)
+        # Whether the next batch is dealt before this one is replayed: an actor may then keep this batch's last piece
+        # until it has rolled out the next batch's first (no wait on this batch can hold up the next one's deal).
+        later = [n for n in self.dispatches if n.action > d.action]
+        carry = bool(later) and later[0].at <= d.action
+        for a in self.actors:
+            mine = [k for k in range(len(dealt)) if actor_of(k, self.link.train_world, self.link.world) == a]
+            sent = self.weights[d.version] if self.sync != "none" and self.actor_versions.get(a) != d.version else None
+            header = {
+                "kind": "batch",
+                "batch": d.batch,
+                "version": d.version,
+                "pieces": mine,
+                "weights": sent is not None,
+                "carry": carry,
+            }
+            self.outbox.add(self.link.post(a, header, sent))
+            if self.sync != "none":
+                self.actor_versions[a] = d.version
+        # An actor has taken the jobs dealt `prefetch` batches ago (their rollouts were received): free their bytes.
+        self.outbox.settle(keep=self.prefetch * len(self.actors))
+
+    def version(self, batch: int) -> int:
+        """The version of the weights batch `batch` is rolled out under (without weight sync: the initial ones)."""
+        return self.by_batch[batch].version if self.sync != "none" else 0
+
+    def receive(self, trainer, batch: int, prompts: list) -> list[Chunk]:
+        """This rank's pieces of `batch` (rollout_batch.prepare's `receive`), as the chunks it would have rolled
+        out; each must come from the weights the schedule says."""
+        ctx, link, version = trainer.ctx, self.link, self.version(batch)
+        if batch not in self.by_batch or self.dispatches.index(self.by_batch[batch]) >= self.dealt:
+            raise RuntimeError(f"batch {batch} was not dealt to the actors (the schedule and the trainer disagree)")
+        chunks = []
+        for k, (r, w, rows) in enumerate(pieces(trainer.cfg, link.train_world)):
+            if r != ctx.rank:
+                continue
+            src = actor_of(k, link.train_world, link.world)
+            header, tensors = link.recv(src, f"the rollouts of batch {batch}, wave {w}")
+            got = (header["batch"], header["wave"], header["rows"], header["version"])
+            if got != (batch, w, rows, version):
+                raise RuntimeError(
+                    f"rank {ctx.rank}: expected batch {batch} wave {w} rows {rows} rolled out by weights version "
+                    f"{version}, rank {src} sent batch {got[0]} wave {got[1]} rows {got[2]} by version {got[3]} (the "
+                    "actors and the train ranks disagree on the pieces or the weights)"
+                )
+            chunks.append(received_chunk(trainer, prompts, header, tensors))
+        self.received.add(batch)
+        return chunks
+
+    def staleness(self, action, prepared) -> dict:
+        """An update's record of its batch's rollouts: the weights' version they were rolled out under and the
+        updates taken since (within the schedule's bound, or the run stops: the actors were not in step)."""
+        staleness = action.update - 1 - prepared.policy_version
+        bound = actor_schedule.staleness_bound(self.prefetch, self.interval, self.trainer.cfg.grpo.delayed_replay)
+        if self.sync != "none" and not 0 <= staleness <= bound:
             raise RuntimeError(
-                f"rank {ctx.rank}: expected batch {batch} wave {w} rows {rows}, got batch {header['batch']} wave "
-                f"{header['wave']} rows {header['rows']} (the actors and the train ranks disagree on the pieces)"
+                f"update {action.update}: batch {prepared.batch} was rolled out under the weights of update "
+                f"{prepared.policy_version}, {staleness} updates behind; the actors' schedule allows at most {bound}"
             )
-        chunks.append(received_chunk(trainer, prompts, header, tensors))
-    return chunks
+        return {"rollout_policy_version": prepared.policy_version, "rollout_staleness": staleness}
+
+    def kept(self, index: int) -> dict[int, dict[str, torch.Tensor]]:
+        """What a checkpoint taken before loop index `index` keeps (the train root's): the weights of the batches
+        dealt or to deal from `index` on, other than the current ones, so that a resume deals them alike."""
+        if self.sync == "none" or not self.trainer.ctx.is_main:
+            return {}
+        return {v: self.weights[v] for v in sorted(actor_schedule.versions_kept(self.dispatches, self.done, index))}
+
+    def stop(self) -> None:
+        """The end of training: the train root tells every actor the run is over, then the pieces dealt and not
+        replayed (training stopped early) are received and dropped (an actor sends a piece it kept on the stop)."""
+        trainer = self.trainer
+        if trainer.ctx.is_main:
+            for a in self.actors:
+                self.outbox.add(self.link.post(a, {"kind": "stop"}))
+        for d in self.dispatches[: self.dealt]:
+            if d.batch not in self.received:
+                _, prompts = batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, d.batch)
+                self.receive(trainer, d.batch, prompts)
+        self.outbox.settle()
+
+
+def kept_weights(checkpoint_dir, is_main: bool) -> dict[int, dict[str, torch.Tensor]]:
+    """The rollout weights a resumed checkpoint kept (Feed.kept), on the train root; none on the others or on a
+    fresh start."""
+    if checkpoint_dir is None or not is_main:
+        return {}
+    if "rollout_weights" not in checkpoint.read_state(checkpoint_dir).get("host_files", []):
+        return {}
+    return checkpoint.load_host_file(checkpoint_dir, "rollout_weights")
 
 
 def received_chunk(trainer, prompts, header: dict, tensors: dict) -> Chunk:
@@ -142,14 +259,6 @@ def received_chunk(trainer, prompts, header: dict, tensors: dict) -> Chunk:
     )
 
 
-def stop_actors(trainer) -> None:
-    """The train root tells every actor the run is over (a normal end of training)."""
-    link = trainer.ctx.link
-    if link is not None and trainer.ctx.is_main:
-        for a in range(link.train_world, link.world):
-            link.send(a, {"kind": "stop"})
-
-
 # ---- the actor side ------------------------------------------------------------------------------------------
 
 
@@ -170,6 +279,8 @@ class ActorState:
     shape: tuple
     nft_old: None = None
     scores: bool = True
+    version: int = 0
+    """The version of the weights it holds (the initial ones until the train root sends others)."""
 
     @property
     def experts(self):
@@ -223,19 +334,35 @@ class ActorState:
 def run_actor(cfg, paths, ctx) -> None:
     """An actor's life: wait for the train root's next batch (with weights when behind), roll out, decode and score
     its pieces, send each to its train rank; until the train root says stop. A piece is sent once the next one is
-    rolled out (its scoring overlaps that rollout), so a train rank waits at most about two pieces' work for each."""
+    rolled out (its scoring overlaps that rollout), so a train rank waits at most about two pieces' work for each;
+    in the asynchronous mode the last piece of a batch waits for the next batch's first. Sends are posted, not waited
+    for: in the asynchronous mode the actor goes on to the next batch dealt while the train ranks have yet to take
+    this one's."""
     link = ctx.link
     state = ActorState.build(cfg, paths, ctx)
     dealt = pieces(cfg, link.train_world)
+    jobs: list[Outbox] = []
+    keep = actor_schedule.prefetch(cfg) - 1
+    carried = None
+    """(outbox, batch, piece) of a batch's last piece, sent once the next batch's first piece is rolled out (when the
+    train root says the next batch is dealt before this one is replayed: its scoring then overlaps that rollout)."""
     print(f"[rank {ctx.rank}] rollout actor of {link.train_world} train ranks", file=sys.stderr, flush=True)
     try:
         while True:
             header, weights = link.recv(0, "the next batch from the train root", bounded=False)
+            # The train ranks have taken the pieces of every batch dealt `prefetch` batches before this one.
+            while len(jobs) > keep:
+                jobs.pop(0).settle()
             if header["kind"] == "stop":
+                if carried is not None:  # training stopped before the next batch was dealt
+                    carried[0].add(send_piece(state, *carried[1:]))
+                for outbox in jobs:
+                    outbox.settle()
                 return
             if header["weights"]:
                 state.load(weights)
-            batch = header["batch"]
+                state.version = header["version"]
+            batch, outbox = header["batch"], Outbox()
             _, prompts = batch_for_step(state.order, cfg.grpo.prompts_per_step, batch)
             waiting = None
             for k in header["pieces"]:
@@ -243,16 +370,26 @@ def run_actor(cfg, paths, ctx) -> None:
                 with torch.no_grad():
                     chunk = rollout_batch.rollout_wave(state, batch, prompts, rows)  # submitted for scoring
                 if waiting is not None:
-                    send_piece(state, batch, header["version"], *waiting)
-                waiting = (r, w, rows, chunk)
-            if waiting is not None:
-                send_piece(state, batch, header["version"], *waiting)
+                    outbox.add(send_piece(state, batch, *waiting))
+                elif carried is not None:  # the last batch's last piece, scored while this one rolled out
+                    carried[0].add(send_piece(state, *carried[1:]))
+                    carried = None
+                waiting = (state.version, r, w, rows, chunk)  # the weights that rolled it out, kept with it
+            if carried is not None:
+                carried[0].add(send_piece(state, *carried[1:]))
+                carried = None
+            if waiting is not None and header["carry"]:
+                carried = (outbox, batch, *waiting)
+            elif waiting is not None:
+                outbox.add(send_piece(state, batch, *waiting))
+            jobs.append(outbox)
     finally:
         state.scorer.close()
 
 
-def send_piece(state: ActorState, batch: int, version: int, rank: int, wave: int, rows: list[Row], chunk) -> None:
-    """A rolled-out piece to its train rank, once scored: the trajectory, the text embeddings, the rewards."""
+def send_piece(state: ActorState, batch: int, version: int, rank: int, wave: int, rows: list[Row], chunk) -> Posted:
+    """A rolled-out piece posted to its train rank, once scored: the trajectory, the text embeddings, the rewards,
+    and the version of the weights that rolled it out."""
     results = state.scorer.collect(chunk.futures)
     trajectory = chunk.trajectory
     tensors = {"latents": trajectory.latents, "log_probs": trajectory.log_probs, "etas": trajectory.etas}
@@ -262,7 +399,7 @@ def send_piece(state: ActorState, batch: int, version: int, rank: int, wave: int
     if chunk.condition is not None:
         tensors["condition"] = chunk.condition
     message = {"batch": batch, "wave": wave, "rows": rows, "results": results, "version": version}
-    state.ctx.link.send(rank, message, tensors)
+    return state.ctx.link.post(rank, message, tensors)
 
 
 def describe(cfg) -> str:
@@ -272,5 +409,5 @@ def describe(cfg) -> str:
     train, world = cfg.train_world_size, cfg.world_size
     return (
         f"rollout actors: ranks 0..{train - 1} train, ranks {train}..{world - 1} ({world - train}) roll out and "
-        f"score, synchronous, weights sent as {weight_sync(cfg)}"
+        f"score, {actor_schedule.describe(cfg)}, weights sent as {weight_sync(cfg)}"
     )

@@ -244,10 +244,13 @@ def save(
     rank: int,
     keep: int,
     extra: dict[str, dict[str, torch.Tensor]] | None = None,
+    host_files: dict[str, object] | None = None,
 ) -> Path:
     """Save the model(s), optimizer(s), per-rank RNG and the JSON `state`; refuse if any weight is not finite.
     `model`: one module (with `optimizer`), or Parts (then `optimizer` is None). `extra`: further named tensor
-    dicts saved beside them (DiffusionNFT's old policy), each listed in state.json's `extra`."""
+    dicts saved beside them (DiffusionNFT's old policy), each listed in state.json's `extra`. `host_files`: objects
+    rank 0 alone holds (the weights rollout actors are still to roll out under), each saved as NAME.pt and listed in
+    state.json's `host_files` (read back with `load_host_file`)."""
     extra = extra or {}
     import torch.distributed.checkpoint as dcp
 
@@ -271,9 +274,13 @@ def save(
         raise OSError(full.errno, full.strerror, full.filename or str(target / "dcp")) from None
     with atomic.atomic_path(target / "rng" / f"rank-{rank:05d}.pt") as tmp:
         torch.save(rng_state(), tmp)
+    for name, held in (host_files or {}).items() if rank == 0 else ():
+        with atomic.atomic_path(target / f"{name}.pt") as tmp:
+            torch.save(held, tmp)
     process_groups.barrier()
     if rank == 0:
-        atomic.write_json(target / "state.json", dict(state, parts=sorted(parts), extra=sorted(extra)))
+        listed = dict(state, parts=sorted(parts), extra=sorted(extra))
+        atomic.write_json(target / "state.json", listed | ({"host_files": sorted(host_files)} if host_files else {}))
         atomic.write_text(target / MARKER, f"step {step}\n")
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -315,6 +322,13 @@ def load(
     if restore_rng and rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state
+
+
+def load_host_file(path: Path, name: str):
+    """What `save` kept as `host_files[name]` in the checkpoint at `path`."""
+    if name not in read_state(path).get("host_files", []):
+        raise VideoGRPOError(f"{path}: holds no {name}.pt (its state.json's host_files does not list it)")
+    return torch.load(path / f"{name}.pt", weights_only=True)
 
 
 def check_topology(source: Path, topology: dict) -> dict:

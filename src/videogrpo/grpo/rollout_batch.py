@@ -47,11 +47,14 @@ class Prepared:
     epoch: int
     chunks: list[Chunk]
     time_rollout_s: float
+    policy_version: int = 0
+    """The updates the weights it was rolled out under had taken."""
 
 
-def prepare(trainer, batch_index: int, receive=None) -> Prepared:
+def prepare(trainer, batch_index: int, receive=None, version: int | None = None) -> Prepared:
     """This rank's chunks of batch `batch_index`: rolled out wave by wave and submitted for scoring, or with rollout
-    actors `receive(trainer, batch_index, prompts)`'s (actors.receive_pieces: rolled out and scored by them)."""
+    actors `receive(trainer, batch_index, prompts)`'s (actors.Feed.receive: rolled out and scored by them, under the
+    weights of `version`)."""
     t0 = time.monotonic()
     trainer.memory.enter("rollout")
     epoch, prompts = batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, batch_index)
@@ -60,7 +63,8 @@ def prepare(trainer, batch_index: int, receive=None) -> Prepared:
     else:
         chunks = [rollout_wave(trainer, batch_index, prompts, rows) for rows in trainer.waves]
     trainer.rolled_out.append(batch_index)
-    return Prepared(batch_index, epoch, chunks, time.monotonic() - t0)
+    version = trainer.policy_version if version is None else version
+    return Prepared(batch_index, epoch, chunks, time.monotonic() - t0, version)
 
 
 def rollout_wave(trainer, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:

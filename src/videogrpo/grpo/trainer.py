@@ -152,9 +152,11 @@ class Trainer:
         self.shape = self.model.geometry(cfg.video.num_frames, cfg.video.height, cfg.video.width).shape
         self.waves = assignment.waves(cfg, ctx.rank, ctx.world_size)
         self.policy_version = 0
-        """Optimizer updates the weights have taken (rollout actors: the version the actors must hold)."""
-        self.actor_versions: dict[int, int] = {}
-        """With rollout actors: the version of the weights each actor holds (the train root sent it)."""
+        """Updates the weights have taken (their version)."""
+        self.feed: actors.Feed | None = None
+        """With rollout actors: what they are dealt, when, under which weights (made once the start is known)."""
+        self.resumed: Path | None = None
+        """The checkpoint this run continues (full state), if any."""
         if scorer is not None:
             self.scorer = scorer
         elif ctx.link is not None:  # rollout actors score the rollouts; their results come with them
@@ -181,8 +183,10 @@ class Trainer:
 
     def prepare(self, batch_index: int) -> Prepared:
         """This rank's rollouts of batch `batch_index`, scoring submitted (rollout_batch.prepare); with rollout
-        actors, received from them, scored (actors.receive_pieces)."""
-        return rollout_batch.prepare(self, batch_index, actors.receive_pieces if self.ctx.link is not None else None)
+        actors, received from them, scored (actors.Feed)."""
+        if self.feed is None:
+            return rollout_batch.prepare(self, batch_index)
+        return rollout_batch.prepare(self, batch_index, self.feed.receive, self.feed.version(batch_index))
 
     # ---- replaying prepared batches: one optimizer update ------------------------------------------
 
@@ -295,6 +299,7 @@ class Trainer:
                 self.watch.restore(state.get("divergence_watch"), state["update"])
                 export.check_snapshot(self.paths.checkpoints, self.watch.best)
             self._log(f"resumed from {latest} (update {state['update']} of {self.total})")
+            self.resumed = latest
             return state["next_action"]
         if cfg.train.resume_from:
             # Only a fresh start reads it: a run with a checkpoint of its own continues that, full state, whatever
@@ -310,6 +315,7 @@ class Trainer:
             state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
             self._log(f"initialised from {source} (full state)")
+            self.resumed = source
             return state["next_action"]
         return 0
 
@@ -351,6 +357,7 @@ class Trainer:
             self.ctx.rank,
             self.cfg.train.keep_checkpoints,
             extra=self._extra_state(),
+            host_files={"rollout_weights": self.feed.kept(action_index + 1)} if self.feed is not None else None,
         )
         if self.watch and self.watch.best_by and self.ctx.is_main:  # the best snapshots no checkpoint names go
             export.prune_snapshots(self.paths.checkpoints, self.watch.best["update"] if self.watch.best else None)
@@ -361,7 +368,8 @@ class Trainer:
         scorers = [self.scorer, *self.gold_scorers.values()]
         try:
             self._train()
-            actors.stop_actors(self)
+            if self.feed is not None:
+                self.feed.stop()
         except BaseException:
             for scorer in scorers:
                 scorer.close(kill=True)
@@ -400,6 +408,8 @@ class Trainer:
         if split := actors.describe(self.cfg):
             self._log(split)
         self.policy_version = done
+        if self.ctx.link is not None:
+            self.feed = actors.Feed(self, start, actors.kept_weights(self.resumed, self.ctx.is_main))
         # The run's length is known here, with or without train.max_steps.
         for warning in setting_warnings(self.cfg, self.total * minibatches.updates_per_step(self.cfg.grpo)):
             self._log(f"warning: {warning}")
@@ -414,6 +424,8 @@ class Trainer:
                 t0 = time.monotonic()
                 if not self.rolled_out:  # a logged period starts: its peak covers its rollouts and replay
                     self.memory.reset()
+                if self.feed is not None:  # the batches due to the actors by now (the first action's, on a start)
+                    self.feed.advance(index)
                 fresh = self.prepare(action.batch) if action.prepare else None
                 if action.update is None:
                     slot = fresh
@@ -425,6 +437,9 @@ class Trainer:
                     )
                 metrics = self.update(action, target)
                 self.policy_version = action.update
+                if self.feed is not None:  # dealt before validation and checkpoints, so the actors overlap them
+                    self.feed.advance(index + 1)
+                    metrics.update(self.feed.staleness(action, target))
                 slot = None if action.flush else fresh
                 metrics.update(
                     rolled_out_batches=self.rolled_out,

@@ -36,6 +36,34 @@ class LinkError(VideoGRPOError):
 
 
 @dataclass
+class Posted:
+    """A message on its way: the sends' handles and the bytes they read."""
+
+    works: list
+    parts: list[torch.Tensor]
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+
+
+@dataclass
+class Outbox:
+    """Posted messages, oldest first, kept until known received. (A gloo send does not say it is complete until
+    waited for: a sender that knows its receiver has taken a message waits for it, at once, to free its bytes.)"""
+
+    posted: list[Posted] = field(default_factory=list)
+
+    def add(self, message: Posted) -> None:
+        self.posted.append(message)
+
+    def settle(self, keep: int = 0) -> None:
+        """Wait for all but the newest `keep` messages."""
+        while len(self.posted) > keep:
+            self.posted.pop(0).wait()
+
+
+@dataclass
 class Link:
     group: object
     """The gloo process group over every rank of the job."""
@@ -50,15 +78,18 @@ class Link:
     """Each peer's node, as it said in its hello (names it in errors)."""
 
     def send(self, dst: int, header, tensors: dict[str, torch.Tensor] | None = None) -> None:
-        """Send `header` (picklable) and `tensors` (any device, any dtype) to rank `dst`."""
+        """Send `header` (picklable) and `tensors` (any device, any dtype) to rank `dst`, and wait until sent."""
+        self.post(dst, header, tensors).wait()
+
+    def post(self, dst: int, header, tensors: dict[str, torch.Tensor] | None = None) -> Posted:
+        """Start sending `header` and `tensors` to rank `dst` without waiting for the receiver: messages to one rank
+        arrive in the order they were posted. The returned Posted holds the bytes until it is complete."""
         tensors = tensors or {}
         layout = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()]
         meta = torch.frombuffer(bytearray(pickle.dumps((header, layout))), dtype=torch.uint8)
-        self._send(torch.tensor([meta.numel()], dtype=torch.int64), dst)
-        self._send(meta, dst)
-        for t in tensors.values():
-            if t.numel():
-                self._send(t.detach().contiguous().cpu().view(-1).view(torch.uint8), dst)
+        parts = [torch.tensor([meta.numel()], dtype=torch.int64), meta]
+        parts += [t.detach().contiguous().cpu().view(-1).view(torch.uint8) for t in tensors.values() if t.numel()]
+        return Posted([self.group.send([part], dst, 0) for part in parts], parts)
 
     def recv(self, src: int, what: str, bounded: bool = True) -> tuple[object, dict[str, torch.Tensor]]:
         """(header, tensors) of the next message from rank `src`; `what` says what is awaited (for the error).
@@ -77,9 +108,6 @@ class Link:
                 self._recv(out.view(-1).view(torch.uint8), src, what)
             tensors[name] = out
         return header, tensors
-
-    def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.group.send([tensor], dst, 0).wait()
 
     def _recv(self, tensor: torch.Tensor, src: int, what: str, bounded: bool = True) -> None:
         work = self.group.recv([tensor], src, 0)
