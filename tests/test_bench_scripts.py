@@ -25,6 +25,7 @@ NOT_RUN = {
     "gpu_smoke.sh": "its CPU form (--cpu) runs in tests/test_gpu_smoke.py",
     "gpu_wheels.sh": "downloads CUDA wheels from the package index",
     "raw_compute.py": "no benchmark of its own: bench_trainer.py runs it under torchrun, in its smoke too",
+    "slow_worker.py": "no benchmark of its own: bench_actors.py runs it under torchrun, in its smoke too",
 }
 
 # A table row of numbers: a cell that is a number, maybe with a unit (`2.94 s`, `31%`, `x1.03`).

@@ -11,13 +11,16 @@
   $V $R compare   W/a.pt W/b.pt                  # per rolled-out batch and per update, then PASS or FAIL
   $V $R summary   "LABEL MODE=W/a.pt:W/b.pt" ... # a markdown row per comparison: largest differences, verdict
   $P $R plan-videogrpo W/pa.json; $V $R plan-reference W/pb.json; $V $R plan-compare W/pa.json W/pb.json
+  $P $R split-videogrpo W/sa.json; $V $R split-reference W/sb.json; $V $R split-compare W/sa.json W/sb.json
+                                                 # the asynchronous rollout actors' schedule (split_schedule.py)
+  $V $R split-store OUT.json W/sb.json COMMIT    # its reference side, compact (tests/data/ref_diff)
   $V $R probe                                    # the reference's own model, sampler and loss functions
   $V $R store OUT.pt W/in.pt W/a.pt W/b.pt MODE   # a stored comparison (tests/data/ref_diff), checked as it is made
   $P $R check tests/data/ref_diff/*.pt           # the project side against the stored comparisons
 With --world=2 run both sides under `python -m torch.distributed.run --standalone --nproc-per-node=2` (gloo);
 rank r > 0 writes OUT.rankR. run_all.sh runs every comparison; README.md says what each one covers.
-`compare`, `summary`, `plan-compare`, `store` and `check` exit 1 when a comparison breaks a tolerance of
-tolerances.py (or its schedule differs), 0 when all pass.
+`compare`, `summary`, `plan-compare`, `split-compare`, `store` and `check` exit 1 when a comparison breaks a
+tolerance of tolerances.py (or its schedule differs), 0 when all pass.
 """
 
 from __future__ import annotations
@@ -142,6 +145,25 @@ def main(argv: list[str]) -> None:
 
         if compare.plan_compare(args[0], args[1], LR):
             raise SystemExit(1)
+    elif cmd in ("split-videogrpo", "split-reference"):
+        import split_schedule
+
+        grid = split_schedule.GRID
+        if cmd == "split-videogrpo":
+            runs = split_schedule.project(grid)
+        else:
+            runs = split_schedule.reference(grid, WORK / "run_split")
+        Path(args[0]).write_text(json.dumps(runs))
+        print(f"{cmd}: {len(runs)} schedules")
+    elif cmd == "split-compare":
+        import split_schedule
+
+        if split_schedule.compare(args[0], args[1]):
+            raise SystemExit(1)
+    elif cmd == "split-store":
+        import split_schedule
+
+        split_schedule.store(args[1], args[0], args[2])
     elif cmd == "store":
         import stored
         import torch

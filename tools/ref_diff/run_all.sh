@@ -91,6 +91,12 @@ $V "$S" plan-reference cmp/plan_reference.json 2>&1 | grep '^plan-reference'
 FAILED=()
 $V "$S" plan-compare cmp/plan_videogrpo.json cmp/plan_reference.json || FAILED+=("the schedule grid")
 
+echo "=== rollout actors, asynchronous: each step's creation and policy version against the reference's own loop"
+$P "$S" split-videogrpo cmp/split_videogrpo.json
+$V "$S" split-reference cmp/split_reference.json 2>&1 | grep '^split-reference'
+$V "$S" split-compare cmp/split_videogrpo.json cmp/split_reference.json || FAILED+=("the split schedule")
+mkdir -p stored && $V "$S" split-store stored/split_schedule.json cmp/split_reference.json "$(cat reference_commit)"
+
 torchrun() { local py=$1; shift; $py -m torch.distributed.run --standalone --nproc-per-node=2 "$@"; }
 SUMMARY=()
 # pair NAME WORLD INPUT-FLAGS...: the inputs, then both sides in each mode, then their comparison
