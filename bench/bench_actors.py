@@ -9,10 +9,10 @@ Every mode runs side by side in one invocation on the tiny model, 4 gloo process
 latency per video (a remote judge). Four processes on this machine's two cores would otherwise measure the cores'
 contention rather than the schedule. The table gives each mode's seconds per update (the train root's step, the
 median over the updates after the first 2, then over identical runs), updates per hour, its ratio to the colocated
-run, the spread of identical runs, the staleness it ran at, and the ideal: what perfect overlap of the actors' part
-(a batch's rollout and scoring, the train ranks' wait for it in the synchronous run) with the train ranks' part (the
-rest of the synchronous step) would give, max(actors, train) against their sum. Record the output in
-bench/RESULTS.md. `--smoke` (what the tests run): 2 processes, 3 updates, no latencies, once.
+run and to the synchronous actors, the spread of identical runs and the staleness it ran at; then the ideal
+overlap: what overlapping the actors' part of a synchronous step (a batch's rollout and scoring, which the train
+ranks wait for) with the train ranks' part (the rest) would give, max(actors, train) against their sum. Record the
+output in bench/RESULTS.md. `--smoke` (what the tests run): 2 processes, 3 updates, no latencies, once.
 """
 
 from __future__ import annotations
@@ -81,25 +81,28 @@ def main() -> None:
         f"{args.replay_latency:g} s a row, reward {args.reward_latency:g} s a video; {args.updates} updates a run, "
         f"{args.repeats} identical run(s) a mode; per run the median over updates after the first 2"
     )
-    print("\n| mode | s / update | updates / hour | vs colocated | spread of identical runs | staleness | ideal |")
+    print(
+        "\n| mode | s / update | updates / hour | vs colocated | vs synchronous actors | spread of identical runs "
+        "| staleness |"
+    )
     print("|---|---|---|---|---|---|---|")
     step = {name: [steady([m["time_step_s"] for m in run]) for run in done] for name, done in runs.items()}
-    colocated = statistics.median(step["colocated"])
+    colocated, synchronous = statistics.median(step["colocated"]), statistics.median(step["actors, synchronous"])
     sync = runs["actors, synchronous"]
     actor_part = statistics.median(steady([m["time_rollout_s"] for m in run]) for run in sync)
     train_part = statistics.median(steady([m["time_step_s"] - m["time_rollout_s"] for m in run]) for run in sync)
-    ideal = max(actor_part, train_part) / (actor_part + train_part)
     for name, done in runs.items():
         seconds = statistics.median(step[name])
         staleness = max(m.get("rollout_staleness", 0) for run in done for m in run)
-        overlap = f"{ideal:.3f} of synchronous" if name.endswith("prefetch 2") else "-"
         print(
-            f"| {name} | {seconds:.3f} | {3600 / seconds:.0f} | {colocated / seconds:.3f} | {spread(step[name]):.1%} "
-            f"| {staleness} | {overlap} |"
+            f"| {name} | {seconds:.3f} | {3600 / seconds:.0f} | {colocated / seconds:.3f} | "
+            f"{seconds / synchronous:.3f} | {spread(step[name]):.1%} | {staleness} |"
         )
     print(
-        f"\nsynchronous actors: the actors' part (rollout and scoring, waited for) {actor_part:.3f} s, the train "
-        f"ranks' part {train_part:.3f} s a step"
+        f"\nsynchronous actors, a step: the actors' part (their rollout and scoring, which the train ranks wait for) "
+        f"{actor_part:.3f} s, the train ranks' part {train_part:.3f} s; overlapping the two alone would take "
+        f"max / sum = {max(actor_part, train_part) / (actor_part + train_part):.3f} of the synchronous step (the "
+        "asynchronous actors also score a batch's last piece while the next batch rolls out)"
     )
 
 

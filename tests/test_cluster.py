@@ -208,3 +208,25 @@ def kill_when_checkpointed(checkout: Path, driver: subprocess.Popen, output: Pat
     raise AssertionError(
         f"never saw a running training job with a checkpoint: {seen[-20:]}\n{output.read_text()[-4000:]}"
     )
+
+
+def test_one_node_trains_while_the_other_rolls_out_asynchronously(slurm, checkout):
+    """Rollout actors across the cluster's nodes: the tiny default with `actors: {train_nodes: 1, asynchronous:
+    true}` through the SLURM profile to its report. node1's rank trains, node2's rank rolls out and scores one batch
+    ahead (the automatic prefetch with one actor: 2), so every update after the first replays rollouts one update
+    old. The shared stages and the base model's cells are reused; this run's identity is its own."""
+    before = set(checkout.glob("results/runs/*"))
+    out = run(["snakemake", *TEST_PROFILE, "--config", "actors={train_nodes: 1, asynchronous: true}"], checkout)
+    (run_dir,) = set(checkout.glob("results/runs/*")) - before
+    jobs = jobs_run(out.stdout + out.stderr)
+    assert {"train", "report"} <= set(jobs) and "preflight" in jobs and "fetch_model" not in jobs, jobs
+    log = (run_dir / "logs/train.log").read_text()
+    assert "ranks 0..0 train, ranks 1..1 (1) roll out and score, asynchronous, prefetch 2" in log, log[-3000:]
+    assert re.search(r"\[rank 0/\d\] host \S+ slurm node node1", log), log[-3000:]
+    assert re.search(r"\[rank 1/\d\] host \S+ slurm node node2", log), log[-3000:]
+    assert "rollout actor of 1 train ranks" in log
+    metrics = [json.loads(line) for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    staleness = [m["rollout_staleness"] for m in metrics]
+    assert staleness[0] == 0 and set(staleness[1:]) == {1}, staleness  # within the bound: prefetch 2 - 1
+    assert [m["rollout_policy_version"] for m in metrics] == [max(0, m["step"] - 2) for m in metrics]
+    assert (run_dir / "report/provenance.json").is_file()

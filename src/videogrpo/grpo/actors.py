@@ -28,6 +28,7 @@ May import: `grpo` modules below the trainer, `models`, `rewards`, `data`, `para
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from dataclasses import dataclass
 
@@ -121,36 +122,42 @@ class Feed:
             raise RuntimeError(f"the resumed checkpoint lacks the rollout weights of version(s) {missing}")
         self.dealt = 0
         """How many of `dispatches` have been dealt."""
-        self.received: set[int] = set()
+        self.taken = 0
+        """How many of `dispatches` this rank has received (in their order, the order batches are prepared)."""
         self.actor_versions: dict[int, int] = {}
         self.outbox = Outbox()
         self.actors = list(range(self.link.train_world, self.link.world))
 
     def advance(self, index: int) -> None:
         """At loop index `index` (the actions before it done): collect the current weights if a batch dealt from
-        now on is rolled out under them, then deal every batch due. Every train rank calls it at the same points."""
+        now on is rolled out under them, then deal every batch due. Every train rank calls it at the same points.
+        (Along the schedule both the dealing points and the versions only grow: each scan stops early.)"""
         current = self.done[index]
-        pending = self.dispatches[self.dealt :]
-        if self.sync != "none" and current not in self.collected and any(d.version == current for d in pending):
+        if self.sync != "none" and current not in self.collected and self._pending_uses(current):
             weights = rollout_weights(self.trainer)
             self.collected.add(current)
             if self.trainer.ctx.is_main:
                 self.weights[current] = weights
-        due = [d for d in pending if d.at <= index]
-        if self.trainer.ctx.is_main:
-            for d in due:
-                self._deal(d)
-        self.dealt += len(due)
-        needed = {d.version for d in self.dispatches if d.batch not in self.received}
-        for version in sorted(set(self.weights) - needed):
+        while self.dealt < len(self.dispatches) and self.dispatches[self.dealt].at <= index:
+            if self.trainer.ctx.is_main:
+                self._deal(self.dealt)
+            self.dealt += 1
+        # The oldest batch not yet received needs the oldest version still in use: older ones are dropped.
+        oldest = self.dispatches[self.taken].version if self.taken < len(self.dispatches) else math.inf
+        for version in [v for v in self.weights if v < oldest]:
             del self.weights[version]
 
-    def _deal(self, d: actor_schedule.Dispatch) -> None:
-        dealt = pieces(self.trainer.cfg, self.link.train_world)
+    def _pending_uses(self, version: int) -> bool:
+        for d in self.dispatches[self.dealt :]:
+            if d.version >= version:
+                return d.version == version
+        return False
+
+    def _deal(self, i: int) -> None:
+        d, dealt = self.dispatches[i], pieces(self.trainer.cfg, self.link.train_world)
         # Whether the next batch is dealt before this one is replayed: an actor may then keep this batch's last piece
         # until it has rolled out the next batch's first (no wait on this batch can hold up the next one's deal).
-        later = [n for n in self.dispatches if n.action > d.action]
-        carry = bool(later) and later[0].at <= d.action
+        carry = i + 1 < len(self.dispatches) and self.dispatches[i + 1].at <= d.action
         for a in self.actors:
             mine = [k for k in range(len(dealt)) if actor_of(k, self.link.train_world, self.link.world) == a]
             sent = self.weights[d.version] if self.sync != "none" and self.actor_versions.get(a) != d.version else None
@@ -176,8 +183,10 @@ class Feed:
         """This rank's pieces of `batch` (rollout_batch.prepare's `receive`), as the chunks it would have rolled
         out; each must come from the weights the schedule says."""
         ctx, link, version = trainer.ctx, self.link, self.version(batch)
-        if batch not in self.by_batch or self.dispatches.index(self.by_batch[batch]) >= self.dealt:
-            raise RuntimeError(f"batch {batch} was not dealt to the actors (the schedule and the trainer disagree)")
+        if self.taken >= self.dealt or self.dispatches[self.taken].batch != batch:
+            raise RuntimeError(
+                f"batch {batch} is not the next batch dealt to the actors (the schedule and the trainer disagree)"
+            )
         chunks = []
         for k, (r, w, rows) in enumerate(pieces(trainer.cfg, link.train_world)):
             if r != ctx.rank:
@@ -192,7 +201,7 @@ class Feed:
                     "actors and the train ranks disagree on the pieces or the weights)"
                 )
             chunks.append(received_chunk(trainer, prompts, header, tensors))
-        self.received.add(batch)
+        self.taken += 1
         return chunks
 
     def staleness(self, action, prepared) -> dict:
@@ -221,10 +230,9 @@ class Feed:
         if trainer.ctx.is_main:
             for a in self.actors:
                 self.outbox.add(self.link.post(a, {"kind": "stop"}))
-        for d in self.dispatches[: self.dealt]:
-            if d.batch not in self.received:
-                _, prompts = batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, d.batch)
-                self.receive(trainer, d.batch, prompts)
+        while self.taken < self.dealt:
+            batch = self.dispatches[self.taken].batch
+            self.receive(trainer, batch, batch_for_step(trainer.order, trainer.cfg.grpo.prompts_per_step, batch)[1])
         self.outbox.settle()
 
 
