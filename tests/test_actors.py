@@ -233,6 +233,20 @@ def test_which_ranks_train_is_the_topology_of_the_run_identity():
     assert len({identity(2), actor, identity(3, train_ranks=2, weight_sync="none"), identity(4, train_ranks=2)}) == 4
     assert identity(2) == identity(2, stall_timeout_s=5, weight_sync="none")  # no actors: the section is off
 
+    # Asynchronous with the automatic prefetch: the prefetch it resolves to is the run's, though the rollout chunk it
+    # reads (grpo.sample_batch_size) is an execution field. 3 actors, 4 members a group: a whole group a job gives
+    # 3 + 1 = 4, one member a job ceil(3 / 4) + 1 = 2.
+    def chunked(size, **actors):
+        cfg = config.load(
+            [REPO / "config/config.yaml"],
+            {"parallel": {"procs_per_node": 4}, "grpo": {"sample_batch_size": size}, "actors": actors},
+        )
+        return config.run_identity(cfg)
+
+    auto = {"train_ranks": 1, "asynchronous": True}
+    assert chunked(None, **auto) == chunked(4, **auto) == chunked(1, prefetch=4, **auto)
+    assert chunked(1, **auto) == chunked(None, prefetch=2, **auto) != chunked(None, **auto)
+
 
 def test_simulate_accepts_actors_at_the_5b_recipes_world_size():
     """The 5B recipe's 128 ranks, the first 8 nodes training and the other 8 rolling out: the train ranks are

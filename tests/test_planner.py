@@ -171,3 +171,28 @@ def test_each_hardware_layer_simulates_at_its_world_size_as_planned(recipe, laye
         assert "AdamW step" in out.stdout
     row = next(line for line in (REPO / "docs/what-fits.md").read_text().splitlines() if f"`{layer}`" in line)
     assert f"{plan.peak / memory_plan.GIB:.1f} GiB" in row, row
+
+
+def test_actor_splits_are_planned_with_both_parts_of_the_time():
+    """`--actors` on 2 nodes of 8: one node trains (its best layout as a job of 8), the other rolls out. The line
+    gives the synchronous time as the sum of the two parts and the asynchronous one as the longer, at the staleness
+    of the automatic prefetch, and the actor's peak, which its own memory plan gives (the command
+    docs/options.md#rollout-actors shows)."""
+    from videogrpo.grpo import actor_schedule
+    from videogrpo.preflight import actor_memory
+
+    out = run("--configfile", RECIPE, "--gpus", "16", "--nodes", "2", "--top", "1", "--actors")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("  train nodes 1: 8 GPU(s) train, 8 roll out")]
+    sync, asynchronous, stale, prefetch, train, actor, peak = re.search(
+        r": (\d+) s/update synchronous, (\d+) s asynchronous at staleness (\d+) \(prefetch (\d+)\); train part (\d+) "
+        r"s, actors' (\d+) s; an actor's peak ([\d.]+) GiB",
+        line,
+    ).groups()
+    assert abs(int(sync) - int(train) - int(actor)) <= 1 and int(asynchronous) == max(int(train), int(actor))
+    chunk = re.search(r"\(\w+[^,]*, chunk (\d+|wave),", line).group(1)
+    layer = {"parallel": {"nodes": 2, "procs_per_node": 8}, "actors": {"train_nodes": 1, "asynchronous": True}}
+    layer["grpo"] = {"sample_batch_size": None if chunk == "wave" else int(chunk)}
+    cfg = config.load([REPO / "config/config.yaml", REPO / RECIPE], layer)
+    assert int(prefetch) == actor_schedule.prefetch(cfg) and int(stale) == int(prefetch) - 1
+    assert float(peak) > 0 and actor_memory.actor_plan(cfg, planner.released_shape(cfg)).peak > 0

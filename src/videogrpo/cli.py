@@ -166,6 +166,13 @@ def _plan_command(args: argparse.Namespace) -> int:
         cfg, args.gpus, nodes, memory, args.host_memory, assume, args.top, changes=args.contract_changes
     )
     print("\n".join(outcome.lines), flush=True)
+    if args.actors:
+        from videogrpo.preflight import actor_planner
+
+        best = outcome.fitting[0].total_s if outcome.fitting else None
+        shape = planner.released_shape(cfg)
+        lines = actor_planner.actor_lines(cfg, args.gpus, nodes, memory, args.host_memory, assume, shape, best)
+        print("\n".join(lines), flush=True)
     if args.write is None:
         return 0 if outcome.fitting else 2  # a contract change is another run, not the recipe fitting
     rows = {str(i + 1): row for i, row in enumerate(outcome.fitting)}
@@ -359,6 +366,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--contract-changes",
         action="store_true",
         help="also show the contract changes (LoRA, fewer prompts, ...) that fit when the recipe's own layouts do",
+    )
+    plan.add_argument(
+        "--actors",
+        action="store_true",
+        help="also split the GPUs into train ranks and rollout actors (the actors section), with modelled times",
     )
     plan.add_argument("--write", type=Path, metavar="FILE", help="write the picked row as a config layer")
     plan.add_argument("--pick", help="the row --write writes: 1, 2, ... or c1, ... (default: 1)")

@@ -8,6 +8,7 @@ May import: the core modules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 WEIGHT_SYNCS = ("auto", "lora", "full", "none")
@@ -38,3 +39,10 @@ class ActorsConfig:
     stall_timeout_s: float = 600.0
     """Seconds a train rank waits for an actor's rollouts (or an actor for its next job) before it stops the run with
     an error naming the actor's rank and node."""
+
+
+def auto_prefetch(actor_ranks: int, group_size: int, sample_batch_size: int | None) -> int:
+    """The reference's automatic prefetch: one step more than the steps the actors can hold at once, each step being
+    ceil(G / S) jobs of up to S group members (S: grpo.sample_batch_size, G when null)."""
+    jobs_per_step = max(1, math.ceil(group_size / (sample_batch_size or group_size)))
+    return max(1, math.ceil(actor_ranks / jobs_per_step) + 1)

@@ -12,13 +12,14 @@ rolled out under the weights of the update just before it.
 A batch's staleness is the updates its replay's weights have taken beyond the weights it was rolled out under: at
 most prefetch - 1 + sync_interval - 1, one more under delayed replay (its replay follows the next batch's rollout).
 
-May import the core modules.
+May import `config` and the core modules.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from videogrpo.config.actors_section import auto_prefetch
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,6 @@ class Dispatch:
     """The loop index it is dealt at: after the actions before `at` are done (their updates taken)."""
     version: int
     """The updates the weights it is rolled out under have taken (their policy version)."""
-
-
-def auto_prefetch(actor_ranks: int, group_size: int, sample_batch_size: int | None) -> int:
-    """The reference's automatic prefetch: one step more than the steps the actors can hold at once, each step
-    being ceil(G / S) jobs of up to S group members."""
-    jobs_per_step = max(1, math.ceil(group_size / (sample_batch_size or group_size)))
-    return max(1, math.ceil(actor_ranks / jobs_per_step) + 1)
 
 
 def prefetch(cfg) -> int:
