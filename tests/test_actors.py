@@ -183,6 +183,49 @@ def test_lora_adapters_alone_reach_actors_of_fsdp_train_ranks(tiny_model, datase
         assert (weight - split_weights[name]).abs().max() <= 1e-6, name
 
 
+@pytest.fixture(scope="module")
+def tiny_i2v(tmp_path_factory):
+    from videogrpo.demo.tiny_i2v import save_tiny_i2v_pipeline
+
+    out = tmp_path_factory.mktemp("i2v") / "pipeline"
+    save_tiny_i2v_pipeline(out, 0)
+    return out
+
+
+def test_the_a14b_experts_on_an_actor_make_the_updates_of_the_train_ranks_alone(tiny_i2v, dataset, tmp_path):
+    """The tiny A14B (config/tiny_a14b.yaml: two experts routed by timestep, one eta per prompt) without tensor
+    parallelism: the actor holds both experts whole and frozen, each step routed as on a train rank, and receives
+    both experts' trained tensors by `high.` and `low.` names; the updates are those of the 2 FSDP train ranks
+    alone."""
+    import yaml
+
+    from conftest import REPO
+
+    a14b = yaml.safe_load((REPO / "config/tiny_a14b.yaml").read_text())
+    runs = {}
+    for name, procs, actors in (("alone", 2, {}), ("actor", 3, {"train_ranks": 2})):
+        cfg = trainer_config()
+        for section, values in a14b.items():
+            cfg[section] = dict(cfg[section], **values) if isinstance(values, dict) else values
+        cfg["train"].update(max_steps=2, save_steps=0)
+        cfg["parallel"].update(procs_per_node=procs, tensor_parallel=1, data_parallel="fsdp")
+        cfg["actors"] = actors
+        assert train(cfg, tmp_path / name, tiny_i2v, dataset)
+        runs[name] = metrics(tmp_path / name)
+    (alone, split) = runs["alone"], runs["actor"]
+    for a, b in zip(alone, split, strict=True):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+        assert b["ppo_ratio_abs_max"] == 0.0, b["step"]
+    for expert in ("transformer", "transformer_2"):  # the high- and low-noise experts' exports
+        path = f"final/{expert}/diffusion_pytorch_model.safetensors"
+        from safetensors.torch import load_file
+
+        mine, theirs = load_file(tmp_path / "actor" / path), load_file(tmp_path / "alone" / path)
+        for key, weight in theirs.items():
+            assert (weight - mine[key]).abs().max() <= 1e-6, (expert, key)
+
+
 def actor_process(proc, rank: int = 2):
     """The worker process of job rank `rank` (an actor) under torchrun `proc`."""
     for child in psutil.Process(proc.pid).children(recursive=True):
@@ -201,6 +244,7 @@ def actor_process(proc, rank: int = 2):
         ({"train_ranks": 2}, {}, r"leave none of the 2 ranks .* to roll out"),
         ({"train_ranks": 1, "weight_sync": "lora"}, {}, r"'lora' without LoRA .* use 'full' or 'auto'"),
         ({"train_ranks": 1, "asynchronous": True, "prefetch": 0}, {}, r"actors.prefetch"),
+        ({"train_ranks": 2}, {"parallel": {"procs_per_node": 4, "tensor_parallel": 2}}, r"tensor_parallel = 2: not"),
         ({"train_ranks": 1, "weight_sync": "some"}, {}, r"actors.weight_sync"),
         ({"train_ranks": 1, "stall_timeout_s": 0}, {}, r"actors.stall_timeout_s"),
         # The train ranks alone must make a valid topology: 3 ranks with 2 training, one prompt per rank a wave.

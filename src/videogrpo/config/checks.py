@@ -409,10 +409,11 @@ def actors_problems(cfg: Config) -> list[str]:
     found = []
     if a.weight_sync == "lora" and not cfg.train.lora_rank:
         found.append("actors.weight_sync = 'lora' without LoRA (train.lora_rank 0): use 'full' or 'auto'")
-    if par.tensor_parallel > 1 or cfg.model.kind == "i2v_a14b":
+    if par.tensor_parallel > 1:
         found.append(
-            "rollout actors with the A14B recipe (two experts, parallel.tensor_parallel > 1) are not available yet: "
-            "an actor would hold both experts whole; set actors.train_ranks and actors.train_nodes to 0"
+            f"rollout actors with parallel.tensor_parallel = {par.tensor_parallel}: not available (the train ranks' "
+            "tensor-parallel pairs would each need every piece of their pair); set parallel.tensor_parallel to 1 "
+            "(the A14B's two experts work with actors without it), or actors.train_ranks and train_nodes to 0"
         )
     return found
 

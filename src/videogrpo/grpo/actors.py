@@ -85,19 +85,28 @@ class ReceivedScores:
 
 
 def rollout_weights(trainer) -> dict[str, torch.Tensor]:
-    """The weights the rollouts are sampled with, whole, on the host, by name, in the compute dtype (what an actor
-    holds): the policy's trained tensors (LoRA: the adapters), DiffusionNFT's old policy swapped in. A collective
-    under FSDP: every train rank calls it; the train root's are fresh copies (the others' may be empty)."""
+    """The weights the rollouts are sampled with, whole, on the host, by name (`weight_name`), in the compute dtype
+    (what an actor holds): each expert's trained tensors (LoRA: the adapters), DiffusionNFT's old policy swapped in.
+    A collective under FSDP: every train rank calls it; the train root's are fresh copies (the others' may be
+    empty)."""
     from videogrpo.models.wan import DTYPES
     from videogrpo.parallel import fsdp
 
-    (expert,) = trainer.experts.experts  # the A14B's two experts are refused with actors (config checks)
-    sampling = trainer.nft_old.swapped_in() if trainer.nft_old is not None else contextlib.nullcontext()
-    with sampling:  # only the trained tensors are gathered: under LoRA, not the frozen base
-        trained = fsdp.trained_state_dict(expert.module)
+    experts = trainer.experts
     dtype = DTYPES[trainer.cfg.parallel.param_dtype]
-    # A copy: an unsharded model's gathered tensors are its parameters themselves, which the next update changes.
-    return {travel_name(n): t.to(dtype, copy=True) for n, t in trained.items()}
+    sampling = trainer.nft_old.swapped_in() if trainer.nft_old is not None else contextlib.nullcontext()
+    weights = {}
+    with sampling:  # only the trained tensors are gathered: under LoRA, not the frozen base
+        for expert in experts.experts:
+            for name, tensor in fsdp.trained_state_dict(expert.module).items():
+                # A copy: an unsharded model's gathered tensors are its parameters, which the next update changes.
+                weights[weight_name(expert.name, name, experts.routed)] = tensor.to(dtype, copy=True)
+    return weights
+
+
+def weight_name(expert: str, name: str, routed: bool) -> str:
+    """A trained tensor's name on the link: the A14B's prefixed by its expert (`high.`, `low.`)."""
+    return f"{expert}.{travel_name(name)}" if routed else travel_name(name)
 
 
 class Feed:
@@ -278,7 +287,8 @@ class ActorState:
     cfg: object
     ctx: object
     model: object
-    policy: torch.nn.Module
+    policy: torch.nn.Module | dict
+    """The frozen policy: one transformer, or the A14B's experts by name (its velocity routes each step)."""
     placement: offload.Placement
     scorer: object
     order: list
@@ -296,20 +306,28 @@ class ActorState:
 
     @classmethod
     def build(cls, cfg, paths, ctx) -> ActorState:
+        from videogrpo.models.i2v import WanI2VA14B
         from videogrpo.models.wan import DTYPES, WanTI2V, flow_shift, tile_decoding
         from videogrpo.rewards.terms import training_scorer
 
-        offloading = cfg.train.offload_inference_models
-        model = WanTI2V.from_config(paths.model, ctx.device, cfg, offload.HOST if offloading else None)
+        frozen_device = offload.HOST if cfg.train.offload_inference_models else None
+        if cfg.model.kind == "i2v_a14b":
+            if ctx.device.type == "cuda":  # as the trainer: SDPA without its cuDNN kernel
+                torch.backends.cuda.enable_cudnn_sdp(False)
+            model = WanI2VA14B.from_config(paths.model, ctx.device, cfg, frozen_device, cfg.train.experts)
+        else:
+            model = WanTI2V.from_config(paths.model, ctx.device, cfg, frozen_device)
         tile_decoding(model.vae, cfg.grpo.vae_tile_size)
-        (policy,) = model.trainable.values()
-        if lora.enabled(cfg):  # the same adapters as the train ranks', so that theirs load by name
-            lora.add_adapters(policy, cfg, 0)
-        # Frozen and whole, in the compute dtype: what FSDP's mixed-precision policy gathers on a train rank.
-        policy.requires_grad_(False).eval().to(DTYPES[cfg.parallel.param_dtype])
+        experts = dict(model.trainable)
+        for index, module in enumerate(experts.values()):
+            if lora.enabled(cfg):  # the same adapters as the train ranks', so that theirs load by name
+                lora.add_adapters(module, cfg, index)
+            # Frozen and whole, in the compute dtype: what FSDP's mixed-precision policy gathers on a train rank.
+            module.requires_grad_(False).eval().to(DTYPES[cfg.parallel.param_dtype])
+        routed = not model.pins_first_frame  # the A14B's velocity routes each step to an expert, as the trainer's
         placement = offload.Placement(
             ctx.device,
-            offloading,
+            cfg.train.offload_inference_models,
             {"text_encoder": model.text_encoder, "vae": model.vae},
             {"text_encoder": [model.text_encoder], "vae": [model.vae.encoder, model.vae.decoder]},
         )
@@ -319,7 +337,7 @@ class ActorState:
             cfg,
             ctx,
             model,
-            policy,
+            experts if routed else next(iter(experts.values())),
             placement,
             training_scorer(cfg, paths.evalkit, sorted({s.task for s in order})),
             order,
@@ -330,7 +348,9 @@ class ActorState:
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """The train ranks' weights into the frozen policy, by name; every one must be known."""
-        params = {travel_name(n): p for n, p in self.policy.named_parameters()}
+        routed = isinstance(self.policy, dict)
+        experts = self.policy if routed else {"transformer": self.policy}
+        params = {weight_name(expert, n, routed): p for expert, m in experts.items() for n, p in m.named_parameters()}
         unknown = sorted(set(weights) - set(params))
         if unknown:
             raise RuntimeError(f"actor rank {self.ctx.rank}: the train ranks sent weights it has not: {unknown[:5]}")
