@@ -335,3 +335,36 @@ def test_one_whole_mixgrpo_and_flash_step_is_their_train_one_step_to_round_off(m
     assert failing_with(monkeypatch, mixgrpo_step, stored, "grpo", "sde_window_tail", "euler") == {
         "mixgrpo_flash: states"
     }
+
+
+def test_the_refiners_loss_and_advantages_are_promptrls_and_unirls_to_round_off(monkeypatch):
+    """tests/data/algo_diff/refiner_lm.pt: PromptRL's advantages, completion mask and LM loss (G-U-N/UniRL branch
+    prompt_rl) on a tiny causal LM, with the gradient of every weight, and UniRL's clipped token loss in its three
+    aggregations and its hierarchical advantages (Tencent-Hunyuan/UniRL), run by tools/algo_diff/refiner_lm.py:
+    grpo/refiner_loss.py must agree. Each check can fail: PromptRL's loss without its KL, UniRL's clip at 1.0, or
+    UniRL's advantages over the std plus 0.1, each breaks what it should."""
+    import refiner_lm
+
+    from videogrpo.grpo import refiner_loss
+
+    stored = torch.load(REPO / "tests/data/algo_diff/refiner_lm.pt", weights_only=True)
+    assert stored["commit"].startswith("PromptRL 53c28c9") and "UniRL 1a7b501" in stored["commit"]
+    rows = refiner_lm.compare(stored["theirs"], refiner_lm.project_side(stored["inputs"]))
+    assert len(rows) == 14 and all(ok for *_, ok in rows), rows
+
+    def failing() -> set[str]:
+        found = refiner_lm.compare(stored["theirs"], refiner_lm.project_side(stored["inputs"]))
+        return {name for name, _, ok in found if not ok}
+
+    real = refiner_loss.refiner_loss
+    monkeypatch.setattr(refiner_loss, "refiner_loss", lambda *a, **k: real(*a, **dict(k, kl_weight=0.0)))
+    assert {"cot_loss", "grad_head"} <= failing()
+    monkeypatch.setattr(refiner_loss, "refiner_loss", lambda *a, **k: real(*a, **dict(k, clip_range=1.0)))
+    assert {"loss token-mean", "grad seq-mean-token-mean"} <= failing()
+    monkeypatch.setattr(refiner_loss, "refiner_loss", real)
+    monkeypatch.setattr(
+        refiner_loss,
+        "population_advantages",
+        lambda r, eps=1e-8: (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, unbiased=False, keepdim=True) + 0.1),
+    )
+    assert failing() == {"refiner advantages", "generator advantages"}

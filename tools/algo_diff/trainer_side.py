@@ -187,7 +187,7 @@ def one_batch(
     waves = assignment.waves(cfg, 0, 1)
     trainer.__dict__.update(
         cfg=cfg,
-        ctx=SimpleNamespace(world_size=1, rank=0, device=CPU, is_main=False, link=None),
+        ctx=SimpleNamespace(world_size=1, rank=0, device=CPU, is_main=False, link=None, is_actor=False),
         model=model or StandInModel(),
         experts=experts,
         layout=experts.layout(),
@@ -203,6 +203,9 @@ def one_batch(
         memory=PeakMemory(CPU),
         rolled_out=[],
         total=1,
+        policy_version=0,
+        feed=None,  # no rollout actors: the trainer rolls out itself
+        resumed=None,
     )
     if old is not None:
         for copy_, name in zip(trainer.nft_old.copies, ("mix", "bias")):
