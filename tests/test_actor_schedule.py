@@ -72,13 +72,18 @@ def test_automatic_prefetch_is_the_reference_formula():
 
 def test_the_schedule_agrees_with_the_reference_loop_step_for_step():
     sys.path.insert(0, str(REPO / "tools/ref_diff"))
+    import project_adapter
     import split_schedule
 
     stored = json.loads(STORED.read_text())
-    assert stored["reference_commit"].startswith("252c2ff")
-    ours = {json.dumps(r["point"], sort_keys=True): r for r in split_schedule.project(split_schedule.GRID)}
-    assert len(stored["runs"]) == len(ours) == len(split_schedule.GRID)
-    for run in stored["runs"]:
-        mine = ours[json.dumps(run["point"], sort_keys=True)]
-        assert mine["prefetch"] == run["prefetch"], run["point"]
-        assert mine["steps"] == run["steps"], run["point"]
+    assert stored["reference_commit"].startswith("252c2ff") and stored["orders"] == ["fifo", "lifo", "random"]
+    ours = project_adapter.split_schedules(split_schedule.GRID)
+    assert len(stored["runs"]) == len(ours) == len(split_schedule.GRID) == 576
+    for mine, run in zip(ours, stored["runs"]):
+        prefetch, steps = split_schedule.stored_steps(run)
+        assert mine["prefetch"] == prefetch, mine["point"]
+        assert mine["steps"] == steps, mine["point"]
+    # It can fail: one batch more of prefetch than the reference's formula deals every batch an update earlier.
+    index, point = next((i, pt) for i, pt in enumerate(split_schedule.GRID) if pt["actors"] == 2 and not pt["prefetch"])
+    (ahead,) = project_adapter.split_schedules([dict(point, prefetch=ours[index]["prefetch"] + 1)])
+    assert ahead["steps"] != split_schedule.stored_steps(stored["runs"][index])[1]

@@ -294,6 +294,7 @@ case "$2" in
   "${STAND_IN_CRASH:-none}") echo "Traceback: stand-in crash"; exit 1 ;;
   probe) echo "(a) stand-in" ;;
   plan-reference) echo "plan-reference: stand-in" ;;
+  split-reference) echo "split-reference: stand-in" ;;
   inputs) echo "inputs: stand-in" ;;
   compare) if [ -n "${STAND_IN_FAIL:-}" ] && [[ "$3" == *"$STAND_IN_FAIL"* ]]; then echo "FAIL (fp32): x"; exit 1; fi ;;
   summary) echo "| the summary |"; [ -z "${STAND_IN_FAIL:-}" ] || exit 1 ;;

@@ -23,7 +23,8 @@ What the tool relies on:
   member 0 and step 0x1A17 when the group shares it; `seeded_uniform` keyed (seed, batch, prompt, 0xE7A) for a
   per-prompt eta) and `trained_timesteps(T, fraction, seed, update)`: the `inputs` step draws with them what
   the reference is handed;
-- `replay.plan`, `replay.total_updates` and `lr_schedule.learning_rate` for the schedule grid.
+- `replay.plan`, `replay.total_updates` and `lr_schedule.learning_rate` for the schedule grid;
+- `actor_schedule.schedule`, `updates_before` and `auto_prefetch` for the rollout actors' split schedule.
 """
 
 from __future__ import annotations
@@ -336,4 +337,22 @@ def schedules(grid: list[dict], lr: float, clip: float, delayed_clip: float) -> 
                 )
                 rolled = []
         runs.append(dict(point=pt, total=total, updates=ups))
+    return runs
+
+
+def split_schedules(grid: list[dict]) -> list[dict]:
+    """The project's rollout-actor schedule for every split_schedule grid point: per batch dealt, the updates taken
+    when it is dealt and its policy version (`actor_schedule` on `replay.plan`)."""
+    from videogrpo.grpo import actor_schedule, replay
+
+    runs = []
+    for pt in grid:
+        actions = replay.plan(pt["batches"], pt["epochs"], 0, pt["max_steps"], False)
+        prefetch = pt["prefetch"] or actor_schedule.auto_prefetch(pt["actors"], pt["group"], pt["sample"])
+        done = actor_schedule.updates_before(actions)
+        steps = [
+            {"step": d.action, "created_after": done[d.at], "version": d.version}
+            for d in actor_schedule.schedule(actions, prefetch, pt["interval"])
+        ]
+        runs.append({"point": pt, "prefetch": prefetch, "steps": steps})
     return runs

@@ -150,7 +150,9 @@ def main(argv: list[str]) -> None:
 
         grid = split_schedule.GRID
         if cmd == "split-videogrpo":
-            runs = split_schedule.project(grid)
+            import project_adapter
+
+            runs = project_adapter.split_schedules(grid)
         else:
             runs = split_schedule.reference(grid, WORK / "run_split")
         Path(args[0]).write_text(json.dumps(runs))

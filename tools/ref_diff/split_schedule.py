@@ -8,8 +8,8 @@ last in first out, or seeded random), and training and optimizer steps that reco
 records, per step, the updates taken when it was created and its policy version, and per job which actor got which
 group members of which step, and whether the job carried the policy.
 
-The project side is `grpo/actor_schedule.py` on `replay.plan` for the same run: per batch, the updates taken when it
-is dealt and its version.
+The project side (project_adapter.split_schedules) is `grpo/actor_schedule.py` on `replay.plan` for the same run:
+per batch, the updates taken when it is dealt and its version.
 
 Compared per grid point and finish order: the prefetch (the reference's automatic formula against the project's),
 every step's creation point and policy version (must be equal), and that both cover every group member of every
@@ -38,25 +38,6 @@ GRID = [
 """Actors 1-5; group 4 or 8 with S = G, 1, 2, 3; prefetch automatic or 1-3; interval 1-3; 3 x 2, 5 x 1 batches,
 and 4 x 2 stopped at 5 steps (576 points, each under 3 finish orders on the reference side)."""
 ORDERS = ("fifo", "lifo", "random")
-
-
-# ---- the project side (the project's environment) -------------------------------------------------------------
-
-
-def project(grid: list[dict]) -> list[dict]:
-    from videogrpo.grpo import actor_schedule, replay
-
-    runs = []
-    for pt in grid:
-        actions = replay.plan(pt["batches"], pt["epochs"], 0, pt["max_steps"], False)
-        prefetch = pt["prefetch"] or actor_schedule.auto_prefetch(pt["actors"], pt["group"], pt["sample"])
-        done = actor_schedule.updates_before(actions)
-        steps = [
-            {"step": d.action, "created_after": done[d.at], "version": d.version}
-            for d in actor_schedule.schedule(actions, prefetch, pt["interval"])
-        ]
-        runs.append({"point": pt, "prefetch": prefetch, "steps": steps})
-    return runs
 
 
 # ---- the reference side (the reference's environment) -----------------------------------------------------------
@@ -231,15 +212,23 @@ def compare(a: str, b: str) -> int:
 
 
 def store(b: str, out: str, commit: str) -> None:
-    """The reference's runs, compact, for tests/test_actor_schedule.py: per grid point its prefetch and steps, once
-    (refused if the finish orders gave different schedules: then the reference's versions would hang on timing)."""
-    by_point: dict[str, dict] = {}
+    """The reference's runs, compact, for tests/test_actor_schedule.py: per grid point (in GRID's order) its prefetch
+    and, per step, [the updates taken when it was created, its policy version]; once, refused if the finish orders
+    gave different schedules (then the reference's versions would hang on timing)."""
+    by_point: dict[str, list] = {}
     for run in json.loads(Path(b).read_text()):
         key = json.dumps(run["point"], sort_keys=True)
-        kept = {"point": run["point"], "prefetch": run["prefetch"], "steps": run["steps"]}
+        assert [s["step"] for s in run["steps"]] == list(range(len(run["steps"])))
+        kept = [run["prefetch"], [[s["created_after"], s["version"]] for s in run["steps"]]]
         if by_point.setdefault(key, kept) != kept:
             raise SystemExit(f"{run['point']}: the reference's schedule differs between finish orders")
-    Path(out).write_text(
-        json.dumps({"reference_commit": commit, "orders": list(ORDERS), "runs": list(by_point.values())})
-    )
-    print(f"split-store: {len(by_point)} grid points into {out}")
+    runs = [by_point[json.dumps(pt, sort_keys=True)] for pt in GRID]
+    text = json.dumps({"reference_commit": commit, "orders": list(ORDERS), "runs": runs}, separators=(",", ":"))
+    Path(out).write_text(text)
+    print(f"split-store: {len(runs)} grid points into {out} ({len(text)} bytes)")
+
+
+def stored_steps(run: list) -> tuple[int, list[dict]]:
+    """(prefetch, steps) of one stored run, in the comparison's form."""
+    prefetch, steps = run
+    return prefetch, [{"step": i, "created_after": c, "version": v} for i, (c, v) in enumerate(steps)]
