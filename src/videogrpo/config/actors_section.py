@@ -41,6 +41,15 @@ class ActorsConfig:
     an error naming the actor's rank and node."""
 
 
+def prefetch(cfg) -> int:
+    """Batches dealt ahead to the actors: 1 when synchronous; else actors.prefetch, or the automatic one (a Config:
+    its actor ranks are the ranks beside cfg.train_world_size)."""
+    a, g = cfg.actors, cfg.grpo
+    if not a.asynchronous:
+        return 1
+    return a.prefetch or auto_prefetch(cfg.world_size - cfg.train_world_size, g.group_size, g.sample_batch_size)
+
+
 def auto_prefetch(actor_ranks: int, group_size: int, sample_batch_size: int | None) -> int:
     """The reference's automatic prefetch: one step more than the steps the actors can hold at once, each step being
     ceil(G / S) jobs of up to S group members (S: grpo.sample_batch_size, G when null)."""

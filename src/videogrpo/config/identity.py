@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from videogrpo.config.actors_section import auto_prefetch
+from videogrpo.config.actors_section import prefetch
 from videogrpo.config.sections import Config
 from videogrpo.errors import ConfigError
 
@@ -507,13 +507,9 @@ def training_contract(cfg: Config, task_list_text: str) -> dict[str, Any]:
     off = options_off(flat_fields(select(cfg, paths)))
     contract = select(cfg, [p for p in paths if p not in off])
     contract["data"]["task_list"] = sorted(task_names(task_list_text))
-    a = cfg.actors
-    if "actors" in contract and a.asynchronous and a.prefetch is None:
+    if "actors" in contract and cfg.actors.asynchronous and cfg.actors.prefetch is None:
         # The automatic prefetch reads grpo.sample_batch_size, an execution field: the run is the prefetch it gives.
-        g = cfg.grpo
-        contract["actors"]["prefetch"] = auto_prefetch(
-            cfg.world_size - cfg.train_world_size, g.group_size, g.sample_batch_size
-        )
+        contract["actors"]["prefetch"] = prefetch(cfg)
     return contract
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from videogrpo.config.actors_section import auto_prefetch
+from videogrpo.config.actors_section import auto_prefetch, prefetch  # noqa: F401 (re-exported: callers read the schedule's settings here)
 
 
 @dataclass(frozen=True)
@@ -31,16 +31,6 @@ class Dispatch:
     """The loop index it is dealt at: after the actions before `at` are done (their updates taken)."""
     version: int
     """The updates the weights it is rolled out under have taken (their policy version)."""
-
-
-def prefetch(cfg) -> int:
-    """Steps dealt ahead: 1 when synchronous; else actors.prefetch, or the automatic one."""
-    a = cfg.actors
-    if not a.asynchronous:
-        return 1
-    if a.prefetch:
-        return a.prefetch
-    return auto_prefetch(cfg.world_size - cfg.train_world_size, cfg.grpo.group_size, cfg.grpo.sample_batch_size)
 
 
 def sync_interval(cfg) -> int:

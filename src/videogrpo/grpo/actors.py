@@ -136,6 +136,12 @@ class Feed:
         self.actor_versions: dict[int, int] = {}
         self.outbox = Outbox()
         self.actors = list(range(self.link.train_world, self.link.world))
+        self.pieces = pieces(cfg, self.link.train_world)
+        """Every batch's pieces (the same for each): who rolls out which is fixed for the run."""
+        self.dealt_to = {
+            a: [k for k in range(len(self.pieces)) if actor_of(k, self.link.train_world, self.link.world) == a]
+            for a in self.actors
+        }
 
     def advance(self, index: int) -> None:
         """At loop index `index` (the actions before it done): collect the current weights if a batch dealt from
@@ -163,18 +169,17 @@ class Feed:
         return False
 
     def _deal(self, i: int) -> None:
-        d, dealt = self.dispatches[i], pieces(self.trainer.cfg, self.link.train_world)
+        d = self.dispatches[i]
         # Whether the next batch is dealt before this one is replayed: an actor may then keep this batch's last piece
         # until it has rolled out the next batch's first (no wait on this batch can hold up the next one's deal).
         carry = i + 1 < len(self.dispatches) and self.dispatches[i + 1].at <= d.action
         for a in self.actors:
-            mine = [k for k in range(len(dealt)) if actor_of(k, self.link.train_world, self.link.world) == a]
             sent = self.weights[d.version] if self.sync != "none" and self.actor_versions.get(a) != d.version else None
             header = {
                 "kind": "batch",
                 "batch": d.batch,
                 "version": d.version,
-                "pieces": mine,
+                "pieces": self.dealt_to[a],
                 "weights": sent is not None,
                 "carry": carry,
             }
@@ -197,7 +202,7 @@ class Feed:
                 f"batch {batch} is not the next batch dealt to the actors (the schedule and the trainer disagree)"
             )
         chunks = []
-        for k, (r, w, rows) in enumerate(pieces(trainer.cfg, link.train_world)):
+        for k, (r, w, rows) in enumerate(self.pieces):
             if r != ctx.rank:
                 continue
             src = actor_of(k, link.train_world, link.world)
@@ -374,6 +379,13 @@ def run_actor(cfg, paths, ctx) -> None:
     carried = None
     """(outbox, batch, piece) of a batch's last piece, sent once the next batch's first piece is rolled out (when the
     train root says the next batch is dealt before this one is replayed: its scoring then overlaps that rollout)."""
+
+    def release(held) -> None:
+        """Send a kept piece, if any, into its batch's outbox; None: nothing is kept after."""
+        if held is not None:
+            held[0].add(send_piece(state, *held[1:]))
+        return None
+
     print(f"[rank {ctx.rank}] rollout actor of {link.train_world} train ranks", file=sys.stderr, flush=True)
     try:
         while True:
@@ -382,8 +394,7 @@ def run_actor(cfg, paths, ctx) -> None:
             while len(jobs) > keep:
                 jobs.pop(0).settle()
             if header["kind"] == "stop":
-                if carried is not None:  # training stopped before the next batch was dealt
-                    carried[0].add(send_piece(state, *carried[1:]))
+                release(carried)  # training stopped before the next batch was dealt
                 for outbox in jobs:
                     outbox.settle()
                 return
@@ -399,13 +410,9 @@ def run_actor(cfg, paths, ctx) -> None:
                     chunk = rollout_batch.rollout_wave(state, batch, prompts, rows)  # submitted for scoring
                 if waiting is not None:
                     outbox.add(send_piece(state, batch, *waiting))
-                elif carried is not None:  # the last batch's last piece, scored while this one rolled out
-                    carried[0].add(send_piece(state, *carried[1:]))
-                    carried = None
+                carried = release(carried)  # the last batch's last piece, scored while this one rolled out
                 waiting = (state.version, r, w, rows, chunk)  # the weights that rolled it out, kept with it
-            if carried is not None:
-                carried[0].add(send_piece(state, *carried[1:]))
-                carried = None
+            carried = release(carried)
             if waiting is not None and header["carry"]:
                 carried = (outbox, batch, *waiting)
             elif waiting is not None:
