@@ -54,9 +54,15 @@ def solo_config(**sections) -> dict:
 
 
 def launch(
-    cfg: dict, out: Path, tiny_model: Path, dataset: Path, worker: str = "videogrpo.grpo.worker"
+    cfg: dict,
+    out: Path,
+    tiny_model: Path,
+    dataset: Path,
+    worker: str = "videogrpo.grpo.worker",
+    refiners: dict[str, Path] | None = None,
 ) -> subprocess.Popen:
-    """torchrun of `worker` (a module: the trainer's, or tests/probe_worker.py's instrumented one)."""
+    """torchrun of `worker` (a module: the trainer's, or tests/probe_worker.py's instrumented one); `refiners`:
+    each prompt refiner's directory by name."""
     out.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -84,6 +90,7 @@ def launch(
         str(out / "metrics.jsonl"),
         "--run-dir",
         str(out),
+        *(f"--refiner={name}={path}" for name, path in (refiners or {}).items()),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PROBE_OUT=str(out))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
@@ -112,10 +119,16 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def train(
-    cfg: dict, out: Path, tiny_model: Path, dataset: Path, kill_when=None, worker: str = "videogrpo.grpo.worker"
+    cfg: dict,
+    out: Path,
+    tiny_model: Path,
+    dataset: Path,
+    kill_when=None,
+    worker: str = "videogrpo.grpo.worker",
+    refiners: dict[str, Path] | None = None,
 ) -> bool:
     """Run under torchrun to the end (True), or SIGKILL the whole process group once kill_when(out) holds (False)."""
-    proc = launch(cfg, out, tiny_model, dataset, worker)
+    proc = launch(cfg, out, tiny_model, dataset, worker, refiners)
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if kill_when is not None and kill_when(out):
@@ -129,7 +142,13 @@ def train(
 
 
 def trainer_in_process(
-    cfg: dict, out: Path, tiny_model: Path, dataset: Path, inputs: dict | None = None, world_size: int = 1
+    cfg: dict,
+    out: Path,
+    tiny_model: Path,
+    dataset: Path,
+    inputs: dict | None = None,
+    world_size: int = 1,
+    refiners: dict[str, Path] | None = None,
 ):
     """A Trainer of a world of one in this process (no torchrun): for options that need no second rank.
 
@@ -147,6 +166,7 @@ def trainer_in_process(
     torch.set_num_threads(resolved.parallel.cpu_threads)  # what process_groups.init does in a worker
     paths = TrainPaths.under(out, tiny_model, dataset, Path(cfg["evalkit"]["path"]))
     paths.input_digests = inputs or {}
+    paths.refiners = dict(refiners or {})
     return Trainer(resolved, paths, process_groups.Context(0, world_size, 0, torch.device("cpu")), "test")
 
 

@@ -46,7 +46,7 @@ from videogrpo.config.identity import (
     to_dict,
     training_contract,
 )
-from videogrpo.config.load import deep_merge, from_dict, json_schema, load, sections_from_argument
+from videogrpo.config.load import deep_merge, from_dict, json_schema, load, refiner_paths, sections_from_argument
 from videogrpo.config.option_rules import setting_warnings
 from videogrpo.config.sections import (
     SECTIONS,
@@ -63,6 +63,7 @@ from videogrpo.config.sections import (
 )
 
 __all__ = [
+    "refiner_paths",
     "RUN_MODELS",
     "setting_warnings",
     "CONTRACT",

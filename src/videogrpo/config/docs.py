@@ -69,7 +69,7 @@ def _rows(path: str, prop: dict[str, Any]) -> str:
         f"`{path}`",
         _type_text(prop),
         f"`{_cell(default)}`",
-        field_class(path),
+        field_class(path.split("[]")[0]),
         _cell(prop.get("description", "")),
     ]
     return "| " + " | ".join(cells) + " |\n"
@@ -88,4 +88,8 @@ def markdown_reference(schema: dict[str, Any]) -> str:
             _cell(section.get("description", "")) + "\n\n" if "description" in section else "",
         ]
         parts += [header, *(_rows(f"{name}.{field}", prop) for field, prop in section["properties"].items())]
+        for field, prop in section["properties"].items():  # a list of records: each record's fields
+            if prop.get("items", {}).get("type") == "object":
+                parts += [f"\nEach item of `{name}.{field}`:\n\n", header]
+                parts += [_rows(f"{name}.{field}[].{key}", item) for key, item in prop["items"]["properties"].items()]
     return "".join(parts)

@@ -40,6 +40,7 @@ _SECTION_CLASSES = {
     "model": CONTRACT,
     "video": CONTRACT,
     "grpo": CONTRACT,
+    "refiners": CONTRACT,
     "matrix": EVALUATION,
     "kubernetes": EXECUTION,
     "recipe": CONTRACT,
@@ -270,7 +271,19 @@ def _value(cfg: Config, path: str) -> Any:
 
 # What each stage reads (whole sections, or single `section.field`s). They are the stage's Snakemake
 # params, so changing one reruns it, and nothing else does.
-RUN_SECTIONS = ("recipe", "model", "data", "video", "evalkit", "reward", "grpo", "train", "parallel", "actors")
+RUN_SECTIONS = (
+    "recipe",
+    "model",
+    "data",
+    "video",
+    "evalkit",
+    "reward",
+    "grpo",
+    "train",
+    "parallel",
+    "actors",
+    "refiners",
+)
 STAGE_SECTIONS = {
     "materialize_dataset": ("data",),
     "validate_dataset": ("data",),
@@ -426,6 +439,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"train.keep_best_by": None}, ()),
     ({"actors.train_ranks": 0, "actors.train_nodes": 0}, ("actors.weight_sync",)),
     ({"actors.asynchronous": False}, ("actors.prefetch", "actors.sync_interval")),
+    ({"refiners.experts": []}, ("refiners.credit", "refiners.original_members")),
     ({"train.stop_on_divergence": False}, ()),
 )
 

@@ -79,3 +79,14 @@ def sections_from_argument(value: str) -> dict[str, Any]:
     if not isinstance(sections, dict):
         raise ConfigError("--config-json: expected a JSON object of config sections")
     return sections
+
+
+def refiner_paths(given: list[str]) -> dict[str, Path]:
+    """`--refiner NAME=DIR` arguments (the train stage's and its workers') as {name: directory}."""
+    found = {}
+    for item in given:
+        name, sep, where = item.partition("=")
+        if not sep or not name or not where:
+            raise ConfigError(f"--refiner {item!r}: expected NAME=DIR (a prompt refiner's name and its download)")
+        found[name] = Path(where)
+    return found

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from videogrpo.config.actors_section import ActorsConfig
 from videogrpo.config.grpo_section import GRPOConfig
+from videogrpo.config.refiners_section import RefinersConfig
 
 
 @dataclass
@@ -464,6 +465,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     actors: ActorsConfig = field(default_factory=ActorsConfig)
+    refiners: RefinersConfig = field(default_factory=RefinersConfig)
     matrix: MatrixConfig = field(default_factory=MatrixConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
@@ -485,6 +487,11 @@ class Config:
     def has_actors(self) -> bool:
         """Whether some ranks are rollout actors (the `actors` section)."""
         return self.train_world_size < self.world_size
+
+    @property
+    def has_refiners(self) -> bool:
+        """Whether prompt refiners rewrite the prompts and train with the generator (the `refiners` section)."""
+        return bool(self.refiners.experts)
 
     @property
     def lora_base_dtype(self) -> str:

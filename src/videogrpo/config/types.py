@@ -63,6 +63,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         (item_tp,) = typing.get_args(inner)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, found {value!r}")
+        if dataclasses.is_dataclass(item_tp):  # a list of records (refiners.experts): each built as a section is
+            return [build(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return [coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         key_tp, val_tp = typing.get_args(inner)
@@ -124,13 +126,22 @@ def build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+def to_plain(value: Any) -> Any:
+    """A default as JSON holds it: records (dataclasses) as mappings."""
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
 def json_schema(root: type, choices: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """JSON Schema of the config, generated from the dataclasses (defaults and descriptions included)."""
 
     def type_schema(tp: Any) -> dict[str, Any]:
         inner, optional = strip_optional(tp)
         origin = typing.get_origin(inner)
-        if origin is list:
+        if origin is list and dataclasses.is_dataclass(typing.get_args(inner)[0]):
+            schema = {"type": "array", "items": section_schema(typing.get_args(inner)[0], "")}
+        elif origin is list:
             schema = {"type": "array", "items": type_schema(typing.get_args(inner)[0])}
         elif origin is dict:
             schema = {"type": "object", "additionalProperties": type_schema(typing.get_args(inner)[1])}
@@ -152,7 +163,7 @@ def json_schema(root: type, choices: dict[str, tuple[str, ...]]) -> dict[str, An
                 props[f.name] = section_schema(tp, f"{path}.")
                 continue
             prop = type_schema(tp)
-            prop["default"] = getattr(defaults, f.name)
+            prop["default"] = to_plain(getattr(defaults, f.name))
             if f.name in docs:
                 prop["description"] = docs[f.name]
             if path in choices:

@@ -11,7 +11,8 @@ It decodes as vLLM does under `structured_outputs.regex`: its answer always matc
 refuses to answer (400; a real server would have been forced into some other text). Without a regex the
 "model" rambles in prose, as an unconstrained judge may. The answer follows the rubric (the first text part)
 and its "Output format (exactly these lines):" fields; the score depends on the request (the share of bright
-pixels of the rollout's last frame; `pays="brightness"`: its mean brightness, a reward built to be gamed).
+pixels of the rollout's last frame; `pays="brightness"`: its mean brightness, a reward built to be gamed;
+`pays="constant"`: the same verdict for every video).
 
 `mode` makes it misbehave as real services do, for the first `failures` requests (None: every request):
 `429`, `500`, `503`, `400` ... (that HTTP status), `drop` (closes the connection without an answer),
@@ -71,7 +72,9 @@ def answer_for(body: dict, weights_off: int = 0, pays: str = "bright_share") -> 
     rubric = next(part["text"] for part in content if part["type"] == "text")
     video = next(part["video_url"]["url"] for part in content if part["type"] == "video_url")
     frames, _ = video_frames(video)
-    if pays == "brightness":  # the last frame's mean brightness, 20 x its distance from mid-grey: built to be gamed
+    if pays == "constant":  # the same verdict for every video: a term that carries no signal
+        bright = 0.5
+    elif pays == "brightness":  # the last frame's mean brightness, 20 x its distance from mid-grey: built to be gamed
         bright = min(1.0, max(0.0, 0.5 + 20 * (float(frames[-1].mean()) / 255.0 - 0.5)))
     else:
         bright = float((frames[-1].mean(axis=-1) > 100).mean())

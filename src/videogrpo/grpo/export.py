@@ -43,6 +43,8 @@ def write_weights(trainer, target: Path, state: dict) -> None:
             for name, (adapters, whole) in (trained or {}).items():
                 folder = tmp / EXPERT_FOLDERS.get(name, name)
                 lora.write_export(folder, trainer.model.trainable[name].config, adapters, whole, trainer.cfg)
+            if trainer.refiners is not None:  # the prompt refiners and their rewrites beside the generator
+                trainer.refiners.export(tmp, trainer.paths.checkpoints)
             (tmp / STATE).write_text(json.dumps(state, indent=2) + "\n")
     process_groups.barrier()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from videogrpo.data.dataset import SampleRef, batch_for_step
-from videogrpo.grpo import assignment, offload, sde_window
+from videogrpo.grpo import assignment, offload, refiners, sde_window
 from videogrpo.grpo.advantages import group_advantages, shuffled_within_groups, zero_variance_groups
 from videogrpo.grpo.draws import seeded_normal, seeded_uniform
 from videogrpo.grpo.rollout import Trajectory, rollout
@@ -39,6 +39,9 @@ class Chunk:
     the recorded latents)."""
     futures: list = field(default_factory=list)
     advantages: torch.Tensor | None = None
+    rewrites: list | None = None
+    """With prompt refiners: each row's rewrites in expert order (refiners.Rewrite; [] where the member keeps the
+    sample's prompt); None without them."""
 
 
 @dataclass
@@ -70,9 +73,12 @@ def prepare(trainer, batch_index: int, receive=None, version: int | None = None)
 def rollout_wave(trainer, batch_index: int, prompts: list[SampleRef], rows: list[tuple[int, int]]) -> Chunk:
     cfg = trainer.cfg
     samples = [prompts[j] for j, _ in rows]
+    texts, rewrites = [s.prompt for s in samples], None
+    if trainer.refiners is not None:  # the generator reads the rewrites; the scorer the sample's own prompt and task
+        texts, rewrites = trainer.refiners.rewrite_rows(batch_index, rows, texts)
     trainer.placement.enter("encode")
     embeds, condition = trainer.model.encode_conditions(
-        [s.prompt for s in samples],
+        texts,
         [s.first_frame for s in samples],
         cfg.video.height,
         cfg.video.width,
@@ -95,6 +101,7 @@ def rollout_wave(trainer, batch_index: int, prompts: list[SampleRef], rows: list
         trajectory,
         trainer.placement.park_tensor(embeds),
         None if trainer.model.pins_first_frame else trainer.placement.park_tensor(condition),
+        rewrites=rewrites,
     )
     if not trainer.scores:  # a TP peer: its tp_rank 0 decodes and scores the same rollouts
         return chunk
@@ -173,7 +180,15 @@ def advantages(trainer, prepared: Prepared) -> dict:
     terms = term_means([row[5] for row in everyone])  # reward.terms: each term's raw mean
     # grpo.skip_zero_variance_groups: such groups contribute no loss (docs/options.md#groups-without-signal).
     skipped = zero_variance_groups(table) if trainer.cfg.grpo.skip_zero_variance_groups else None
+    refiner_advantages = None
+    if trainer.refiners is not None:  # each refiner's advantages: the generator's, or its own reward term's
+        term_tables = {}
+        for j, g, _, _, _, scored in everyone:
+            for kind, value in (scored or {}).items():
+                term_tables.setdefault(kind, torch.full_like(table, float("nan")))[j, g] = value
+        refiner_advantages = refiners.advantages(trainer.cfg, table, adv, term_tables)
     return {
+        "refiner_advantages": refiner_advantages,
         "rewards": table,
         "advantages": adv,
         "per_task": per_task,

@@ -38,6 +38,7 @@ from videogrpo.grpo import (
     nft,
     objectives,
     offload,
+    refiners,
     replay,
     rollout_batch,
     sde_window,
@@ -75,6 +76,8 @@ class TrainPaths:
     run_dir: Path
     input_digests: dict[str, str] = field(default_factory=dict)
     """Digests of the training inputs (model, dataset, training ids): checkpoints record them."""
+    refiners: dict[str, Path] = field(default_factory=dict)
+    """Each prompt refiner's download by its name (refiners.experts)."""
 
     @property
     def best(self) -> Path:
@@ -133,6 +136,8 @@ class Trainer:
         """DiffusionNFT's old policy: it samples the rollouts and anchors the loss (None for GRPO)."""
         self.ema = WeightCopy(self.experts.params, modules) if cfg.train.ema_decay is not None else None
         """The moving average of the trained weights (train.ema_decay), exported as ema/ (None: off)."""
+        self.refiners = refiners.Refiners(cfg, paths.refiners, ctx.device) if cfg.has_refiners else None
+        """The prompt refiners trained beside the generator (the `refiners` section; None: off)."""
         self.scores = self.experts.tp_rank(ctx.rank) == 0
         """Whether this rank decodes and scores its rollouts: under TP only tp_rank 0 of each pair does."""
         self.placement = offload.Placement(
@@ -232,6 +237,14 @@ class Trainer:
             rates.append(lr)
             if self.ema is not None:
                 weight_copy.step_ema(self.ema, optimizer_update, cfg.train, after=True)
+        trained_refiners = {}
+        if self.refiners is not None:  # one update of each refiner a batch, on train.lr_schedule's shape
+            t = cfg.train
+            shape = learning_rate(
+                (action.update - 1) * per_step, t.warmup_steps, self.total * per_step, 1.0, t.lr_schedule
+            )
+            trained_refiners = self.refiners.step(prepared.chunks, gathered["refiner_advantages"], shape)
+            trained_refiners.update(self._record_rewrites(prepared))
         if self.nft_old is not None:  # after the batch's updates, as DiffusionNFT's authors: old <- d old + (1 - d) new
             self.nft_old.mix(
                 nft.old_decay(
@@ -275,7 +288,32 @@ class Trainer:
             peak_memory_replay_bytes=int(peaks[2]),
             time_reward_wait_s=t1 - t0,
             time_replay_s=t2 - t1,
+            **trained_refiners,
         )
+
+    def _record_rewrites(self, prepared: Prepared) -> dict:
+        """The batch's rewrites written as one JSONL beside the checkpoints (exported with the weights), and each
+        refiner's fallbacks counted over the ranks: the metrics that say so."""
+        rows = [
+            row
+            for part in process_groups.all_gather_objects(refiners.rewrite_rows_record(prepared.chunks))
+            for row in part
+        ]
+        counts = refiners.fallback_counts(prepared.chunks)
+        found = {}
+        for e in self.refiners.experts:
+            made, cut, unparsed = process_groups.reduce_floats(counts.get(e.name, [0, 0, 0]), self.ctx.device)
+            found.update({f"refiner/{e.name}/rewrites": int(made), f"refiner/{e.name}/fallback_cut": int(cut)})
+            found[f"refiner/{e.name}/fallback_unparsed"] = int(unparsed)
+            if cut or unparsed:
+                self._log(
+                    f"batch {prepared.batch}: refiner {e.name}: {int(cut)} of {int(made)} rewrites cut at "
+                    f"max_new_tokens and {int(unparsed)} without a rewrite fell back to the prompt they rewrote"
+                )
+        if self.ctx.is_main:
+            path = refiners.rewrites_file(self.paths.checkpoints, prepared.batch)
+            found["refiner_rewrites_sha256"] = refiners.write_rewrites(path, prepared.batch, rows)
+        return found
 
     # ---- the run -----------------------------------------------------------------------------------
 
@@ -293,8 +331,10 @@ class Trainer:
         if latest is not None:
             checkpoint.check_resumable(latest, self.guard, cfg.train.resume_across_code_changes)
             replay.check_position(self.actions, latest, checkpoint.read_state(latest))
-            state = checkpoint.load(latest, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
+            state = checkpoint.load(latest, self._parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
+            if self.refiners is not None:
+                self.refiners.set_versions(state["update"])
             if self.watch:  # the alarm's points up to the checkpoint, whether it fired, the best point's weights
                 self.watch.restore(state.get("divergence_watch"), state["update"])
                 export.check_snapshot(self.paths.checkpoints, self.watch.best)
@@ -312,12 +352,18 @@ class Trainer:
                 return 0
             # A full-state start continues the source's data position and per-rank state: same topology, same plan.
             replay.check_position(self.actions, source, checkpoint.check_topology(source, self.topology))
-            state = checkpoint.load(source, self.experts.parts(), None, self.ctx.rank, extra=self._extra_state())
+            state = checkpoint.load(source, self._parts(), None, self.ctx.rank, extra=self._extra_state())
             self._settle_old_policy(state.get("extra", []))
+            if self.refiners is not None:
+                self.refiners.set_versions(state["update"])
             self._log(f"initialised from {source} (full state)")
             self.resumed = source
             return state["next_action"]
         return 0
+
+    def _parts(self) -> dict:
+        """What a checkpoint holds by part: the generator's experts and their AdamWs, and each refiner's."""
+        return self.experts.parts() | (self.refiners.parts() if self.refiners is not None else {})
 
     def _copies(self) -> dict[str, WeightCopy]:
         """The weight copies beside the trained weights, by their name in a checkpoint."""
@@ -344,7 +390,7 @@ class Trainer:
         checkpoint.save(
             self.paths.checkpoints,
             update,
-            self.experts.parts(),
+            self._parts(),
             None,
             {
                 "update": update,

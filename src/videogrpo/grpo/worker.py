@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("model", "dataset", "evalkit", "checkpoints", "final", "metrics", "run-dir"):
         parser.add_argument(f"--{name}", type=Path, required=name != "evalkit")
     parser.add_argument("--input-digests", default="{}", help="digests of the training inputs (JSON)")
+    parser.add_argument(
+        "--refiner", action="append", default=[], metavar="NAME=DIR", help="a prompt refiner's download, by name"
+    )
     args = parser.parse_args(argv)
     from videogrpo.grpo.trainer import Trainer, TrainPaths
 
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             args.metrics,
             args.run_dir,
             json.loads(args.input_digests),
+            config_mod.refiner_paths(args.refiner),
         )
         if ctx.is_actor:
             from videogrpo.grpo.actors import run_actor

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from videogrpo.artifacts import attention_kernel
@@ -54,6 +54,8 @@ class NodeTraining:
     evalkit: Path | None = None
     judge_model: Path | None = None
     kernel_cache: Path | None = None
+    refiners: dict[str, Path] = field(default_factory=dict)
+    """Each prompt refiner's download by name (the `refiners` section)."""
 
     @property
     def checkpoints(self) -> Path:
@@ -64,6 +66,7 @@ class NodeTraining:
         args += ["--dataset", str(self.dataset), "--checkpoints", str(self.checkpoints), "--final", str(self.final)]
         args += ["--metrics", str(self.metrics), "--run-dir", str(self.run_dir)]
         args += ["--input-digests", json.dumps(self.input_digests)]
+        args += [f"--refiner={name}={path}" for name, path in sorted(self.refiners.items())]
         return args + (["--evalkit", str(self.evalkit)] if self.evalkit else [])
 
 

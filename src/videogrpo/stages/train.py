@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from videogrpo.config import Config, canonical_json, reward_kinds
+from videogrpo.config import Config, canonical_json, refiner_paths, reward_kinds
 from videogrpo.errors import VideoGRPOError
 from videogrpo.launch import node, torchrun
 from videogrpo.launch.node import NodeTraining
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-model", type=Path, help="judge model directory the per-node service serves (VLM)")
     parser.add_argument(
         "--kernel-cache", type=Path, help="fetch_kernel's cache, loaded offline (a *_hub attention backend)"
+    )
+    parser.add_argument(
+        "--refiner", action="append", default=[], metavar="NAME=DIR", help="a prompt refiner's download, by name"
     )
     parser.add_argument("--final", type=Path, help="final checkpoint directory to create")
     parser.add_argument("--metrics", type=Path, help="metrics file to create (JSON lines)")
@@ -95,6 +98,7 @@ def inputs_of(args: argparse.Namespace) -> dict[str, Path | None]:
         "evalkit": args.evalkit,
         "judge_model": args.judge_model,
         "kernel": args.kernel_cache,
+        **{f"refiner.{name}": path for name, path in refiner_paths(args.refiner).items()},
     }
 
 
@@ -104,13 +108,13 @@ def input_digests(args: argparse.Namespace, records: dict | None = None) -> dict
     The EvalKit is pinned by its source digest in the run identity. The ids, not the split file's bytes,
     so that relabelling the split (a cosmetic field) is not a change of the training set.
     """
+    trained_from = ("model", "dataset", *(f"refiner.{name}" for name in refiner_paths(args.refiner)))
     if records is None:
-        records = {name: describe_path(inputs_of(args)[name], list_files=False) for name in ("model", "dataset")}
+        records = {name: describe_path(inputs_of(args)[name], list_files=False) for name in trained_from}
     splits = json.loads((args.dataset / "splits.json").read_text())
     ids = [[entry["task"], entry["rl"]] for entry in splits]
     return {
-        "model": record_digest(records["model"]),
-        "dataset": record_digest(records["dataset"]),
+        **{name: record_digest(records[name]) for name in trained_from},
         "training_ids": sha256_bytes(canonical_json(ids).encode()),
     }
 
@@ -128,6 +132,7 @@ def node_training(args: argparse.Namespace, digests: dict[str, str]) -> NodeTrai
         args.evalkit,
         args.judge_model,
         args.kernel_cache,
+        refiner_paths(args.refiner),
     )
 
 

@@ -1,0 +1,89 @@
+"""A tiny random prompt refiner: transformers' Qwen2 causal language model with two layers and a character-level
+tokenizer that carries a Qwen-style chat template, built from configs with a fixed seed and saved with
+`save_pretrained`, so that training loads it exactly as it loads a real Qwen2.5 Instruct snapshot
+(AutoTokenizer, AutoModelForCausalLM, the tokenizer's chat template).
+
+A random model would end a rewrite by chance (about 1 token in 80), so most rewrites would run to the cap. Every
+token's embedding carries one constant coordinate and only the end-of-turn token's output row reads it
+(EOS_PULL), which makes the end-of-turn token about one draw in ten: the tiny default sees rewrites that are used,
+empty ones and ones cut at the cap, the last two falling back to the prompt.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
+CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,;:!?'\"-()/\n"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SHAPE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
+EOS_PULL = 0.25
+"""The end-of-turn token's output weight on the embeddings' constant coordinate."""
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # Byte-level, as Qwen's tokenizers: each character is its byte's printable stand-in (a space is 'Ġ'), with no
+    # merges, so every token is one character.
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    stand_in = {chr(b): c for b, c in zip(range(256), sorted(alphabet, key=_byte_of)) if chr(b) in CHARS}
+    vocab = {token: i for i, token in enumerate((*SPECIALS, *(stand_in[c] for c in CHARS)))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIALS[:3]))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _byte_of(stand_in: str) -> int:
+    """The byte GPT-2's byte-level scheme writes as `stand_in` (printable bytes as themselves, the others from
+    U+0100 on, in byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    if ord(stand_in) in printable:
+        return ord(stand_in)
+    others = [b for b in range(256) if b not in printable]
+    return others[ord(stand_in) - 256]
+
+
+def save_tiny_refiner(out_dir: str | Path, seed: int) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **SHAPE,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[tokenizer.eos_token_id, 0] = EOS_PULL
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))

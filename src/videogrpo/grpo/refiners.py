@@ -1,0 +1,289 @@
+"""Prompt refiners trained with the generator (the `refiners` section, docs/options.md#prompt-refiners): each expert
+a causal language model that rewrites the prompt in turn before the generator rolls out, with its own AdamW,
+learning rate, gradient clip, KL to a frozen copy and weight version.
+
+Rollout (`rewrite_rows`): a row's rewrite is sampled token by token with draws keyed by (seed, batch, prompt,
+member, expert), so it does not depend on the rank, the wave or a resume. A rewrite cut at the token cap (no
+end-of-sequence token), or without its answer tag, or empty, falls back to the text it rewrote: counted, logged and
+written beside the others, never silent; its tokens are still trained. The first `refiners.original_members`
+members of a group keep the sample's prompt and train no refiner. Rewards are scored against the sample's own
+prompt and task (the scorer reads the sample's directory), so a rewrite cannot earn reward by rewording the task.
+
+Update (`step`): each expert's loss is grpo/refiner_loss.py's over its rewrites' tokens, with each rewrite's
+advantage from `advantages` (`shared`: its video's; `per_expert`: its own reward term's group advantage). The
+refiner is replicated on every rank: each rank backpropagates its rows' share of the batch-wide aggregate and the
+gradients are averaged, so the update does not depend on how rows are spread over ranks.
+
+May import: `grpo` modules below the trainer, `models`, `parallel` and the core modules.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from videogrpo import atomic
+from videogrpo.errors import VideoGRPOError
+from videogrpo.grpo import refiner_loss
+from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.draws import counter_seed
+from videogrpo.models.refiner import Refiner, answer_text, completion_logits, sample
+from videogrpo.parallel import process_groups
+
+REWRITE_STREAM = 0x9E71
+"""The counter that sets a rewrite's token draws apart from the generator's: keys of seven counters."""
+
+
+def rewrite_uniforms(seed: int, batch: int, prompt: int, member: int, expert: int, count: int) -> list[float]:
+    """The uniforms a rewrite's tokens are drawn at, one per token up to the cap."""
+    key = (seed, batch, prompt, member, REWRITE_STREAM, expert, 0)
+    return [float(u) for u in np.random.default_rng(counter_seed(*key)).random(count)]
+
+
+@dataclass
+class Rewrite:
+    """One expert's rewrite of one row: what it read, what it sampled, what the next stage reads."""
+
+    expert: str
+    text_in: str
+    prompt_ids: list[int]
+    tokens: list[int]
+    log_probs: list[float]
+    """Each token's log-probability at the sampling temperature, as sampled."""
+    text_out: str
+    fallback: str | None
+    """Why text_out is text_in: `cut` (no end-of-sequence token within the cap), `unparsed` (no answer tag, or
+    empty); None: the rewrite is used."""
+
+
+@dataclass
+class Expert:
+    name: str
+    settings: object
+    """Its refiners.experts record."""
+    refiner: Refiner
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | None
+    """The frozen copy of its initial weights the k3 KL is measured to (kl_coeff > 0 only)."""
+    version: int = 0
+    """Updates its weights have taken."""
+
+
+class Refiners:
+    """The run's refiners, in the order they rewrite."""
+
+    def __init__(self, cfg, paths: dict[str, Path], device: torch.device):
+        self.cfg = cfg
+        self.experts: list[Expert] = []
+        for i, settings in enumerate(cfg.refiners.experts):
+            if settings.name not in paths:
+                raise VideoGRPOError(
+                    f"refiners.experts[{i}] ({settings.name}): no download given (the train stage's --refiner "
+                    f"{settings.name}=DIR; the workflow's fetch_refiner rule makes it)"
+                )
+            refiner = Refiner.load(paths[settings.name], device)
+            refiner.model.train()
+            params = [p for p in refiner.model.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+            reference = None
+            if settings.kl_coeff > 0:
+                reference = copy.deepcopy(refiner.model).eval().requires_grad_(False)
+            self.experts.append(Expert(settings.name, settings, refiner, params, optimizer, reference))
+
+    # ---- rollout ---------------------------------------------------------------------------------------
+
+    def rewrite_rows(self, batch: int, rows: list[tuple[int, int]], prompts: list[str]):
+        """(the text each row's generator reads, each row's rewrites in expert order: [] on original members)."""
+        seed, kept = self.cfg.train.seed, self.cfg.refiners.original_members
+        texts, records = [], []
+        for (j, g), prompt in zip(rows, prompts):
+            text, mine = prompt, []
+            if g >= kept:
+                for k, e in enumerate(self.experts):
+                    s = e.settings
+                    ids = e.refiner.chat_ids(s.system_prompt, text)
+                    uniforms = rewrite_uniforms(seed, batch, j, g, k, s.max_new_tokens)
+                    with torch.no_grad():
+                        tokens, log_probs = sample(
+                            e.refiner.model, ids, uniforms, s.temperature, s.top_p, e.refiner.eos_token_id
+                        )
+                    ended = tokens[-1] == e.refiner.eos_token_id
+                    answer = answer_text(e.refiner.decode(tokens), s.answer_tag) if ended else None
+                    fallback = None if answer is not None else ("cut" if not ended else "unparsed")
+                    mine.append(Rewrite(e.name, text, ids, tokens, log_probs, answer or text, fallback))
+                    text = answer or text
+            texts.append(text)
+            records.append(mine)
+        return texts, records
+
+    # ---- the update ------------------------------------------------------------------------------------
+
+    def step(self, chunks, advantages: dict[str, torch.Tensor], lr_factor: float) -> dict:
+        """Each expert's loss over this rank's rewrites (a share of the batch-wide aggregate), gradients averaged
+        over the ranks, its own clip, its learning rate x `lr_factor` (train.lr_schedule's shape); returns the
+        metrics, reduced over the ranks."""
+        world = torch.distributed.get_world_size() if process_groups.active() else 1
+        metrics = {}
+        for k, e in enumerate(self.experts):
+            s = e.settings
+            rows = [
+                (row[k], float(advantages[e.name][j, g]))
+                for chunk in chunks
+                for j, g, row in zip(chunk.prompts, chunk.members, chunk.rewrites)
+                if row
+            ]
+            counts = process_groups.reduce_floats(
+                [len(rows), sum(len(r.tokens) for r, _ in rows)], self.device(e), "sum"
+            )
+            total_rows, total_tokens = max(counts[0], 1.0), max(counts[1], 1.0)
+            sums = dict.fromkeys(("loss", "kl", "clipped_tokens", "advantage_abs"), 0.0)
+            for rewrite, advantage in rows:
+                value, kl, clipped = self._row_loss(e, rewrite, advantage)
+                share = total_tokens if s.normalization == "token_mean" else total_rows
+                (value * world / share).backward()
+                sums["loss"] += float(value.detach()) / share
+                sums["kl"] += float(kl) / share
+                sums["clipped_tokens"] += float(clipped)
+                sums["advantage_abs"] += abs(advantage)
+            process_groups.average_gradients(e.params)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(e.params, s.max_grad_norm))
+            for group in e.optimizer.param_groups:
+                group["lr"] = s.lr * lr_factor
+            e.optimizer.step()
+            e.optimizer.zero_grad(set_to_none=True)
+            e.version += 1
+            reduced = process_groups.reduce_floats(list(sums.values()), self.device(e), "sum")
+            loss, kl, clipped, advantage_abs = reduced
+            metrics.update(
+                {
+                    f"refiner/{e.name}/loss": loss,
+                    f"refiner/{e.name}/kl": kl,
+                    f"refiner/{e.name}/clip_fraction": clipped / total_tokens,
+                    f"refiner/{e.name}/advantage_abs_mean": advantage_abs / total_rows,
+                    f"refiner/{e.name}/grad_norm": grad_norm,
+                    f"refiner/{e.name}/learning_rate": s.lr * lr_factor,
+                    f"refiner/{e.name}/version": e.version,
+                }
+            )
+        return metrics
+
+    def _row_loss(self, e: Expert, rewrite: Rewrite, advantage: float):
+        """(this rewrite's aggregate term with gradient, its KL, its clipped tokens): its tokens' mean
+        (sequence_token_mean), sum (token_mean: the caller divides by the batch's tokens) or sum over the cap."""
+        s = e.settings
+        tokens = torch.tensor([rewrite.tokens], device=self.device(e))
+        logits = completion_logits(e.refiner.model, rewrite.prompt_ids, rewrite.tokens).unsqueeze(0)
+        log_probs = refiner_loss.token_log_probs(logits, tokens, s.temperature)
+        reference = None
+        if e.reference is not None:
+            with torch.no_grad():
+                ref_logits = completion_logits(e.reference, rewrite.prompt_ids, rewrite.tokens).unsqueeze(0)
+                reference = refiner_loss.token_log_probs(ref_logits, tokens, s.temperature)
+        rollout = torch.tensor([rewrite.log_probs], device=tokens.device, dtype=log_probs.dtype)
+        adv = torch.tensor([advantage], device=tokens.device, dtype=log_probs.dtype)
+        per_token, clipped = refiner_loss.token_losses(log_probs, rollout, adv, s.loss, s.clip_range)
+        kl = refiner_loss.k3_kl(log_probs, reference) if reference is not None else torch.zeros_like(log_probs)
+        total = per_token + s.kl_coeff * kl
+        if s.normalization == "sequence_token_mean":
+            return total.mean(), kl.mean().detach(), clipped.sum()
+        if s.normalization == "token_mean":
+            return total.sum(), kl.sum().detach(), clipped.sum()
+        return total.sum() / s.max_new_tokens, kl.sum().detach() / s.max_new_tokens, clipped.sum()
+
+    @staticmethod
+    def device(e: Expert) -> torch.device:
+        return e.params[0].device
+
+    # ---- checkpoints and export -------------------------------------------------------------------------
+
+    def parts(self) -> dict:
+        """checkpoint.Parts: each refiner's model and AdamW, as `refiner.<name>`."""
+        return {f"refiner.{e.name}": (e.refiner.model, e.optimizer) for e in self.experts}
+
+    def set_versions(self, version: int) -> None:
+        """After a resume: every refiner has taken the checkpoint's updates (one step each update)."""
+        for e in self.experts:
+            e.version = version
+
+    def export(self, target: Path, checkpoints: Path) -> None:
+        """Each refiner as transformers saves it, model and tokenizer, under target/refiners/<name>, and the run's
+        rewrites under target/rewrites/ (rank 0)."""
+        import shutil
+
+        for e in self.experts:
+            e.refiner.model.save_pretrained(str(target / "refiners" / e.name))
+            e.refiner.tokenizer.save_pretrained(str(target / "refiners" / e.name))
+        if (checkpoints / "rewrites").is_dir():
+            shutil.copytree(checkpoints / "rewrites", target / "rewrites")
+
+
+def advantages(cfg, table: torch.Tensor, adv: torch.Tensor, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each refiner's [P, G] advantages: `shared` the generator's (`adv`); `per_expert` its reward term's group
+    advantage, normalised as grpo's (`terms`: each reward kind's [P, G] raw scores)."""
+    g = cfg.grpo
+    found = {}
+    for e in cfg.refiners.experts:
+        if cfg.refiners.credit == "per_expert":
+            found[e.name] = group_advantages(
+                terms[e.reward_term], g.advantage_std, g.advantage_std_unbiased, g.advantage_eps
+            )
+        else:
+            found[e.name] = adv
+    return found
+
+
+def fallback_counts(chunks) -> dict[str, list[int]]:
+    """{expert: [rewrites, cut, unparsed]} over this rank's chunks."""
+    counts: dict[str, list[int]] = {}
+    for chunk in chunks:
+        for row in chunk.rewrites or []:
+            for r in row:
+                c = counts.setdefault(r.expert, [0, 0, 0])
+                c[0] += 1
+                c[1] += r.fallback == "cut"
+                c[2] += r.fallback == "unparsed"
+    return counts
+
+
+def rewrites_file(checkpoints: Path, batch: int) -> Path:
+    """Where a batch's rewrites are kept while training: beside the checkpoints (a resume rewrites the same ones),
+    exported with the weights (`export`)."""
+    return checkpoints / "rewrites" / f"batch-{batch:08d}.jsonl"
+
+
+def write_rewrites(path: Path, batch: int, rows: list[dict]) -> str:
+    """One batch's rewrites as JSONL (rank 0, atomic), sorted by prompt and member; returns its SHA-256."""
+    import hashlib
+
+    ordered = sorted(rows, key=lambda r: (r["prompt"], r["member"]))
+    lines = [json.dumps(dict(row, batch=batch), sort_keys=True) for row in ordered]
+    text = "".join(line + "\n" for line in lines)
+    atomic.write_text(path, text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rewrite_rows_record(chunks) -> list[dict]:
+    """This rank's rows as the JSONL records them: prompt, member, the prompt the generator read, each rewrite."""
+    found = []
+    for chunk in chunks:
+        for j, g, sample_ref, row in zip(chunk.prompts, chunk.members, chunk.samples, chunk.rewrites or []):
+            found.append(
+                {
+                    "prompt": j,
+                    "member": g,
+                    "task": sample_ref.task,
+                    "sample": sample_ref.sample_id,
+                    "original": sample_ref.prompt,
+                    "generator_prompt": row[-1].text_out if row else sample_ref.prompt,
+                    "rewrites": [
+                        {k: v for k, v in asdict(r).items() if k not in ("prompt_ids", "log_probs")} for r in row
+                    ],
+                }
+            )
+    return found

@@ -1,0 +1,174 @@
+"""Prompt refiners trained with the generator (the `refiners` section, docs/options.md#prompt-refiners): a tiny
+random Qwen2 (demo/tiny_refiner.py, loaded as transformers loads a Hub snapshot) rewrites each prompt, the generator
+rolls out from the rewrite, the scorer scores against the sample's own prompt and task, and both train from the
+same rewards, each with its own learning rate and clip.
+
+Each expert's settings act on it alone: after one update (whose rollouts no update has touched yet) a change of the
+refiner's learning rate or clip leaves the generator's weights bit-identical and moves the refiner's, and a change
+of the generator's leaves the refiner's bit-identical. Under `per_expert` credit a refiner driven by a reward term
+that scores every video alike gets zero advantage and keeps its weights, while the other learns. A kill -9 after a
+checkpoint and a plain rerun give the uninterrupted run's weights of every expert, bit for bit, and its rewrites.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from videogrpo import config
+from videogrpo.demo.stand_in_judge import JudgeServer
+from videogrpo.errors import ConfigError
+
+from conftest import PROTOCOL_FILE, RUBRIC_FILE
+from harness import metrics, solo_config, tensors, train, trainer_config, trainer_in_process
+
+
+@pytest.fixture(scope="module")
+def tiny_refiner(tmp_path_factory):
+    from videogrpo.demo.tiny_refiner import save_tiny_refiner
+
+    out = tmp_path_factory.mktemp("refiner") / "writer"
+    save_tiny_refiner(out, seed=0)
+    return out
+
+
+def expert(name: str, **settings) -> dict:
+    return {"name": name, "source": "tiny", "max_new_tokens": 32, "lr": 1e-3, **settings}
+
+
+def refiner_weights(out, name: str = "writer") -> dict:
+    return load_file(out / "final/refiners" / name / "model.safetensors")
+
+
+def rewrites(out) -> list[dict]:
+    return [json.loads(line) for f in sorted((out / "final/rewrites").glob("*.jsonl")) for line in f.open()]
+
+
+def test_a_refiner_and_the_generator_train_together_each_on_its_own_settings(
+    tiny_model, dataset, tiny_refiner, tmp_path
+):
+    def run(name: str, refiner: dict | None = None, **train_settings):
+        cfg = solo_config(train={"max_steps": 1, "save_steps": 0, **train_settings})
+        cfg["refiners"] = {"experts": [expert("writer", kl_coeff=0.01, **(refiner or {}))], "original_members": 1}
+        trainer = trainer_in_process(cfg, tmp_path / name, tiny_model, dataset, refiners={"writer": tiny_refiner})
+        read, encode = [], trainer.model.encode_conditions
+        trainer.model.encode_conditions = lambda texts, *rest: read.extend(texts) or encode(texts, *rest)
+        trainer.run()
+        return tmp_path / name, read
+
+    base, read = run("base")
+    rows = rewrites(base)
+    # The generator read each row's last rewrite (or the prompt where it fell back, or the kept member's).
+    assert [r["generator_prompt"] for r in rows] == read and len(rows) == 4
+    assert [r["rewrites"] for r in rows if r["member"] == 0] == [[]]  # refiners.original_members: 1
+    used = [r for r in rows if r["rewrites"] and r["rewrites"][0]["fallback"] is None]
+    cut = [r for r in rows if r["rewrites"] and r["rewrites"][0]["fallback"] == "cut"]
+    assert used and all(r["generator_prompt"] != r["original"] for r in used)
+    assert all(r["generator_prompt"] == r["original"] for r in cut)
+    [line] = metrics(base)
+    assert line["refiner/writer/rewrites"] == 3 and line["refiner/writer/fallback_cut"] == len(cut)
+    assert line["refiner/writer/version"] == 1 and line["refiner/writer/advantage_abs_mean"] > 0
+
+    initial = load_file(tiny_refiner / "model.safetensors")
+    generator_initial = load_file(tiny_model / "transformer/diffusion_pytorch_model.safetensors")
+    trained = refiner_weights(base)
+    assert any((trained[k] - initial[k]).abs().max() > 0 for k in initial)  # both experts moved
+    assert any((tensors(base)[k] - generator_initial[k]).abs().max() > 0 for k in generator_initial)
+
+    def same(a: dict, b: dict) -> bool:
+        return all((a[k] == b[k]).all() for k in a)
+
+    for name, refiner, settings, moved in (
+        ("refiner_lr", {"lr": 3e-3}, {}, "refiner"),
+        ("refiner_clip", {"max_grad_norm": 1e-3}, {}, "refiner"),
+        ("generator_lr", None, {"lr": 3e-4}, "generator"),
+        ("generator_clip", None, {"max_grad_norm": 1e-5}, "generator"),
+    ):
+        out, _ = run(name, refiner, **settings)
+        refiner_same, generator_same = same(refiner_weights(out), trained), same(tensors(out), tensors(base))
+        assert (refiner_same, generator_same) == ((False, True) if moved == "refiner" else (True, False)), name
+        assert rewrites(out) == rows, name  # one update: the rollouts came before any weight changed
+
+
+def test_per_expert_credit_drives_each_refiner_by_its_own_term(tiny_model, dataset, tiny_refiner, tmp_path):
+    with JudgeServer(pays="constant") as server:
+        cfg = solo_config(train={"max_steps": 2, "save_steps": 0})
+        cfg["reward"].update(
+            terms={"vbvr_rule": 0.7, "vbvr_vlm": 0.3},
+            judge_endpoint=server.endpoint,
+            judge_prompts=str(RUBRIC_FILE),
+            judge_protocol=str(PROTOCOL_FILE),
+            judge_max_retries=0,
+        )
+        cfg["refiners"] = {
+            "experts": [expert("steady", reward_term="vbvr_vlm"), expert("learner", reward_term="vbvr_rule")],
+            "credit": "per_expert",
+        }
+        paths = {"steady": tiny_refiner, "learner": tiny_refiner}
+        trainer_in_process(cfg, tmp_path, tiny_model, dataset, refiners=paths).run()
+    lines = metrics(tmp_path)
+    assert all(m["reward/vbvr_vlm"] == 0.5 for m in lines)  # the judge's term scores every video alike
+    assert all(m["refiner/steady/advantage_abs_mean"] == 0 for m in lines)
+    assert all(m["refiner/learner/advantage_abs_mean"] > 0 and m["advantage_mean"] is not None for m in lines)
+    initial = load_file(tiny_refiner / "model.safetensors")
+    steady, learner = refiner_weights(tmp_path, "steady"), refiner_weights(tmp_path, "learner")
+    assert all((steady[k] == initial[k]).all() for k in initial)
+    assert any((learner[k] - initial[k]).abs().max() > 0 for k in initial)
+    # The learner rewrote what the steady refiner wrote.
+    for row in rewrites(tmp_path):
+        first, second = row["rewrites"]
+        assert second["text_in"] == first["text_out"] and row["generator_prompt"] == second["text_out"]
+
+
+def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, dataset, tiny_refiner, tmp_path):
+    cfg = trainer_config(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "save_steps": 1})
+    cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip", kl_coeff=0.01)]}
+    paths = {"writer": tiny_refiner}
+    assert train(cfg, tmp_path / "whole", tiny_model, dataset, refiners=paths)
+    killed = tmp_path / "killed"
+    assert not train(
+        cfg,
+        killed,
+        tiny_model,
+        dataset,
+        kill_when=lambda out: (out / "checkpoints/step-00000001/COMPLETE").exists(),
+        refiners=paths,
+    )
+    assert not (killed / "final").exists()
+    assert train(cfg, killed, tiny_model, dataset, refiners=paths)
+    assert "resumed from" in (killed / "log.txt").read_text()
+    whole, resumed = refiner_weights(tmp_path / "whole"), refiner_weights(killed)
+    assert all((whole[k] == resumed[k]).all() for k in whole)
+    a, b = tensors(tmp_path / "whole"), tensors(killed)
+    assert all((a[k] == b[k]).all() for k in a)
+    assert rewrites(killed) == rewrites(tmp_path / "whole")
+    versions = [m["refiner/writer/version"] for m in metrics(killed)]
+    assert versions == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("refiners", "said"),
+    [
+        ({"experts": [{"name": "w", "source": "hub"}]}, "refiners.experts[0].revision = ''"),
+        ({"experts": [{"name": "W x", "source": "tiny"}]}, "refiners.experts[0].name = 'W x'"),
+        ({"experts": [{"name": "a", "source": "tiny"}] * 2}, "names ['a', 'a'] repeat"),
+        ({"experts": [{"name": "a", "source": "tiny", "top_p": 0}]}, "refiners.experts[0].top_p = 0.0"),
+        ({"experts": [{"name": "a", "source": "tiny"}], "credit": "per_expert"}, "reward_term = ''"),
+        ({"experts": [{"name": "a", "source": "tiny"}], "original_members": 4}, "original_members = 4"),
+    ],
+)
+def test_the_refiners_rules_name_the_field(refiners, said):
+    cfg = trainer_config()
+    cfg["refiners"] = refiners
+    with pytest.raises(ConfigError, match=said.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        config.from_dict(cfg)
+
+
+def test_the_refiners_are_off_by_default_and_out_of_every_released_identity():
+    cfg = config.from_dict(trainer_config())
+    assert not cfg.has_refiners
+    on = trainer_config()
+    on["refiners"] = {"experts": [{"name": "a", "source": "tiny"}]}
+    assert config.run_identity(config.from_dict(on)) != config.run_identity(cfg)
