@@ -124,3 +124,36 @@ def test_a_run_with_a_gold_reward_reports_the_alarm_and_evaluates_its_best_point
     assert f"best/ holds the weights after update {best['update']}" in page
     assert "val/vbvr_vlm/reward_mean" in page
     assert list((workdir / "results/matrix").glob(f"*/{made}-best/unipc/scores.csv"))
+
+
+def test_a_prompt_refiner_trains_with_the_generator_to_the_report(demo, workdir):
+    """The tiny default with a tiny prompt refiner (config/refiners/tiny.yaml, docs/options.md#prompt-refiners): its
+    download is its own stage, with digests; training reads it (the train manifest lists it and its digest); final/
+    holds the trained refiner and each batch's rewrites, whose digests the metrics record; the report names the
+    option."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    before = {p.name for p in (workdir / "results/runs").iterdir()}
+    command = ["snakemake", "--cores", "2", "--configfile", "config/config.yaml", "config/refiners/tiny.yaml"]
+    out = run(command, workdir)
+    assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, fetch_refiner=1)
+    (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
+    run_dir = workdir / "results/runs" / made
+    (download,) = (workdir / "results/models/refiners").iterdir()
+    fetched = json.loads((download / "fetch_refiner.manifest.json").read_text())
+    assert fetched["summary"] == {"source": "tiny", "tiny_seed": 0} and "refiner" in fetched["outputs"]
+    manifest = json.loads((run_dir / "train.manifest.json").read_text())
+    assert manifest["inputs"]["refiner.writer"]["path"].endswith("/model")
+    final = run_dir / "train/final"
+    trained, initial = (
+        load_file(final / "refiners/writer/model.safetensors"),
+        load_file(download / "model/model.safetensors"),
+    )
+    assert any((trained[k] - initial[k]).abs().max() > 0 for k in initial)
+    lines = [json.loads(line) for line in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    files = sorted((final / "rewrites").glob("batch-*.jsonl"))
+    assert [m["refiner_rewrites_sha256"] for m in lines] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+    assert all(m["refiner/writer/rewrites"] == 6 for m in lines)  # 2 prompts x 4 members, the first of each kept
+    assert "refiners.experts" in (run_dir / "report/report.html").read_text()

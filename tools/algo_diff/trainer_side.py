@@ -206,6 +206,7 @@ def one_batch(
         policy_version=0,
         feed=None,  # no rollout actors: the trainer rolls out itself
         resumed=None,
+        refiners=None,  # no prompt refiners: the generator reads the samples' prompts
     )
     if old is not None:
         for copy_, name in zip(trainer.nft_old.copies, ("mix", "bias")):

@@ -2,6 +2,7 @@
 # the package (videogrpo.pipeline), where tests and linters reach it. Reading this file writes nothing (a dry run
 # changes nothing on disk): what a run writes before its first job, `onstart` does. Imports only light modules of
 # the package: a dry run must not pay for torch or diffusers.
+import json
 import os
 import shlex
 import sys
@@ -115,6 +116,9 @@ RULE_REWARD = "vbvr_rule" in vg.reward_kinds(CFG)
 # reward.judge_endpoint names a service that already runs.
 JUDGE_SERVICE = "vbvr_vlm" in vg.reward_kinds(CFG) and not CFG.reward.judge_endpoint
 JUDGE = f"{RESULTS}/models/{layout.judge_key(CFG)}"
+# The prompt refiners (the `refiners` section): each one's download, by its name; refiners of one download share it.
+REFINERS = {e.name: f"{RESULTS}/models/refiners/{layout.refiner_key(e)}" for e in CFG.refiners.experts}
+REFINER_DOWNLOADS = {layout.refiner_key(e): layout.refiner_download(e) for e in CFG.refiners.experts}
 # The Hub kernel of a `*_hub` attention backend: fetched into its own cache, which training loads offline.
 HUB_KERNEL = vg.uses_hub_kernel(CFG)
 KERNEL = f"{RESULTS}/kernels/{layout.kernel_key(CFG)}"
@@ -311,6 +315,7 @@ EVALKIT_STAGES = ("fingerprint_evalkit", "check_scorer_runtime")
 RULE_REWARD_STAGES = EVALKIT_STAGES if RULE_REWARD else ()
 STAGE_MANIFESTS = {
     "fetch_model": f"{MODEL}/fetch_model.manifest.json",
+    **{f"fetch_refiner:{name}": f"{folder}/fetch_refiner.manifest.json" for name, folder in REFINERS.items()},
     **judge_service_inputs(fetch_judge=f"{JUDGE}/fetch_judge.manifest.json"),
     **hub_kernel_inputs(fetch_kernel=f"{KERNEL}/fetch_kernel.manifest.json"),
     "fetch_dataset": f"{DATA}/fetch_dataset.manifest.json",
@@ -354,6 +359,33 @@ def upstream(*stages):
     """Named inputs: the manifests of the stages whose outputs a rule reads. The stage checks each input
     against them (`--upstream`) and fails, naming the file and both digests, when one was changed."""
     return {f"{stage}_manifest": STAGE_MANIFESTS[stage] for stage in stages if stage in STAGE_MANIFESTS}
+
+
+def refiner_inputs():
+    """The train rule's inputs of the prompt refiners: each download by name, with its manifest (--upstream)."""
+    found = {}
+    for name, folder in REFINERS.items():
+        found[f"refiner_{name}"] = f"{folder}/model"
+        found[f"fetch_refiner_{name}_manifest"] = f"{folder}/fetch_refiner.manifest.json"
+    return found
+
+
+def refiner_args(wildcards, input):
+    """The train stage's --refiner NAME=DIR arguments (a params function)."""
+    return " ".join(f"--refiner {name}={input['refiner_' + name]}" for name in REFINERS)
+
+
+def refiner_download_json(wildcards):
+    """What fetch_refiner fetches for the download `wildcards.refiner` (its param: a change fetches again)."""
+    return json.dumps(REFINER_DOWNLOADS[wildcards.refiner], sort_keys=True)
+
+
+def refiner_code(wildcards):
+    """fetch_refiner's code identity: a pinned snapshot runs no code that shapes its bytes; the tiny one is its
+    builder's."""
+    if REFINER_DOWNLOADS[wildcards.refiner]["source"] == "hub":
+        return "pinned Hub snapshot"
+    return code("fetch_refiner")
 
 
 def upstream_args(wildcards, input):
@@ -510,6 +542,7 @@ def every_stage_output(wildcards):
     defined): each stage's outputs, with the job's wildcards (a matrix cell's model and sampler), so that a removed
     one is made again by a plain rerun."""
     of_job = {key: job_wildcards for key, _, job_wildcards in MATRIX_JOBS}
+    of_job.update({f"fetch_refiner:{name}": {"refiner": Path(folder).name} for name, folder in REFINERS.items()})
     found = []
     for key in RUN_MANIFESTS:
         stage = workflow.get_rule(key.split(":")[0])

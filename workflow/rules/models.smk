@@ -28,3 +28,19 @@ rule fetch_judge:
     shell:
         "videogrpo stage fetch-judge --config-json {params.config:q} --out {output.judge:q}"
         " --manifest {output.manifest:q} > {log:q} 2>&1"
+
+
+# One prompt refiner's download (the `refiners` section), keyed by what it is: a Hub snapshot or the tiny builder's.
+rule fetch_refiner:
+    output:
+        refiner=directory(f"{RESULTS}/models/refiners/{{refiner}}/model"),
+        manifest=f"{RESULTS}/models/refiners/{{refiner}}/fetch_refiner.manifest.json",
+    log:
+        f"{RESULTS}/models/refiners/{{refiner}}/fetch_refiner.log",
+    localrule: True
+    params:
+        download=refiner_download_json,
+        code=refiner_code,
+    shell:
+        "videogrpo stage fetch-refiner --download-json {params.download:q} --out {output.refiner:q}"
+        " --manifest {output.manifest:q} > {log:q} 2>&1"

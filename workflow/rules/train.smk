@@ -9,6 +9,7 @@ rule train:
         **upstream("fetch_model", "fetch_judge", "fetch_kernel", "materialize_dataset", "preflight"),
         **judge_service_inputs(judge=f"{JUDGE}/model"),
         **hub_kernel_inputs(kernel=KERNEL_CACHE),
+        **refiner_inputs(),
         **dataset_inputs("splits", "raw"),
         preflight=f"{RUN}/preflight.json",
         model=MODEL_DIR,
@@ -35,11 +36,12 @@ rule train:
         judge_args=f"--judge-model {JUDGE}/model" if JUDGE_SERVICE else "",
         kernel_args=lambda wildcards, input: f"--kernel-cache {input.kernel}" if HUB_KERNEL else "",
         upstream=upstream_args,
+        refiners=refiner_args,
         submit=train_job_submit,
         checkpoint_store=checkpoint_store_args,
         interconnect=interconnect_args,
     shell:
         "{params.submit}videogrpo stage train --config-json {params.config:q} --run-id {params.run_id} --run-dir {params.run_dir:q}"
         " --model {input.model:q} --dataset {params.dataset:q} --preflight {input.preflight:q}"
-        " {params.judge_args} {params.kernel_args} --final {output.final:q} --metrics {output.metrics:q}"
+        " {params.judge_args} {params.kernel_args} {params.refiners} --final {output.final:q} --metrics {output.metrics:q}"
         " {params.checkpoint_store} {params.interconnect} {params.upstream} --manifest {output.manifest:q} 2>&1 | python3 -m videogrpo.stages.log_tee {log:q}"

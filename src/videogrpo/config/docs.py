@@ -27,6 +27,8 @@ each part in context.
   `5b_16x80gb` and `a14b_8x80gb` keep the recipe's training contract, `5b_1x80gb_lora` adds LoRA (a new run)
   ([docs/what-fits.md](../docs/what-fits.md)).
 - `tasks/*.txt`: task lists (`data.task_list`), one task name per line.
+- `refiners/tiny.yaml`: a tiny prompt refiner trained with the generator on the tiny default
+  ([docs/options.md](../docs/options.md#prompt-refiners)).
 - `matrix/*.yaml`: evaluation matrices (which models, samplers and seeds the matrix evaluates).
 
 Precedence: the dataclass defaults (the values all released recipes share) < `config/config.yaml` <

@@ -1,6 +1,6 @@
 """The prompt refiner's side of joint RL (a causal language model that rewrites each prompt before the generator
-rolls out; docs/options.md#prompt-refiners-not-an-option-yet: not wired into training yet): its token-level loss
-and the advantages that drive it.
+rolls out; docs/options.md#prompt-refiners; grpo/refiners.py trains it): its token-level loss and the advantages
+that drive it.
 
 A rewrite is a completion: the tokens the refiner sampled after its chat prompt, up to and including the first
 end-of-sequence token (`completion_mask`; a rewrite cut at the token cap has none and counts every token). Its

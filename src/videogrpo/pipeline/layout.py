@@ -31,6 +31,21 @@ def model_key(cfg: Config) -> str:
     return f"{_slug(m.repo_id)}@{m.revision[:12]}"
 
 
+def refiner_download(expert) -> dict[str, Any]:
+    """What a prompt refiner's download is (a refiners.experts record): the repo at its revision, or the tiny
+    builder's seed; two refiners of one download share it."""
+    if expert.source == "tiny":
+        return {"source": "tiny", "tiny_seed": expert.tiny_seed}
+    return {"source": "hub", "repo_id": expert.repo_id, "revision": expert.revision}
+
+
+def refiner_key(expert) -> str:
+    """Directory name of a prompt refiner's download under results/models/refiners/."""
+    if expert.source == "tiny":
+        return f"tiny-{_short_digest(refiner_download(expert))}"
+    return f"{_slug(expert.repo_id)}@{expert.revision[:12]}"
+
+
 def judge_key(cfg: Config) -> str:
     """Directory name of the VLM judge model: the repo at its revision."""
     return f"{_slug(cfg.reward.judge_model)}@{cfg.reward.judge_revision[:12]}"

@@ -23,6 +23,9 @@ from videogrpo.provenance.code import stage_code
 from videogrpo.provenance.digest import sha256_bytes
 
 CONFIG_DIR = ".stage-config"
+WITHOUT_CONFIG_FILE = ("fetch_refiner",)
+"""Stages whose rule hands the command what it reads as one param (a refiner's download: one rule, one job per
+download), not as a config file."""
 
 
 def param_texts(cfg: Config, stage: str) -> dict[str, str]:
@@ -87,7 +90,7 @@ def unapplied_fields(stage: str, before_text: str, now_text: str) -> str | None:
 def write_config_files(results: str | Path, cfg: Config, stages: list[str]) -> list[str]:
     """Write each stage's config file where it differs (atomically); returns the notes on changed fields."""
     notes = []
-    for stage in stages:
+    for stage in (s for s in stages if s not in WITHOUT_CONFIG_FILE):
         path, text = config_path(results, cfg, stage), config_text(cfg, stage)
         before = path.read_text() if path.is_file() else None
         if before == text:

@@ -9,6 +9,7 @@ needs: `log_reserve` (room for the last line on a full disk) and `log_tee` (the 
 STAGES = (
     "fetch_model",
     "fetch_judge",
+    "fetch_refiner",
     "fetch_kernel",
     "fetch_dataset",
     "materialize_dataset",
