@@ -70,6 +70,18 @@ def test_a_refiner_and_the_generator_train_together_each_on_its_own_settings(
     [line] = metrics(base)
     assert line["refiner/writer/rewrites"] == 3 and line["refiner/writer/fallback_cut"] == len(cut)
     assert line["refiner/writer/version"] == 1 and line["refiner/writer/advantage_abs_mean"] > 0
+    # Its FLOPs: 2 x its parameters but the embedding table per token of the chat and the rewrite, sampled once and
+    # replayed (3 forwards' worth) with the frozen copy's forward (kl_coeff > 0).
+    import torch
+
+    from videogrpo.config.refiners_section import DEFAULT_SYSTEM_PROMPT
+    from videogrpo.models.refiner import Refiner
+
+    refiner = Refiner.load(tiny_refiner, torch.device("cpu"))
+    params = sum(p.numel() for n, p in refiner.model.named_parameters() if "embed_tokens" not in n)
+    made = [r["rewrites"][0] for r in rows if r["rewrites"]]
+    tokens = sum(len(refiner.chat_ids(DEFAULT_SYSTEM_PROMPT, m["text_in"])) + len(m["tokens"]) for m in made)
+    assert line["refiner/writer/flops_per_update"] == 2.0 * params * tokens * (1 + 4)
 
     initial = load_file(tiny_refiner / "model.safetensors")
     generator_initial = load_file(tiny_model / "transformer/diffusion_pytorch_model.safetensors")
@@ -122,6 +134,70 @@ def test_per_expert_credit_drives_each_refiner_by_its_own_term(tiny_model, datas
         assert second["text_in"] == first["text_out"] and row["generator_prompt"] == second["text_out"]
 
 
+def test_the_hierarchical_layout_shares_each_rewrite_over_its_videos(tiny_model, dataset, tiny_refiner, tmp_path):
+    """UniRL's layout: N = 2 rewrites x M = 2 videos of each prompt. A rewrite's members read it alike, its first
+    trains the refiner on it; the refiner's advantage is its rewrite's over the prompt's rewrites (of their videos'
+    mean reward), a video's over its rewrite's videos, both over sqrt(population variance + 1e-8)."""
+    import numpy as np
+
+    cfg = solo_config(train={"max_steps": 2, "save_steps": 0})
+    cfg["refiners"] = {"experts": [expert("writer")], "credit": "hierarchical", "rewrites_per_prompt": 2}
+    trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset, refiners={"writer": tiny_refiner})
+    seen, advantages = [], trainer._advantages
+    trainer._advantages = lambda prepared: seen.append(advantages(prepared)) or seen[-1]
+    trainer.run()
+
+    def population(rewards):  # over the last axis, as UniRL's trainer normalises
+        rewards = np.asarray(rewards, dtype=np.float64)
+        centred = rewards - rewards.mean(axis=-1, keepdims=True)
+        return centred / np.sqrt(rewards.var(axis=-1, keepdims=True) + 1e-8)
+
+    for gathered in seen:
+        rewards = gathered["rewards"].numpy().reshape(1, 2, 2)  # 1 prompt x 2 rewrites x 2 videos
+        np.testing.assert_allclose(gathered["advantages"].numpy().reshape(1, 2, 2), population(rewards), atol=1e-5)
+        by_rewrite = np.repeat(population(rewards.mean(axis=2)), 2, axis=1)
+        np.testing.assert_allclose(gathered["refiner_advantages"]["writer"].numpy(), by_rewrite, atol=1e-5)
+    rows = rewrites(tmp_path)
+    for batch in {r["batch"] for r in rows}:
+        mine = sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["member"])
+        assert mine[0]["generator_prompt"] == mine[1]["generator_prompt"]
+        assert mine[2]["generator_prompt"] == mine[3]["generator_prompt"]
+        assert [r["rewrites"][0]["trained"] for r in mine] == [True, False, True, False]
+    assert all(m["refiner/writer/rewrites"] == 2 for m in metrics(tmp_path))
+
+
+def test_the_refiners_update_does_not_depend_on_the_ranks(tiny_model, dataset, tiny_refiner, tmp_path):
+    """One update of 2 prompts on one rank (it serves both) and on two (one prompt each, the refiner's gradients
+    averaged): the same rewrites and the same refiner weights to round-off, under each normalization. Then two ranks
+    with FSDP and delayed replay (each batch replayed one update late, its rewrites with it) train to the end."""
+    import torch
+
+    for normalization in ("sequence_token_mean", "token_mean"):
+        runs = {}
+        for procs in (1, 2):
+            cfg = trainer_config(grpo={"prompts_per_step": 2}, train={"max_steps": 1, "save_steps": 0})
+            cfg["parallel"].update(procs_per_node=procs, data_parallel="replicate")
+            cfg["refiners"] = {"experts": [expert("writer", normalization=normalization, loss="ppo_clip")]}
+            out = tmp_path / f"{normalization}-{procs}"
+            assert train(cfg, out, tiny_model, dataset, refiners={"writer": tiny_refiner})
+            runs[procs] = out
+        assert rewrites(runs[1]) == rewrites(runs[2])
+        one, two = refiner_weights(runs[1]), refiner_weights(runs[2])
+        assert max(float((one[k] - two[k]).abs().max()) for k in one) <= 1e-6, normalization
+        assert any(float((one[k] - load_file(tiny_refiner / "model.safetensors")[k]).abs().max()) > 0 for k in one)
+        [a], [b] = metrics(runs[1]), metrics(runs[2])
+        assert a["refiner/writer/loss"] == pytest.approx(b["refiner/writer/loss"], abs=1e-6)
+        assert a["refiner/writer/flops_per_update"] == b["refiner/writer/flops_per_update"]
+
+    cfg = trainer_config(grpo={"prompts_per_step": 2, "delayed_replay": True}, train={"max_steps": 3, "save_steps": 0})
+    cfg["parallel"].update(data_parallel="fsdp")
+    cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip")]}
+    assert train(cfg, tmp_path / "fsdp", tiny_model, dataset, refiners={"writer": tiny_refiner})
+    lines = metrics(tmp_path / "fsdp")
+    assert [m["refiner/writer/version"] for m in lines] == [1, 2, 3]
+    assert [m["replayed_batch"] for m in lines] == [0, 1, 2] and torch.isfinite(torch.tensor(lines[-1]["grad_norm"]))
+
+
 def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, dataset, tiny_refiner, tmp_path):
     cfg = trainer_config(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "save_steps": 1})
     cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip", kl_coeff=0.01)]}
@@ -157,11 +233,18 @@ def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, data
         ({"experts": [{"name": "a", "source": "tiny", "top_p": 0}]}, "refiners.experts[0].top_p = 0.0"),
         ({"experts": [{"name": "a", "source": "tiny"}], "credit": "per_expert"}, "reward_term = ''"),
         ({"experts": [{"name": "a", "source": "tiny"}], "original_members": 4}, "original_members = 4"),
+        ({"experts": []}, "matrix.models lists 'refined'"),
+        ({"experts": [{"name": "a", "source": "tiny"}], "credit": "hierarchical"}, "rewrites_per_prompt = 0"),
+        (
+            {"experts": [{"name": "a", "source": "tiny"}], "credit": "hierarchical", "rewrites_per_prompt": 4},
+            "= 4: must",
+        ),
     ],
 )
 def test_the_refiners_rules_name_the_field(refiners, said):
     cfg = trainer_config()
     cfg["refiners"] = refiners
+    cfg["matrix"] = {"models": ["trained", "refined"]}
     with pytest.raises(ConfigError, match=said.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         config.from_dict(cfg)
 

@@ -138,7 +138,11 @@ def test_a_prompt_refiner_trains_with_the_generator_to_the_report(demo, workdir)
     before = {p.name for p in (workdir / "results/runs").iterdir()}
     command = ["snakemake", "--cores", "2", "--configfile", "config/config.yaml", "config/refiners/tiny.yaml"]
     out = run(command, workdir)
-    assert jobs_run(out.stdout + out.stderr) == dict(NEW_RUN_JOBS, fetch_refiner=1)
+    # The matrix's trained generator alone, behind the base refiners and behind the trained ones, each sampler.
+    cells = 3 * len(SAMPLERS)
+    assert jobs_run(out.stdout + out.stderr) == dict(
+        NEW_RUN_JOBS, fetch_refiner=1, generate_cell=cells, score_cell=cells
+    )
     (made,) = {p.name for p in (workdir / "results/runs").iterdir()} - before
     run_dir = workdir / "results/runs" / made
     (download,) = (workdir / "results/models/refiners").iterdir()
@@ -156,4 +160,11 @@ def test_a_prompt_refiner_trains_with_the_generator_to_the_report(demo, workdir)
     files = sorted((final / "rewrites").glob("batch-*.jsonl"))
     assert [m["refiner_rewrites_sha256"] for m in lines] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
     assert all(m["refiner/writer/rewrites"] == 6 for m in lines)  # 2 prompts x 4 members, the first of each kept
-    assert "refiners.experts" in (run_dir / "report/report.html").read_text()
+    page = (run_dir / "report/report.html").read_text()
+    assert "refiners.experts" in page and "What each part contributed on the evaluation set" in page
+    for contribution in ("refined - trained", "refined - base_refiners", "base_refiners - trained"):
+        assert page.count(f"({contribution})") == len(SAMPLERS), contribution
+    assert page.count("<h3>Rewrites beside their videos") == 1
+    for model in ("refined", "base_refiners"):  # each sample's rewrites beside its video, in both refiner cells
+        for cell in (workdir / "results/matrix").glob(f"*/{made}-{model}/*/videos"):
+            assert len(list(cell.rglob("*.json"))) == len(list(cell.rglob("*.mp4"))) > 0

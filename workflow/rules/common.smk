@@ -472,8 +472,25 @@ def cell_model_inputs(wildcards):
         return {"model": f"{root}/pipeline", "fetch_eval_model_manifest": f"{root}/fetch_eval_model.manifest.json"}
     named = {"model": MODEL_DIR, **upstream("fetch_model")}
     if kind != "base":  # best, ema: train's exports beside final/ (train.keep_best_by, train.ema_decay)
-        named.update(final=f"{RUN}/train/{'final' if kind == 'trained' else kind}", **upstream("train"))
+        export = kind if kind in ("best", "ema") else "final"  # the refiners' cells: the trained generator
+        named.update(final=f"{RUN}/train/{export}", **upstream("train"))
+    if kind == "base_refiners":  # the refiners the run started from: their downloads
+        named.update(refiner_inputs())
     return named
+
+
+def cell_refiner_args(wildcards, input):
+    """generate_cell's prompt refiners (a params function): for `refined` the trained ones in final/refiners/, for
+    `base_refiners` their downloads, with the refiners section (their sampling settings); nothing otherwise."""
+    kind = CELL_KINDS.get(wildcards.model)
+    if kind not in ("refined", "base_refiners"):
+        return ""
+    given = []
+    for name in REFINERS:
+        folder = f"{input.final}/refiners/{name}" if kind == "refined" else input[f"refiner_{name}"]
+        given.append(f"--refiner {shlex.quote(f'{name}={folder}')}")
+    settings = json.dumps(vg.to_dict(CFG)["refiners"], sort_keys=True)
+    return " ".join(given) + f" --refiners-json {shlex.quote(settings)}"
 
 
 def model_files():

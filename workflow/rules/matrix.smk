@@ -70,11 +70,12 @@ rule generate_cell:
         config=stage_config("generate_cell"),
         code=code("generate_cell"),
         transformer=trained_transformer_arg,
+        refiners=cell_refiner_args,
         work=f"{CELL}/.generate-work",
         upstream=upstream_args,
         kernel_env=kernel_env,
     shell:
-        "{params.kernel_env} videogrpo stage generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer}"
+        "{params.kernel_env} videogrpo stage generate-cell --config-json {params.config:q} --model {input.model:q} {params.transformer} {params.refiners}"
         " --samples {input.samples:q} --sampler {wildcards.sampler:q} --videos {output.videos:q}"
         " --work {params.work:q} {params.upstream} --manifest {output.manifest:q} > {log:q} 2>&1"
 

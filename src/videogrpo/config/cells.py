@@ -27,9 +27,14 @@ _NUMBER = r"((?:0|[1-9]\d*)(?:\.\d+)?)"  # no leading zeros: one name per noise 
 _PLAIN = re.compile(r"^(unipc|euler|dpm_solver|flowgrpo)$")
 _AT_ETA = re.compile(rf"^(flowcps|dancegrpo|flowgrpo_sde)-{_NUMBER}$")
 _UNIFORM = re.compile(rf"^flowcps-uniform-{_NUMBER}-{_NUMBER}$")
-RUN_MODELS = ("base", "trained", "best", "ema")
+RUN_MODELS = ("base", "trained", "best", "ema", "refined", "base_refiners")
 """The matrix models a run makes itself: the base model, the trained weights, and the exports beside them (best/:
-train.keep_best_by; ema/: train.ema_decay); every other name is one of matrix.hub_models."""
+train.keep_best_by; ema/: train.ema_decay), and the trained weights behind the prompt refiners (REFINED_MODELS);
+every other name is one of matrix.hub_models."""
+REFINED_MODELS = {"refined": "trained", "base_refiners": "base"}
+"""The matrix models whose prompts the refiners (the `refiners` section) rewrite first, by which refiners: the
+trained generator with the trained refiners (`refined`), or with the refiners it started from (`base_refiners`).
+`trained` is the trained generator alone, on the samples' own prompts."""
 GRAMMAR = (
     "unipc, euler, dpm_solver, flowgrpo, flowcps-<eta in [0, 1]>, dancegrpo-<eta > 0>, flowgrpo_sde-<eta > 0> or "
     "flowcps-uniform-<lo>-<hi>"

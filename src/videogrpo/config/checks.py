@@ -27,7 +27,7 @@ from videogrpo.config.option_rules import (
     update_problems,
     validation_problems,
 )
-from videogrpo.config.refiners_section import refiner_problems
+from videogrpo.config.refiners_section import refined_model_problems, refiner_problems
 from videogrpo.config.sections import SECTIONS, Config, LoggingConfig
 from videogrpo.errors import ConfigError
 
@@ -345,6 +345,7 @@ CHECKS = (
     (("grpo", "parallel", "train"), lambda cfg: topology_problems(cfg)),
     (("actors", "parallel", "train", "model"), lambda cfg: actors_problems(cfg)),
     (("refiners", "grpo", "reward", "parallel", "actors"), lambda cfg: refiner_problems(cfg)),
+    (("matrix", "refiners"), refined_model_problems),
     (("parallel", "train"), lora_problems),
     (("train", "data"), validation_problems),
     (("train",), gold_problems),

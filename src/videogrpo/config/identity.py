@@ -439,7 +439,7 @@ OPTION_GROUPS: tuple[tuple[dict[str, Any], tuple[str, ...]], ...] = (
     ({"train.keep_best_by": None}, ()),
     ({"actors.train_ranks": 0, "actors.train_nodes": 0}, ("actors.weight_sync",)),
     ({"actors.asynchronous": False}, ("actors.prefetch", "actors.sync_interval")),
-    ({"refiners.experts": []}, ("refiners.credit", "refiners.original_members")),
+    ({"refiners.experts": []}, ("refiners.credit", "refiners.original_members", "refiners.rewrites_per_prompt")),
     ({"train.stop_on_divergence": False}, ()),
 )
 

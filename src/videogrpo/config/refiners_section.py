@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-CREDITS = ("shared", "per_expert")
+CREDITS = ("shared", "per_expert", "hierarchical")
 SOURCES = ("hub", "tiny")
 LOSSES = ("on_policy", "ppo_clip")
 NORMALIZATIONS = ("sequence_token_mean", "token_mean", "sequence_token_sum")
@@ -79,7 +79,12 @@ class RefinersConfig:
     """The refiners, applied in turn: each rewrites the previous one's rewrite (the first the sample's prompt)."""
     credit: str = "shared"
     """`shared`: each rewrite's advantage is its video's (one advantage drives every expert); `per_expert`: each
-    refiner's from its own reward term (its reward_term), the generator's from the total reward."""
+    refiner's from its own reward term (its reward_term), the generator's from the total reward; `hierarchical`
+    (with rewrites_per_prompt): a rewrite's reward is the mean of its videos', its advantage over the prompt's
+    rewrites, each video's over its rewrite's videos, both over sqrt(population variance + 1e-8)."""
+    rewrites_per_prompt: int = 0
+    """UniRL's layout, with credit `hierarchical`: N rewrites of each prompt, each rolled out by group_size / N members
+    (member g reads rewrite g // (group_size / N)); 0: each member samples its own rewrite."""
     original_members: int = 0
     """Members of each group kept on the original prompt (the first ones): their videos are in the group, they train
     no refiner (PromptRL's editing runs keep 2 of 8)."""
@@ -98,6 +103,32 @@ def refiner_problems(cfg) -> list[str]:
             f"refiners.original_members = {r.original_members}: must be >= 0 and leave at least one of the "
             f"grpo.group_size = {cfg.grpo.group_size} members to rewrite"
         )
+    n, g = r.rewrites_per_prompt, cfg.grpo.group_size
+    if (r.credit == "hierarchical") != (n > 0):
+        found.append(
+            f"refiners.credit = {r.credit!r} with refiners.rewrites_per_prompt = {n}: the hierarchical credit is that "
+            "of N rewrites x M videos of a prompt; set both (credit hierarchical, rewrites_per_prompt N) or neither"
+        )
+    elif n and (n < 2 or g % n or g // n < 2):
+        found.append(
+            f"refiners.rewrites_per_prompt = {n}: must be 2 or more and divide grpo.group_size = {g} into rewrites of "
+            "2 or more videos each (a rewrite's advantage is over the prompt's rewrites, a video's over its rewrite's)"
+        )
+    elif n:
+        clashes = [
+            name
+            for name, on in (
+                ("refiners.original_members", r.original_members),
+                ("grpo.skip_zero_variance_groups", cfg.grpo.skip_zero_variance_groups),
+                ("grpo.shuffle_advantages", cfg.grpo.shuffle_advantages),
+            )
+            if on
+        ]
+        if clashes:
+            found.append(
+                f"refiners.credit hierarchical with {', '.join(clashes)}: not combined (their groups are the prompt's "
+                "members, the hierarchical credit's a rewrite's videos); turn them off"
+            )
     names = [e.name for e in r.experts]
     if len(set(names)) < len(names):
         found.append(f"refiners.experts: names {names} repeat; give each refiner its own name")
@@ -144,3 +175,14 @@ def refiner_problems(cfg) -> list[str]:
     off = "not available yet (refiners.experts: [] turns the refiners off)"
     found += [f"refiners with {why}; {off}" for refuse, why in refused if refuse]
     return found
+
+
+def refined_model_problems(cfg) -> list[str]:
+    """matrix.models' `refined` and `base_refiners` rewrite the prompts with the run's refiners: they need some."""
+    wanted = [m for m in cfg.matrix.models if m in ("refined", "base_refiners")]
+    if wanted and not cfg.refiners.experts:
+        return [
+            f"matrix.models lists {', '.join(map(repr, wanted))}, which rewrite each prompt with the run's prompt "
+            "refiners, and refiners.experts is empty; add refiners, or drop them (`trained` is the generator alone)"
+        ]
+    return []

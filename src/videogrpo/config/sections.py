@@ -383,8 +383,9 @@ class MatrixConfig:
     all of them)."""
     models: list[str] = field(default_factory=list)
     """Models evaluated under every sampler, one matrix row each: `base` (model.*), `trained` (the run's exported
-    final transformer), `best` (its best validation point's, train.keep_best_by) or a name in hub_models. The
-    held-out check's cells come in any case (compare_base)."""
+    final transformer), `best` (its best validation point's, train.keep_best_by), `ema` (train.ema_decay), `refined`
+    and `base_refiners` (the trained transformer behind the trained prompt refiners, or behind those it started from:
+    the refiners section) or a name in hub_models. The held-out check's cells come in any case (compare_base)."""
     compare_base: bool = True
     """The held-out check, always evaluated: the trained model and, unless this is false, the base model, both
     under the training sampler (grpo.sampler at grpo.eta, or grpo.eta_range) on the same samples and noise."""

@@ -82,18 +82,44 @@ def _cell_rows(
             elif level == OVERALL and "task" in levels:
                 row.update(domain=OVERALL, task=ALL)
             row.update(_statistics(part.score.to_numpy(), resamples, seed))
+            names = part["name"].to_numpy()
             if base_by_name is not None:
-                names = part["name"].to_numpy()
                 deltas = by_name.loc[names].to_numpy() - base_by_name.loc[names].to_numpy()
                 row["delta_vs_base"] = float(deltas.mean())
                 row["delta_ci_low"], row["delta_ci_high"] = bootstrap_interval(deltas, resamples, seed)
+            for other in PAIRED_WITH.get(model, ()):  # the prompt refiners' cells: what each part contributed
+                if (other, sampler) in cells:
+                    other_by_name = cells[(other, sampler)].set_index("name").score
+                    deltas = by_name.loc[names].to_numpy() - other_by_name.loc[names].to_numpy()
+                    row[f"delta_vs_{other}"] = float(deltas.mean())
+                    low, high = bootstrap_interval(deltas, resamples, seed)
+                    row[f"delta_vs_{other}_ci_low"], row[f"delta_vs_{other}_ci_high"] = low, high
             rows.append(row)
     return rows
 
 
+PAIRED_WITH = {"refined": ("trained", "base_refiners"), "base_refiners": ("trained",)}
+"""The matrix models (config/cells.py's REFINED_MODELS) paired with others beside the base: the trained generator
+behind the trained refiners against it alone (what the trained refiners add) and behind the refiners it started from
+(what training them added); behind those against it alone (what the untrained refiners do)."""
+PAIRED_COLUMNS = tuple(
+    f"delta_vs_{other}{end}" for other in ("trained", "base_refiners") for end in ("", "_ci_low", "_ci_high")
+)
+
+
 MATRIX_COLUMNS = ("model", "sampler", "domain")
 PER_TASK_COLUMNS = ("model", "sampler", "domain", "task")
-STATISTICS = ("samples", "mean", "se", "ci_low", "ci_high", "delta_vs_base", "delta_ci_low", "delta_ci_high")
+STATISTICS = (
+    "samples",
+    "mean",
+    "se",
+    "ci_low",
+    "ci_high",
+    "delta_vs_base",
+    "delta_ci_low",
+    "delta_ci_high",
+    *PAIRED_COLUMNS,
+)
 
 
 def _table(rows: list[dict], keys: tuple[str, ...]) -> pd.DataFrame:

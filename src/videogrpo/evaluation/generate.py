@@ -10,7 +10,9 @@ level, are keyed by (matrix.seed, the sample's position, step): the same in ever
 a sample. Both model kinds sample through `videogrpo.evaluation.sampling`: for TI2V latent
 frame 0 is the first frame's latent after every step; for I2V-A14B nothing is pinned and each step goes to
 the expert the model's boundary names. A trained cell substitutes the exported transformer (TI2V) or the
-exported expert folder(s) (I2V) for the base pipeline's.
+exported expert folder(s) (I2V) for the base pipeline's. A cell of the prompt refiners (matrix models `refined`,
+`base_refiners`) has each sample's prompt rewritten by them first, their token draws keyed by (matrix.seed, the
+sample's position, the refiner), and keeps the rewrites beside the videos (`rewrites/<sample>.json`).
 
 Videos go to `<partial>/<domain>/<task>/<index>.mp4` through a temporary name and are validated
 (frames, size, fps) before their rename: a video that exists is complete, so an interrupted cell resumes
@@ -19,12 +21,14 @@ with the ones it lacks. Ranks take samples rank, rank + procs, ... (data paralle
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from videogrpo import atomic
 from videogrpo.config.cells import Sampler, parse_sampler
 from videogrpo.config.identity import generation_settings
 from videogrpo.data.video import video_problem, write_mp4
@@ -74,15 +78,18 @@ def generate_video(
     sampler: Sampler,
     s: Settings,
     shift: float,
+    prompt: str | None = None,
 ):
     """uint8 video [F, H, W, 3] of one sample; its noise is keyed by (seed, sample position, step).
 
-    `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping)."""
+    `transformer`: what the model's velocity takes (a TI2V transformer, or an I2V model's experts mapping);
+    `prompt`: what the generator reads instead of the sample's prompt (its refiners' rewrite)."""
     from videogrpo.evaluation import sampling
     from videogrpo.grpo.draws import seeded_normal
     from videogrpo.grpo.samplers import sigma_schedule
 
-    prompt = (sample_dir / "prompt.txt").read_text(encoding="utf-8").strip()
+    if prompt is None:
+        prompt = (sample_dir / "prompt.txt").read_text(encoding="utf-8").strip()
     embeds, condition = sampling.encode(
         model, [prompt], [sample_dir / "first_frame.png"], s.height, s.width, s.num_frames
     )
@@ -108,9 +115,11 @@ def generated_problem(path: Path, s: Settings) -> str | None:
     return video_problem(path, s.num_frames, s.width, s.height, s.fps)
 
 
-def output_problems(videos: Path, samples: list[EvalSample], s: Settings) -> list[str]:
-    """The exact-set check of a cell's videos: one per sample (no missing, no extra), each valid."""
+def output_problems(videos: Path, samples: list[EvalSample], s: Settings, rewrites: bool = False) -> list[str]:
+    """The exact-set check of a cell's videos: one per sample (no missing, no extra), each valid; with prompt
+    refiners (`rewrites`), each sample's rewrites beside them too (rewrites/<sample>.json)."""
     expected = [f"{sample.name}.mp4" for sample in samples]
+    expected += [rewrite_file(Path(), sample.name).as_posix() for sample in samples] if rewrites else []
     repeated = sorted({name for name in expected if expected.count(name) > 1})
     if repeated:
         return [f"the evaluation list names {name} twice" for name in repeated]
@@ -122,9 +131,49 @@ def output_problems(videos: Path, samples: list[EvalSample], s: Settings) -> lis
     problems = [f"missing {name}" for name in expected if name not in found]
     problems += [f"extra {name}" for name in sorted(found - set(expected))]
     for name in expected:
-        if name in found and (why := generated_problem(videos / name, s)):
+        if name.endswith(".mp4") and name in found and (why := generated_problem(videos / name, s)):
             problems.append(f"invalid {name}: {why}")
     return problems
+
+
+REWRITE_TAG = 0x9E72
+"""The counter that sets an evaluation rewrite's token draws apart from the sample's noise draws."""
+
+
+def rewrite_file(videos: Path, name: str) -> Path:
+    return videos / "rewrites" / f"{name}.json"
+
+
+def cell_refiners(given: list[str], settings_json: str | None) -> dict[str, tuple[Path, object]]:
+    """The cell's prompt refiners in the refiners section's order: {name: (folder, its refiners.experts record)}."""
+    from videogrpo.config import refiner_paths
+    from videogrpo.config.refiners_section import RefinersConfig
+    from videogrpo.config.types import build
+
+    folders = refiner_paths(given)
+    if not folders:
+        return {}
+    if settings_json is None:
+        raise ConfigError("--refiner needs --refiners-json: the refiners section, whose settings they sample with")
+    section = build(RefinersConfig, json.loads(settings_json), "refiners")
+    named = [e.name for e in section.experts]
+    if sorted(named) != sorted(folders):
+        raise ConfigError(f"--refiner gives {sorted(folders)}; the refiners section names {named}")
+    return {e.name: (folders[e.name], e) for e in section.experts}
+
+
+def rewrite_prompt(chain, prompt: str, seed: int, index: int):
+    """A sample's prompt rewritten by the cell's refiners in turn (grpo.refiners.rewrite_chain), its tokens drawn
+    at uniforms keyed by (seed, sample position, refiner)."""
+    import numpy as np
+
+    from videogrpo.grpo.draws import counter_seed
+    from videogrpo.grpo.refiners import rewrite_chain
+
+    def uniforms(k: int, n: int) -> list[float]:
+        return [float(u) for u in np.random.default_rng(counter_seed(seed, REWRITE_TAG, index, k)).random(n)]
+
+    return rewrite_chain(chain, prompt, uniforms)
 
 
 def temporary_name(target: Path, rank: int) -> Path:
@@ -144,6 +193,7 @@ def generate_rank(
     device_kind: str,
     transformer_2_dir: Path | None = None,
     progress=None,
+    refiners: dict | None = None,
 ) -> int:
     """Generate this rank's samples that have no valid video yet; returns how many it generated.
 
@@ -160,7 +210,14 @@ def generate_rank(
         raise ConfigError(
             f"model.kind = {cfg.model.kind!r} has no transformer_2; {transformer_2_dir} is for an i2v_a14b model"
         )
-    mine = [sample for sample in samples[rank::procs] if generated_problem(partial / f"{sample.name}.mp4", s)]
+    refiners = refiners or {}
+
+    def missing(sample) -> bool:  # its video, or with refiners its rewrites, is not there yet
+        if refiners and not rewrite_file(partial, sample.name).is_file():
+            return True
+        return generated_problem(partial / f"{sample.name}.mp4", s) is not None
+
+    mine = [sample for sample in samples[rank::procs] if missing(sample)]
     if progress:
         progress.update(len(samples[rank::procs]) - len(mine))
     if not mine:
@@ -176,8 +233,25 @@ def generate_rank(
         transformer = model.transformer
     sampling.eval_mode(transformer)
     shift, _ = scheduler_flow_shift(model_dir)  # every cell samples as its model's scheduler says
+    from videogrpo.models.refiner import Refiner
+
+    chain = []
+    for name, (folder, settings) in refiners.items():
+        refiner = Refiner.load(folder, device)
+        refiner.model.eval()
+        chain.append((name, refiner, settings))
     for sample in mine:
-        frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift)
+        prompt = None
+        if chain:  # the refiners' rewrite, kept beside the video (written first: a resume reads it again)
+            original = (tree / sample.name / "prompt.txt").read_text(encoding="utf-8").strip()
+            rewrites = rewrite_prompt(chain, original, s.seed, sample.index)
+            prompt = rewrites[-1].text_out
+            from videogrpo.grpo.refiners import public_record
+
+            record = {"sample": sample.name, "original": original, "generator_prompt": prompt}
+            record["rewrites"] = [public_record(r) for r in rewrites]
+            atomic.write_json(rewrite_file(partial, sample.name), record)
+        frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift, prompt)
         target = partial / f"{sample.name}.mp4"
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_name(target, rank)
@@ -204,6 +278,7 @@ def generate_cell(
     partial: Path,
     progress=None,
     transformer_2_dir=None,
+    refiners=None,
 ) -> None:
     """Every sample's video of the cell under `partial` (resuming), over matrix.procs processes; trained folders
     as in generate_rank."""
@@ -223,9 +298,11 @@ def generate_cell(
         partial,
         device_kind,
         transformer_2_dir,
+        None,
+        refiners,
     )
     if procs == 1:
-        generate_rank(0, *args, progress=progress)
+        generate_rank(0, *args[:-2], progress=progress, refiners=refiners)
         return
     import torch.multiprocessing as mp
 

@@ -59,6 +59,9 @@ class Rewrite:
     fallback: str | None
     """Why text_out is text_in: `cut` (no end-of-sequence token within the cap), `unparsed` (no answer tag, or
     empty); None: the rewrite is used."""
+    trained: bool = True
+    """Whether this row trains the refiner on it: under refiners.rewrites_per_prompt a rewrite's first member does,
+    the others read the same rewrite."""
 
 
 @dataclass
@@ -101,24 +104,16 @@ class Refiners:
     def rewrite_rows(self, batch: int, rows: list[tuple[int, int]], prompts: list[str]):
         """(the text each row's generator reads, each row's rewrites in expert order: [] on original members)."""
         seed, kept = self.cfg.train.seed, self.cfg.refiners.original_members
+        per_rewrite = self.cfg.grpo.group_size // (self.cfg.refiners.rewrites_per_prompt or self.cfg.grpo.group_size)
         texts, records = [], []
         for (j, g), prompt in zip(rows, prompts):
-            text, mine = prompt, []
-            if g >= kept:
-                for k, e in enumerate(self.experts):
-                    s = e.settings
-                    ids = e.refiner.chat_ids(s.system_prompt, text)
-                    uniforms = rewrite_uniforms(seed, batch, j, g, k, s.max_new_tokens)
-                    with torch.no_grad():
-                        tokens, log_probs = sample(
-                            e.refiner.model, ids, uniforms, s.temperature, s.top_p, e.refiner.eos_token_id
-                        )
-                    ended = tokens[-1] == e.refiner.eos_token_id
-                    answer = answer_text(e.refiner.decode(tokens), s.answer_tag) if ended else None
-                    fallback = None if answer is not None else ("cut" if not ended else "unparsed")
-                    mine.append(Rewrite(e.name, text, ids, tokens, log_probs, answer or text, fallback))
-                    text = answer or text
-            texts.append(text)
+            chain = [(e.name, e.refiner, e.settings) for e in self.experts] if g >= kept else []
+            # UniRL's layout: the members of a rewrite draw it alike (keyed by the rewrite), its first trains on it.
+            r = g // per_rewrite if self.cfg.refiners.rewrites_per_prompt else g
+            mine = rewrite_chain(chain, prompt, lambda k, n, j=j, r=r: rewrite_uniforms(seed, batch, j, r, k, n))
+            for rewrite in mine:
+                rewrite.trained = g % per_rewrite == 0 if self.cfg.refiners.rewrites_per_prompt else True
+            texts.append(mine[-1].text_out if mine else prompt)
             records.append(mine)
         return texts, records
 
@@ -136,10 +131,12 @@ class Refiners:
                 (row[k], float(advantages[e.name][j, g]))
                 for chunk in chunks
                 for j, g, row in zip(chunk.prompts, chunk.members, chunk.rewrites)
-                if row
+                if row and row[k].trained
             ]
+            sampled = [row[k] for chunk in chunks for row in chunk.rewrites or [] if row]
+            flops = self.flops(e, sampled, [r for r, _ in rows])
             counts = process_groups.reduce_floats(
-                [len(rows), sum(len(r.tokens) for r, _ in rows)], self.device(e), "sum"
+                [len(rows), sum(len(r.tokens) for r, _ in rows), flops], self.device(e), "sum"
             )
             total_rows, total_tokens = max(counts[0], 1.0), max(counts[1], 1.0)
             sums = dict.fromkeys(("loss", "kl", "clipped_tokens", "advantage_abs"), 0.0)
@@ -169,6 +166,7 @@ class Refiners:
                     f"refiner/{e.name}/grad_norm": grad_norm,
                     f"refiner/{e.name}/learning_rate": s.lr * lr_factor,
                     f"refiner/{e.name}/version": e.version,
+                    f"refiner/{e.name}/flops_per_update": counts[2],
                 }
             )
         return metrics
@@ -197,6 +195,18 @@ class Refiners:
         return total.sum() / s.max_new_tokens, kl.sum().detach() / s.max_new_tokens, clipped.sum()
 
     @staticmethod
+    def flops(e: Expert, sampled: list[Rewrite], trained: list[Rewrite]) -> float:
+        """The refiner's FLOPs for these rewrites, by the count of 2 x its parameters (but the embedding table) per
+        token of a forward: sampling (the chat, then one token at a time with the key-value cache), the replay's
+        forward and backward (3 forwards' worth) and the frozen copy's forward (kl_coeff > 0)."""
+        embedding = e.refiner.model.get_input_embeddings().weight
+        params = sum(p.numel() for p in e.refiner.model.parameters() if p is not embedding)
+        replays = 3 + (1 if e.reference is not None else 0)
+        tokens = sum(len(r.prompt_ids) + len(r.tokens) for r in sampled)
+        tokens += replays * sum(len(r.prompt_ids) + len(r.tokens) for r in trained)
+        return 2.0 * params * tokens
+
+    @staticmethod
     def device(e: Expert) -> torch.device:
         return e.params[0].device
 
@@ -223,13 +233,42 @@ class Refiners:
             shutil.copytree(checkpoints / "rewrites", target / "rewrites")
 
 
+def rewrite_chain(chain: list[tuple[str, Refiner, object]], text: str, uniforms) -> list[Rewrite]:
+    """`text` rewritten by each (name, refiner, its refiners.experts record) in turn, each reading the previous one's
+    rewrite; `uniforms(k, n)`: the n uniforms refiner k draws its tokens at. A rewrite cut at the cap, without its
+    answer tag or empty falls back to the text it rewrote."""
+    found = []
+    for k, (name, refiner, s) in enumerate(chain):
+        ids = refiner.chat_ids(s.system_prompt, text)
+        with torch.no_grad():
+            tokens, log_probs = sample(
+                refiner.model, ids, uniforms(k, s.max_new_tokens), s.temperature, s.top_p, refiner.eos_token_id
+            )
+        ended = tokens[-1] == refiner.eos_token_id
+        answer = answer_text(refiner.decode(tokens), s.answer_tag) if ended else None
+        fallback = None if answer is not None else ("cut" if not ended else "unparsed")
+        found.append(Rewrite(name, text, ids, tokens, log_probs, answer or text, fallback))
+        text = answer or text
+    return found
+
+
+def public_record(rewrite: Rewrite) -> dict:
+    """A rewrite as the rewrites files hold it: what it read, its tokens, what it gave, and why it fell back."""
+    return {k: v for k, v in asdict(rewrite).items() if k not in ("prompt_ids", "log_probs")}
+
+
 def advantages(cfg, table: torch.Tensor, adv: torch.Tensor, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each refiner's [P, G] advantages: `shared` the generator's (`adv`); `per_expert` its reward term's group
-    advantage, normalised as grpo's (`terms`: each reward kind's [P, G] raw scores)."""
+    advantage, normalised as grpo's (`terms`: each reward kind's [P, G] raw scores); `hierarchical` its rewrite's
+    advantage over the prompt's rewrites (refiner_loss.refiner_advantages), on each member of the rewrite."""
     g = cfg.grpo
     found = {}
     for e in cfg.refiners.experts:
-        if cfg.refiners.credit == "per_expert":
+        if cfg.refiners.credit == "hierarchical":
+            n = cfg.refiners.rewrites_per_prompt
+            by_rewrite, _ = refiner_loss.refiner_advantages(table.view(table.shape[0], n, -1), "hierarchical")
+            found[e.name] = by_rewrite.repeat_interleave(table.shape[1] // n, dim=1)
+        elif cfg.refiners.credit == "per_expert":
             found[e.name] = group_advantages(
                 terms[e.reward_term], g.advantage_std, g.advantage_std_unbiased, g.advantage_eps
             )
@@ -238,12 +277,19 @@ def advantages(cfg, table: torch.Tensor, adv: torch.Tensor, terms: dict[str, tor
     return found
 
 
+def generator_advantages(cfg, table: torch.Tensor) -> torch.Tensor:
+    """Credit `hierarchical`: each video's [P, G] advantage over its rewrite's videos (UniRL's generator group)."""
+    n = cfg.refiners.rewrites_per_prompt
+    _, by_video = refiner_loss.refiner_advantages(table.view(table.shape[0], n, -1), "hierarchical")
+    return by_video.reshape(table.shape)
+
+
 def fallback_counts(chunks) -> dict[str, list[int]]:
-    """{expert: [rewrites, cut, unparsed]} over this rank's chunks."""
+    """{expert: [rewrites, cut, unparsed]} over this rank's chunks (each rewrite once: where it is trained)."""
     counts: dict[str, list[int]] = {}
     for chunk in chunks:
         for row in chunk.rewrites or []:
-            for r in row:
+            for r in (r for r in row if r.trained):
                 c = counts.setdefault(r.expert, [0, 0, 0])
                 c[0] += 1
                 c[1] += r.fallback == "cut"
@@ -281,9 +327,7 @@ def rewrite_rows_record(chunks) -> list[dict]:
                     "sample": sample_ref.sample_id,
                     "original": sample_ref.prompt,
                     "generator_prompt": row[-1].text_out if row else sample_ref.prompt,
-                    "rewrites": [
-                        {k: v for k, v in asdict(r).items() if k not in ("prompt_ids", "log_probs")} for r in row
-                    ],
+                    "rewrites": [public_record(r) for r in row],
                 }
             )
     return found

@@ -169,6 +169,8 @@ def advantages(trainer, prepared: Prepared) -> dict:
         raise RuntimeError("some group members got no reward: the rank assignment does not cover every group")
     g = trainer.cfg.grpo
     adv = group_advantages(table, g.advantage_std, g.advantage_std_unbiased, g.advantage_eps)
+    if trainer.refiners is not None and trainer.cfg.refiners.credit == "hierarchical":  # a video's group: its rewrite's
+        adv = refiners.generator_advantages(trainer.cfg, table)
     if trainer.cfg.grpo.shuffle_advantages:
         adv = shuffled_within_groups(adv, trainer.cfg.train.seed, prepared.batch)
     for chunk in prepared.chunks:

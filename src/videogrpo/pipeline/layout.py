@@ -105,7 +105,7 @@ def cell_models(cfg: Config, run_id: str) -> dict[str, str]:
             names[name] = f"base-{model_key(cfg)}"
         elif name == "trained":
             names[name] = run_id
-        elif name in ("best", "ema"):  # train's best/ (train.keep_best_by) and ema/ (train.ema_decay) of the run
+        elif name in ("best", "ema", "refined", "base_refiners"):  # train's best/, ema/; the refiners' cells
             names[name] = f"{run_id}-{name}"
         else:
             names[name] = hub_model_key(name, cfg.matrix.hub_models[name])

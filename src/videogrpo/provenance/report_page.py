@@ -444,10 +444,12 @@ def render_html(
     matrix: list[dict] | None = None,
     check_sampler: str = "",
     posters: dict[str, str] | None = None,
+    refiners: str = "",
 ) -> str:
     """The report page. `check`: the held-out check's rows of the matrix's per-task table (the trained and base
     model under the training sampler, `check_sampler`); `videos`: per model (`base`, `trained`), paths of the
-    check's videos relative to the report; `matrix`: the evaluation matrix's rows (matrix.csv)."""
+    check's videos relative to the report; `matrix`: the evaluation matrix's rows (matrix.csv); `refiners`: the
+    prompt refiners' section (refiner_page), after the matrix."""
     git = provenance["git"]
     dirty = ' <span class="warn">(uncommitted changes)</span>' if git.get("dirty") else ""
     parts = [
@@ -532,6 +534,7 @@ def render_html(
         parts.append(page_cells.table(pivot, columns))
         parts.append(f"<img alt='evaluation matrix' src='data:image/png;base64,{matrix_png(matrix)}'>")
         parts.append(page_cells.table(matrix, list(matrix[0].keys()), css="data"))
+    parts.append(refiners)
     parts.append("<h2>Stages: what each job cost</h2>")
     parts.append(
         "<p>One row per stage job, by start (UTC): <code>job id</code> is the SLURM job the stage ran in, "

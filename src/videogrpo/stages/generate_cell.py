@@ -34,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transformer-2", type=Path, help="I2V-A14B: low-noise expert replacing the pipeline's transformer_2"
     )
+    parser.add_argument(
+        "--refiner",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a prompt refiner that rewrites each prompt first, in the refiners section's order (repeat)",
+    )
+    parser.add_argument("--refiners-json", help="the refiners section (their sampling settings), with --refiner")
     parser.add_argument("--samples", required=True, type=Path, help="the evaluation list (eval_set's samples.json)")
     parser.add_argument("--sampler", required=True, help="unipc, euler or flowcps-<noise>")
     parser.add_argument("--videos", required=True, type=Path, help="directory of the cell's videos to create")
@@ -41,16 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from videogrpo.evaluation.generate import Settings, generate_cell, output_problems
+    from videogrpo.evaluation.generate import Settings, cell_refiners, generate_cell, output_problems
     from videogrpo.progress import Progress
 
     cfg, sections = load_config(args)
+    refiners = cell_refiners(args.refiner, args.refiners_json)
     # Each substituted folder is an input: its digest is checked against train's manifest before it is read.
     inputs = {
         "model": args.model,
         "transformer": args.transformer,
         "transformer_2": args.transformer_2,
         "samples": args.samples,
+        **{f"refiner.{name}": folder for name, (folder, _) in refiners.items()},
     }
     with StageRun("generate_cell", args.manifest, inputs=inputs, params=sections, upstream=args.upstream) as stage:
         tree, samples = load_samples(args.samples, check=READ_FILES)
@@ -68,13 +78,14 @@ def run(args: argparse.Namespace) -> int:
             work / "videos",
             progress,
             transformer_2_dir=args.transformer_2,
+            refiners=refiners,
         )
         progress.finish()
         recheck_samples(args.samples, READ_FILES, lambda name: [work / "videos" / f"{name}.mp4"])
         for temporary in (work / "videos").rglob(".*"):  # of an interrupted attempt
             if temporary.is_file():
                 temporary.unlink()
-        problems = output_problems(work / "videos", samples, Settings.from_config(cfg))
+        problems = output_problems(work / "videos", samples, Settings.from_config(cfg), rewrites=bool(refiners))
         if problems:
             shown = "\n  - ".join(problems[:20])
             raise VideoGRPOError(
@@ -87,5 +98,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(stale, ignore_errors=True)
         stage.output("videos", args.videos)
         stage.summary = {"sampler": args.sampler, "videos": len(samples)}
+        if refiners:  # each sample's rewrites, in videos/rewrites/
+            stage.summary["refiners"] = list(refiners)
     print(f"{args.videos}: {len(samples)} videos")
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from videogrpo import atomic
 from videogrpo.config import check_models, training_sampler
 from videogrpo.grpo.mlflow_run import log_stage_outputs
+from videogrpo.provenance import refiner_page
 from videogrpo.provenance.crate import write_run_crate
 from videogrpo.provenance.manifest import StageRun
 from videogrpo.provenance.report_page import build_provenance, render_html
@@ -53,6 +54,33 @@ def check_videos(provenance: dict, models: tuple[str, ...], sampler: str, html: 
             found[model] = [
                 os.path.relpath(Path(record["path"]) / rel, html.parent) for rel in sorted(record.get("entries", {}))
             ]
+    return found
+
+
+def rewrite_samples(provenance: dict, sampler: str, html: Path, limit: int = 6) -> list[dict]:
+    """A sample of the `refined` cell's rewrites (prompt refiners) under the held-out check's sampler, each beside
+    its video and the trained generator's video of the same sample and noise (paths relative to the page)."""
+    generated = provenance["stages"].get(f"generate_cell:refined:{sampler}", {}).get("outputs", {}).get("videos")
+    videos = check_videos(provenance, ("trained", "refined"), sampler, html)
+    if not generated or not videos.get("refined"):
+        return []
+    trained = {Path(rel).with_suffix("").parts[-3:]: rel for rel in videos.get("trained", [])}
+    found = []
+    for rel in videos["refined"][:limit]:
+        key = Path(rel).with_suffix("").parts[-3:]  # domain/task/index
+        record = json.loads((Path(generated["path"]) / "rewrites" / Path(*key).with_suffix(".json")).read_text())
+        fallbacks = [r["fallback"] for r in record["rewrites"] if r["fallback"]]
+        found.append(
+            {
+                "task": key[1],
+                "sample": key[2],
+                "original": record["original"],
+                "rewrite": record["generator_prompt"],
+                "fallback": ", ".join(fallbacks),
+                "refined": rel,
+                "trained": trained.get(key, ""),
+            }
+        )
     return found
 
 
@@ -106,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
         check = [row for row in read_csv(args.per_task) if row["sampler"] == sampler and row["model"] in models]
         videos = check_videos(provenance, models, sampler, args.html)
         atomic.write_json(args.provenance, provenance)
-        page = render_html(
-            provenance, metrics, check, videos, read_csv(args.matrix), sampler, posters(videos, args.html)
-        )
+        matrix = read_csv(args.matrix)
+        refiners = refiner_page.section(metrics, matrix, rewrite_samples(provenance, sampler, args.html))
+        page = render_html(provenance, metrics, check, videos, matrix, sampler, posters(videos, args.html), refiners)
         atomic.write_text(args.html, page)
         stage.output("provenance", args.provenance)
         stage.output("html", args.html)
