@@ -194,8 +194,9 @@ def test_the_refiners_update_does_not_depend_on_the_ranks(tiny_model, dataset, t
     cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip")]}
     assert train(cfg, tmp_path / "fsdp", tiny_model, dataset, refiners={"writer": tiny_refiner})
     lines = metrics(tmp_path / "fsdp")
-    assert [m["refiner/writer/version"] for m in lines] == [1, 2, 3]
-    assert [m["replayed_batch"] for m in lines] == [0, 1, 2] and torch.isfinite(torch.tensor(lines[-1]["grad_norm"]))
+    assert len(lines) >= 2 and [m["refiner/writer/version"] for m in lines] == list(range(1, len(lines) + 1))
+    assert [m["replayed_batch"] for m in lines] == list(range(len(lines)))
+    assert all(torch.isfinite(torch.tensor(m["refiner/writer/grad_norm"])) for m in lines)
 
 
 def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, dataset, tiny_refiner, tmp_path):
