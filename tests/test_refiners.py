@@ -104,6 +104,33 @@ def test_a_refiner_and_the_generator_train_together_each_on_its_own_settings(
         assert rewrites(out) == rows, name  # one update: the rollouts came before any weight changed
 
 
+def test_a_vision_language_refiner_sees_the_first_frame(tiny_model, dataset, tmp_path):
+    """A tiny Qwen2.5-VL refiner (refiners.experts[].vision) rewrites each prompt with the sample's first frame in its
+    chat; the replay shows it the frame again, so its first update's ratio is 1 (no token clipped). A language model
+    named as a vision one is refused, naming the field."""
+    from videogrpo.demo.tiny_refiner import save_tiny_refiner
+
+    save_tiny_refiner(tmp_path / "seer", 0, vision=True)
+    cfg = solo_config(train={"max_steps": 1, "save_steps": 0})
+    cfg["refiners"] = {"experts": [expert("seer", vision=True, loss="ppo_clip", clip_range=1e-4)]}
+    trainer = trainer_in_process(cfg, tmp_path / "run", tiny_model, dataset, refiners={"seer": tmp_path / "seer"})
+    seen = []
+    for e in trainer.refiners.experts:
+        chat = e.refiner.chat
+        e.refiner.chat = lambda system, text, image=None, chat=chat: seen.append(image) or chat(system, text, image)
+    trainer.run()
+    [line] = metrics(tmp_path / "run")
+    assert line["refiner/seer/clip_fraction"] == 0 and line["refiner/seer/rewrites"] == 4
+    assert seen and all(str(image).endswith("first_frame.png") for image in seen)  # sampled and replayed with it
+    trained, initial = refiner_weights(tmp_path / "run", "seer"), load_file(tmp_path / "seer/model.safetensors")
+    assert any((trained[k] - initial[k]).abs().max() > 0 for k in initial)
+    assert any("visual" in k for k in trained)
+
+    cfg["refiners"] = {"experts": [expert("seer", vision=False)]}
+    with pytest.raises(Exception, match=r"refiners.experts\[0\].vision = false, but .* is a vision-language model"):
+        trainer_in_process(cfg, tmp_path / "wrong", tiny_model, dataset, refiners={"seer": tmp_path / "seer"})
+
+
 def test_per_expert_credit_drives_each_refiner_by_its_own_term(tiny_model, dataset, tiny_refiner, tmp_path):
     with JudgeServer(pays="constant") as server:
         cfg = solo_config(train={"max_steps": 2, "save_steps": 0})

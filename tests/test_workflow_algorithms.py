@@ -147,7 +147,7 @@ def test_a_prompt_refiner_trains_with_the_generator_to_the_report(demo, workdir)
     run_dir = workdir / "results/runs" / made
     (download,) = (workdir / "results/models/refiners").iterdir()
     fetched = json.loads((download / "fetch_refiner.manifest.json").read_text())
-    assert fetched["summary"] == {"source": "tiny", "tiny_seed": 0} and "refiner" in fetched["outputs"]
+    assert fetched["summary"] == {"source": "tiny", "tiny_seed": 0, "vision": False} and "refiner" in fetched["outputs"]
     manifest = json.loads((run_dir / "train.manifest.json").read_text())
     assert manifest["inputs"]["refiner.writer"]["path"].endswith("/model")
     final = run_dir / "train/final"

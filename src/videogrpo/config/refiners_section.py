@@ -39,6 +39,9 @@ class RefinerExpert:
     """40-hex commit of repo_id; branch and tag names are refused."""
     tiny_seed: int = 0
     """Seed of the tiny model's random weights (source `tiny` only)."""
+    vision: bool = False
+    """A vision-language refiner (Qwen2.5-VL) that sees the sample's first frame beside the prompt; `tiny` builds one,
+    a Hub snapshot must be one (its config's model type)."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """The system message of the chat the refiner answers; the user message is the prompt to rewrite."""
     temperature: float = 1.0

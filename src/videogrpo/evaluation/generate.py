@@ -162,7 +162,7 @@ def cell_refiners(given: list[str], settings_json: str | None) -> dict[str, tupl
     return {e.name: (folders[e.name], e) for e in section.experts}
 
 
-def rewrite_prompt(chain, prompt: str, seed: int, index: int):
+def rewrite_prompt(chain, prompt: str, seed: int, index: int, image: Path | None = None):
     """A sample's prompt rewritten by the cell's refiners in turn (grpo.refiners.rewrite_chain), its tokens drawn
     at uniforms keyed by (seed, sample position, refiner)."""
     import numpy as np
@@ -173,7 +173,7 @@ def rewrite_prompt(chain, prompt: str, seed: int, index: int):
     def uniforms(k: int, n: int) -> list[float]:
         return [float(u) for u in np.random.default_rng(counter_seed(seed, REWRITE_TAG, index, k)).random(n)]
 
-    return rewrite_chain(chain, prompt, uniforms)
+    return rewrite_chain(chain, prompt, uniforms, image)
 
 
 def temporary_name(target: Path, rank: int) -> Path:
@@ -244,7 +244,7 @@ def generate_rank(
         prompt = None
         if chain:  # the refiners' rewrite, kept beside the video (written first: a resume reads it again)
             original = (tree / sample.name / "prompt.txt").read_text(encoding="utf-8").strip()
-            rewrites = rewrite_prompt(chain, original, s.seed, sample.index)
+            rewrites = rewrite_prompt(chain, original, s.seed, sample.index, tree / sample.name / "first_frame.png")
             prompt = rewrites[-1].text_out
             from videogrpo.grpo.refiners import public_record
 

@@ -59,6 +59,8 @@ class Rewrite:
     fallback: str | None
     """Why text_out is text_in: `cut` (no end-of-sequence token within the cap), `unparsed` (no answer tag, or
     empty); None: the rewrite is used."""
+    image: str | None = None
+    """The first frame a vision-language refiner saw beside the text (its replay shows it again)."""
     trained: bool = True
     """Whether this row trains the refiner on it: under refiners.rewrites_per_prompt a rewrite's first member does,
     the others read the same rewrite."""
@@ -91,6 +93,12 @@ class Refiners:
                     f"{settings.name}=DIR; the workflow's fetch_refiner rule makes it)"
                 )
             refiner = Refiner.load(paths[settings.name], device)
+            if refiner.sees_images != settings.vision:
+                kind = "a vision-language model" if refiner.sees_images else "a language model alone"
+                raise VideoGRPOError(
+                    f"refiners.experts[{i}].vision = {str(settings.vision).lower()}, but {paths[settings.name]} is "
+                    f"{kind}; set vision to {str(refiner.sees_images).lower()}, or give the refiner it names"
+                )
             refiner.model.train()
             params = [p for p in refiner.model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -101,16 +109,17 @@ class Refiners:
 
     # ---- rollout ---------------------------------------------------------------------------------------
 
-    def rewrite_rows(self, batch: int, rows: list[tuple[int, int]], prompts: list[str]):
-        """(the text each row's generator reads, each row's rewrites in expert order: [] on original members)."""
+    def rewrite_rows(self, batch: int, rows: list[tuple[int, int]], prompts: list[str], images: list[Path]):
+        """(the text each row's generator reads, each row's rewrites in expert order: [] on original members);
+        `images`: each row's first frame, which a vision-language refiner sees."""
         seed, kept = self.cfg.train.seed, self.cfg.refiners.original_members
         per_rewrite = self.cfg.grpo.group_size // (self.cfg.refiners.rewrites_per_prompt or self.cfg.grpo.group_size)
         texts, records = [], []
-        for (j, g), prompt in zip(rows, prompts):
+        for (j, g), prompt, image in zip(rows, prompts, images):
             chain = [(e.name, e.refiner, e.settings) for e in self.experts] if g >= kept else []
             # UniRL's layout: the members of a rewrite draw it alike (keyed by the rewrite), its first trains on it.
             r = g // per_rewrite if self.cfg.refiners.rewrites_per_prompt else g
-            mine = rewrite_chain(chain, prompt, lambda k, n, j=j, r=r: rewrite_uniforms(seed, batch, j, r, k, n))
+            mine = rewrite_chain(chain, prompt, lambda k, n, j=j, r=r: rewrite_uniforms(seed, batch, j, r, k, n), image)
             for rewrite in mine:
                 rewrite.trained = g % per_rewrite == 0 if self.cfg.refiners.rewrites_per_prompt else True
             texts.append(mine[-1].text_out if mine else prompt)
@@ -176,12 +185,13 @@ class Refiners:
         (sequence_token_mean), sum (token_mean: the caller divides by the batch's tokens) or sum over the cap."""
         s = e.settings
         tokens = torch.tensor([rewrite.tokens], device=self.device(e))
-        logits = completion_logits(e.refiner.model, rewrite.prompt_ids, rewrite.tokens).unsqueeze(0)
+        vision = e.refiner.chat(s.system_prompt, rewrite.text_in, Path(rewrite.image))[1] if rewrite.image else None
+        logits = completion_logits(e.refiner.model, rewrite.prompt_ids, rewrite.tokens, vision).unsqueeze(0)
         log_probs = refiner_loss.token_log_probs(logits, tokens, s.temperature)
         reference = None
         if e.reference is not None:
             with torch.no_grad():
-                ref_logits = completion_logits(e.reference, rewrite.prompt_ids, rewrite.tokens).unsqueeze(0)
+                ref_logits = completion_logits(e.reference, rewrite.prompt_ids, rewrite.tokens, vision).unsqueeze(0)
                 reference = refiner_loss.token_log_probs(ref_logits, tokens, s.temperature)
         rollout = torch.tensor([rewrite.log_probs], device=tokens.device, dtype=log_probs.dtype)
         adv = torch.tensor([advantage], device=tokens.device, dtype=log_probs.dtype)
@@ -233,28 +243,33 @@ class Refiners:
             shutil.copytree(checkpoints / "rewrites", target / "rewrites")
 
 
-def rewrite_chain(chain: list[tuple[str, Refiner, object]], text: str, uniforms) -> list[Rewrite]:
+def rewrite_chain(
+    chain: list[tuple[str, Refiner, object]], text: str, uniforms, image: Path | None = None
+) -> list[Rewrite]:
     """`text` rewritten by each (name, refiner, its refiners.experts record) in turn, each reading the previous one's
-    rewrite; `uniforms(k, n)`: the n uniforms refiner k draws its tokens at. A rewrite cut at the cap, without its
-    answer tag or empty falls back to the text it rewrote."""
+    rewrite (a vision-language refiner seeing `image`, the first frame, too); `uniforms(k, n)`: the n uniforms
+    refiner k draws its tokens at. A rewrite cut at the cap, without its answer tag or empty falls back to the text
+    it rewrote."""
     found = []
     for k, (name, refiner, s) in enumerate(chain):
-        ids = refiner.chat_ids(s.system_prompt, text)
+        seen = image if refiner.sees_images else None
+        ids, vision = refiner.chat(s.system_prompt, text, seen)
         with torch.no_grad():
             tokens, log_probs = sample(
-                refiner.model, ids, uniforms(k, s.max_new_tokens), s.temperature, s.top_p, refiner.eos_token_id
+                refiner.model, ids, uniforms(k, s.max_new_tokens), s.temperature, s.top_p, refiner.eos_token_id, vision
             )
         ended = tokens[-1] == refiner.eos_token_id
         answer = answer_text(refiner.decode(tokens), s.answer_tag) if ended else None
         fallback = None if answer is not None else ("cut" if not ended else "unparsed")
-        found.append(Rewrite(name, text, ids, tokens, log_probs, answer or text, fallback))
+        found.append(Rewrite(name, text, ids, tokens, log_probs, answer or text, fallback, str(seen) if seen else None))
         text = answer or text
     return found
 
 
 def public_record(rewrite: Rewrite) -> dict:
-    """A rewrite as the rewrites files hold it: what it read, its tokens, what it gave, and why it fell back."""
-    return {k: v for k, v in asdict(rewrite).items() if k not in ("prompt_ids", "log_probs")}
+    """A rewrite as the rewrites files hold it: what it read, its tokens, what it gave, and why it fell back (the
+    first frame a vision-language refiner saw is the row's sample's, named beside it)."""
+    return {k: v for k, v in asdict(rewrite).items() if k not in ("prompt_ids", "log_probs", "image")}
 
 
 def advantages(cfg, table: torch.Tensor, adv: torch.Tensor, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -75,7 +75,7 @@ def rollout_wave(trainer, batch_index: int, prompts: list[SampleRef], rows: list
     samples = [prompts[j] for j, _ in rows]
     texts, rewrites = [s.prompt for s in samples], None
     if trainer.refiners is not None:  # the generator reads the rewrites; the scorer the sample's own prompt and task
-        texts, rewrites = trainer.refiners.rewrite_rows(batch_index, rows, texts)
+        texts, rewrites = trainer.refiners.rewrite_rows(batch_index, rows, texts, [s.first_frame for s in samples])
     trainer.placement.enter("encode")
     embeds, condition = trainer.model.encode_conditions(
         texts,

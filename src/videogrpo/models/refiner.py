@@ -8,6 +8,11 @@ demo/tiny_refiner.py) as transformers loads any such repository, and the two thi
 - `completion_logits`: the logits that score a completion's tokens after its chat prompt, one sequence at a time
   (no padding: a row's numbers do not depend on which rows share its forward).
 
+A vision-language refiner (a Qwen2.5-VL snapshot: its config's model type says so) also sees an image, the sample's
+first frame: `chat` puts it in the user message and returns the image processor's inputs, which the prompt's
+forward (sampling's first, the replay's) takes beside the token ids. Its image processor is the snapshot's own (the
+PIL implementation: nothing else is installed).
+
 May import only the core modules.
 """
 
@@ -19,28 +24,64 @@ from pathlib import Path
 
 import torch
 
+VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+IMAGE_TOKEN = "<|image_pad|>"
+
 
 @dataclass
 class Refiner:
     tokenizer: object
     model: torch.nn.Module
     eos_token_id: int
+    image_processor: object | None = None
+    """A vision-language refiner's image processor; None for a language model alone."""
+
+    @property
+    def sees_images(self) -> bool:
+        return self.image_processor is not None
 
     @classmethod
     def load(cls, path: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> Refiner:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         if tokenizer.eos_token_id is None or not tokenizer.chat_template:
             raise ValueError(f"{path}: the refiner's tokenizer needs an end-of-sequence token and a chat template")
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-        return cls(tokenizer, model, int(tokenizer.eos_token_id))
+        if AutoConfig.from_pretrained(str(path)).model_type not in VISION_MODEL_TYPES:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+            return cls(tokenizer, model, int(tokenizer.eos_token_id))
+        from transformers import AutoModelForImageTextToText, Qwen2VLImageProcessorPil
+
+        model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
+        images = Qwen2VLImageProcessorPil.from_pretrained(str(path))
+        return cls(tokenizer, model, int(tokenizer.eos_token_id), images)
+
+    def chat(self, system_prompt: str, text: str, image: Path | None = None) -> tuple[list[int], dict | None]:
+        """(the token ids of the chat that asks for `text`'s rewrite, ending where the answer begins; the image
+        processor's inputs, or None): a vision-language refiner sees `image` before the text, its image token
+        repeated once per merged patch, as its processor lays it out."""
+        if not self.sees_images:
+            messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": text}]
+            chat = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return list(chat), None
+        from PIL import Image
+
+        if image is None:
+            raise ValueError("a vision-language refiner rewrites a prompt with its first frame: none was given")
+        parts = [{"type": "image"}, {"type": "text", "text": text}]
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": parts}]
+        chat = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        with Image.open(image) as frame:
+            vision = dict(self.image_processor(images=[frame.convert("RGB")], return_tensors="pt"))
+        merged = int(vision["image_grid_thw"].prod()) // self.image_processor.merge_size**2
+        chat = chat.replace(IMAGE_TOKEN, IMAGE_TOKEN * merged, 1)
+        return self.tokenizer(chat, add_special_tokens=False)["input_ids"], vision
 
     def chat_ids(self, system_prompt: str, text: str) -> list[int]:
-        """The token ids of the chat that asks for `text`'s rewrite, ending where the answer begins."""
-        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": text}]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids)
+        """The token ids of a language model's chat that asks for `text`'s rewrite."""
+        return self.chat(system_prompt, text)[0]
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -68,11 +109,12 @@ def sample(
     temperature: float,
     top_p: float,
     eos_token_id: int,
+    vision: dict | None = None,
 ) -> tuple[list[int], list[float]]:
     """(the sampled tokens, up to and including the first end-of-sequence token or len(uniforms) of them; each
-    token's log-probability at the temperature)."""
+    token's log-probability at the temperature). `vision`: a vision-language refiner's image inputs (`chat`)."""
     device = next(model.parameters()).device
-    out = model(input_ids=torch.tensor([prompt_ids], device=device))
+    out = model(input_ids=torch.tensor([prompt_ids], device=device), **on_device(vision, device))
     tokens, log_probs = [], []
     for u in uniforms:
         scaled = (out.logits[0, -1].float() / temperature).log_softmax(-1)
@@ -85,11 +127,17 @@ def sample(
     return tokens, log_probs
 
 
-def completion_logits(model: torch.nn.Module, prompt_ids: list[int], completion: list[int]) -> torch.Tensor:
+def completion_logits(
+    model: torch.nn.Module, prompt_ids: list[int], completion: list[int], vision: dict | None = None
+) -> torch.Tensor:
     """[len(completion), V]: the logits that score each completion token (one forward of prompt + completion)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids + completion[:-1]], device=device)
-    return model(input_ids=ids).logits[0, len(prompt_ids) - 1 :]
+    return model(input_ids=ids, **on_device(vision, device)).logits[0, len(prompt_ids) - 1 :]
+
+
+def on_device(vision: dict | None, device: torch.device) -> dict:
+    return {key: value.to(device) for key, value in (vision or {}).items()}
 
 
 def answer_text(text: str, tag: str) -> str | None:

@@ -35,7 +35,7 @@ def refiner_download(expert) -> dict[str, Any]:
     """What a prompt refiner's download is (a refiners.experts record): the repo at its revision, or the tiny
     builder's seed; two refiners of one download share it."""
     if expert.source == "tiny":
-        return {"source": "tiny", "tiny_seed": expert.tiny_seed}
+        return {"source": "tiny", "tiny_seed": expert.tiny_seed, "vision": expert.vision}
     return {"source": "hub", "repo_id": expert.repo_id, "revision": expert.revision}
 
 

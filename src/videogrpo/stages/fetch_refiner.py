@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--download-json",
         required=True,
-        help='what to fetch: {"source": "hub", "repo_id": ..., "revision": ...} or {"source": "tiny", "tiny_seed": N}',
+        help='what to fetch: {"source": "hub", "repo_id": ..., "revision": ...} or {"source": "tiny", "tiny_seed": N, '
+        '"vision": false}',
     )
     parser.add_argument("--out", required=True, type=Path, help="refiner directory to create")
     parser.add_argument("--manifest", required=True, type=Path, help="where to write the stage manifest")
@@ -30,7 +31,7 @@ def read_download(text: str) -> dict:
         download = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"--download-json: not valid JSON ({err})") from None
-    wanted = {"tiny": {"source", "tiny_seed"}, "hub": {"source", "repo_id", "revision"}}
+    wanted = {"tiny": {"source", "tiny_seed", "vision"}, "hub": {"source", "repo_id", "revision"}}
     if not isinstance(download, dict) or set(download) != wanted.get(download.get("source"), set()):
         raise ConfigError(
             f"--download-json {text}: expected the keys {sorted(wanted['hub'])} (source hub) or "
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             from videogrpo.demo.tiny_refiner import save_tiny_refiner
 
             with atomic.atomic_directory(args.out) as tmp:
-                save_tiny_refiner(tmp, download["tiny_seed"])
+                save_tiny_refiner(tmp, download["tiny_seed"], vision=download["vision"])
         else:
             known = hub.snapshot(download["repo_id"], download["revision"], args.out, repo_type="model")
         stage.summary = dict(download)
