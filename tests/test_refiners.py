@@ -283,3 +283,39 @@ def test_the_refiners_are_off_by_default_and_out_of_every_released_identity():
     on = trainer_config()
     on["refiners"] = {"experts": [{"name": "a", "source": "tiny"}]}
     assert config.run_identity(config.from_dict(on)) != config.run_identity(cfg)
+
+
+def test_the_memory_plan_holds_each_refiner_on_every_rank(tiny_model, tiny_refiner):
+    """Each refiner's float32 weights, gradients, AdamW moments and (kl_coeff > 0) frozen copy on every rank, and one
+    rewrite's replay, which comes after the generator's (the larger counts); a real refiner's shape from its
+    published config without its download (Qwen2.5-VL-3B: 3,754,622,976 parameters)."""
+    import torch
+
+    from videogrpo.models.refiner import Refiner
+    from videogrpo.preflight import memory_plan, refiner_memory
+    from videogrpo.preflight.model_shape import ModelShape
+
+    cfg = trainer_config()
+    revision = "0" * 40
+    cfg["refiners"] = {
+        "experts": [
+            expert("writer", kl_coeff=0.01),
+            {"name": "seer", "repo_id": "Qwen/Qwen2.5-VL-3B-Instruct", "revision": revision, "vision": True},
+        ]
+    }
+    resolved = config.from_dict(cfg)
+    plan = memory_plan.plan_for_config(resolved, ModelShape.from_model_dir(tiny_model))
+    terms = {t.name: t for t in plan.terms}
+    tiny = sum(p.numel() for p in Refiner.load(tiny_refiner, torch.device("cpu")).model.parameters())
+    assert terms["refiner writer"].bytes == 5 * 4 * tiny  # with its frozen copy
+    assert terms["refiner seer"].bytes == 4 * 4 * 3_754_622_976
+    assert terms["refiner seer replay"].alternative == terms["activations"].alternative != ""
+    replay = sum(
+        t.bytes for t in plan.terms if "replay" in t.phases and t.alternative == terms["activations"].alternative
+    )
+    alone = plan.phase_total("replay") - max(terms["activations"].bytes, terms["refiner seer replay"].bytes)
+    assert replay > plan.phase_total("replay") - alone  # the working sets are not summed
+
+    cfg["refiners"]["experts"][1]["repo_id"] = "someone/unknown-refiner"
+    terms = {t.name: t for t in refiner_memory.terms(config.from_dict(cfg), ("rollout", "replay"))}
+    assert terms["refiner seer"].bytes == 0 and "downloaded by fetch_refiner" in terms["refiner seer"].detail

@@ -109,6 +109,7 @@ BLOCK_COMPUTE_D_TP_SPLIT = 4
 MATH_BACKENDS = ("_native_math",)
 
 ROLLOUT, REPLAY, STEP = "rollout", "replay", "optimizer step"
+REPLAY_WORKING_SET = "replay working set"
 SAMPLE_OR_DECODE = "rollout working set or decoded videos"
 
 
@@ -428,6 +429,7 @@ def plan(
             (REPLAY,),
             f"{rows} rows x {tokens:,} tokens, {layers} blocks "
             + ("checkpointed, one recomputed" if gradient_checkpointing else "all kept (no checkpointing)"),
+            alternative=REPLAY_WORKING_SET,  # a prompt refiner's replay comes after the generator's
         )
     )
     working = rollout_working_set(config, latent, text_tokens, compute_dtype, per_token_timestep, rows, math_attention)
@@ -593,7 +595,12 @@ def plan_for_config(cfg, shape: ModelShape, frozen_dtype: str | None = None, pro
         transition_means=cfg.grpo.grpo_guard,
         weight_copies=weight_copies_of(cfg),
     )
-    return plan(shape, **{**arguments, **given})
+    planned = plan(shape, **{**arguments, **given})
+    if cfg.has_refiners:  # replicated on every rank (preflight/refiner_memory.py)
+        from videogrpo.preflight import refiner_memory
+
+        planned.terms += refiner_memory.terms(cfg, tuple(planned.phases))
+    return planned
 
 
 COPIES = {
