@@ -73,11 +73,11 @@ def test_the_config_surface_is_what_the_recipes_decide():
     one-node run trains as a Job. The field count is the whole surface (every leaf of every section): 153 for the
     reference's system (its split rollout's six among them: the `actors` section), and 51 for the options beyond it
     (docs/options.md; the actors' stall timeout among them), which are off by default, and the prompt refiners' 4
-    (their list, its credit, the members kept on the prompt, the rewrites per prompt) with each refiner record's 19."""
+    (their list, its credit, the members kept on the prompt, the rewrites per prompt) with each refiner record's 21."""
     kubernetes = {f.name for f in dataclasses.fields(config.Config().kubernetes)}
     assert kubernetes == {"volume_claim", "volume_path", "train_as_job", "env_secret"}
     assert len(config.field_paths()) == 153 + 51 + 4
-    assert len(dataclasses.fields(RefinerExpert)) == 19
+    assert len(dataclasses.fields(RefinerExpert)) == 21
 
 
 @pytest.mark.parametrize(

@@ -228,8 +228,10 @@ def test_the_refiners_update_does_not_depend_on_the_ranks(tiny_model, dataset, t
 
 def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, dataset, tiny_refiner, tmp_path):
     cfg = trainer_config(grpo={"prompts_per_step": 2}, train={"max_steps": 3, "save_steps": 1})
-    cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip", kl_coeff=0.01)]}
-    paths = {"writer": tiny_refiner}
+    # A fully fine-tuned refiner, then one with LoRA adapters (its KL's reference: the base, adapters off).
+    lora = expert("adapted", kl_coeff=0.01, lora_rank=4, lr=1e-2)
+    cfg["refiners"] = {"experts": [expert("writer", loss="ppo_clip", kl_coeff=0.01), lora]}
+    paths = {"writer": tiny_refiner, "adapted": tiny_refiner}
     assert train(cfg, tmp_path / "whole", tiny_model, dataset, refiners=paths)
     killed = tmp_path / "killed"
     assert not train(
@@ -243,8 +245,15 @@ def test_a_kill_and_a_rerun_resume_every_expert_bit_identically(tiny_model, data
     assert not (killed / "final").exists()
     assert train(cfg, killed, tiny_model, dataset, refiners=paths)
     assert "resumed from" in (killed / "log.txt").read_text()
-    whole, resumed = refiner_weights(tmp_path / "whole"), refiner_weights(killed)
-    assert all((whole[k] == resumed[k]).all() for k in whole)
+    for name in ("writer", "adapted"):
+        whole, resumed = refiner_weights(tmp_path / "whole", name), refiner_weights(killed, name)
+        assert all((whole[k] == resumed[k]).all() for k in whole), name
+    adapters = load_file(killed / "final/refiners/adapted/adapters/adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)  # and the merged model beside them moved
+    initial = load_file(tiny_refiner / "model.safetensors")
+    assert any((refiner_weights(killed, "adapted")[k] - initial[k]).abs().max() > 0 for k in initial)
+    lines = metrics(killed)
+    assert lines[-1]["refiner/adapted/kl"] > 0 and lines[0]["refiner/adapted/kl"] == 0  # the base is the reference
     a, b = tensors(tmp_path / "whole"), tensors(killed)
     assert all((a[k] == b[k]).all() for k in a)
     assert rewrites(killed) == rewrites(tmp_path / "whole")
@@ -309,6 +318,10 @@ def test_the_memory_plan_holds_each_refiner_on_every_rank(tiny_model, tiny_refin
     tiny = sum(p.numel() for p in Refiner.load(tiny_refiner, torch.device("cpu")).model.parameters())
     assert terms["refiner writer"].bytes == 5 * 4 * tiny  # with its frozen copy
     assert terms["refiner seer"].bytes == 4 * 4 * 3_754_622_976
+    cfg["refiners"]["experts"][1]["lora_rank"] = 16  # rank 16 on its language model's 36 x 7 linear layers
+    lora = {t.name: t for t in refiner_memory.terms(config.from_dict(cfg), ("rollout", "replay"))}
+    assert lora["refiner seer"].bytes == 4 * (3_754_622_976 + 4 * 29_933_568)
+    cfg["refiners"]["experts"][1]["lora_rank"] = 0
     assert terms["refiner seer replay"].alternative == terms["activations"].alternative != ""
     replay = sum(
         t.bytes for t in plan.terms if "replay" in t.phases and t.alternative == terms["activations"].alternative

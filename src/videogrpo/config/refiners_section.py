@@ -70,6 +70,11 @@ class RefinerExpert:
     """How token losses make the loss: `sequence_token_mean` (each rewrite's token mean, then the mean over
     rewrites), `token_mean` (over every token of the batch), `sequence_token_sum` (each rewrite's token sum over
     max_new_tokens, then the mean)."""
+    lora_rank: int = 0
+    """Rank of the adapters trained on every linear layer of its language model, the base frozen (0: full
+    fine-tuning); its KL's reference is then the base itself (the adapters off), with no copy."""
+    lora_alpha: float = 0.0
+    """The adapters' alpha (their scale is alpha / rank); 0: the rank (a scale of 1)."""
     reward_term: str = ""
     """Credit `per_expert`: the reward kind of reward.terms whose score alone drives this refiner."""
 
@@ -154,7 +159,7 @@ def refiner_problems(cfg) -> list[str]:
         for key in ("temperature", "max_new_tokens", "lr", "max_grad_norm", "clip_range"):
             if getattr(e, key) <= 0:
                 found.append(f"{at}.{key} = {getattr(e, key)!r}: must be > 0")
-        for key in ("weight_decay", "kl_coeff", "tiny_seed"):
+        for key in ("weight_decay", "kl_coeff", "tiny_seed", "lora_rank", "lora_alpha"):
             if getattr(e, key) < 0:
                 found.append(f"{at}.{key} = {getattr(e, key)!r}: must be >= 0")
         if not 0 < e.top_p <= 1:

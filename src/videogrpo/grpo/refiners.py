@@ -19,6 +19,7 @@ May import: `grpo` modules below the trainer, `models`, `parallel` and the core 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import asdict, dataclass
@@ -99,12 +100,14 @@ class Refiners:
                     f"refiners.experts[{i}].vision = {str(settings.vision).lower()}, but {paths[settings.name]} is "
                     f"{kind}; set vision to {str(refiner.sees_images).lower()}, or give the refiner it names"
                 )
+            reference = None
+            if settings.lora_rank:  # adapters on a frozen base; the KL's reference is the base (adapters off)
+                refiner.model = add_adapters(refiner.model, settings, counter_seed(cfg.train.seed, REWRITE_STREAM, i))
+            elif settings.kl_coeff > 0:
+                reference = copy.deepcopy(refiner.model).eval().requires_grad_(False)
             refiner.model.train()
             params = [p for p in refiner.model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-            reference = None
-            if settings.kl_coeff > 0:
-                reference = copy.deepcopy(refiner.model).eval().requires_grad_(False)
             self.experts.append(Expert(settings.name, settings, refiner, params, optimizer, reference))
 
     # ---- rollout ---------------------------------------------------------------------------------------
@@ -189,9 +192,11 @@ class Refiners:
         logits = completion_logits(e.refiner.model, rewrite.prompt_ids, rewrite.tokens, vision).unsqueeze(0)
         log_probs = refiner_loss.token_log_probs(logits, tokens, s.temperature)
         reference = None
-        if e.reference is not None:
-            with torch.no_grad():
-                ref_logits = completion_logits(e.reference, rewrite.prompt_ids, rewrite.tokens, vision).unsqueeze(0)
+        if s.kl_coeff > 0:
+            frozen = e.reference if e.reference is not None else e.refiner.model
+            adapters_off = e.refiner.model.disable_adapter() if e.reference is None else contextlib.nullcontext()
+            with torch.no_grad(), adapters_off:
+                ref_logits = completion_logits(frozen, rewrite.prompt_ids, rewrite.tokens, vision).unsqueeze(0)
                 reference = refiner_loss.token_log_probs(ref_logits, tokens, s.temperature)
         rollout = torch.tensor([rewrite.log_probs], device=tokens.device, dtype=log_probs.dtype)
         adv = torch.tensor([advantage], device=tokens.device, dtype=log_probs.dtype)
@@ -210,8 +215,10 @@ class Refiners:
         token of a forward: sampling (the chat, then one token at a time with the key-value cache), the replay's
         forward and backward (3 forwards' worth) and the frozen copy's forward (kl_coeff > 0)."""
         embedding = e.refiner.model.get_input_embeddings().weight
-        params = sum(p.numel() for p in e.refiner.model.parameters() if p is not embedding)
-        replays = 3 + (1 if e.reference is not None else 0)
+        params = sum(
+            p.numel() for name, p in e.refiner.model.named_parameters() if p is not embedding and "lora_" not in name
+        )
+        replays = 3 + (1 if e.settings.kl_coeff > 0 else 0)
         tokens = sum(len(r.prompt_ids) + len(r.tokens) for r in sampled)
         tokens += replays * sum(len(r.prompt_ids) + len(r.tokens) for r in trained)
         return 2.0 * params * tokens
@@ -237,10 +244,35 @@ class Refiners:
         import shutil
 
         for e in self.experts:
-            e.refiner.model.save_pretrained(str(target / "refiners" / e.name))
-            e.refiner.tokenizer.save_pretrained(str(target / "refiners" / e.name))
+            folder = target / "refiners" / e.name
+            if e.settings.lora_rank:  # its adapters, and the model with them merged in (what evaluation loads)
+                e.refiner.model.save_pretrained(str(folder / "adapters"))
+                copy.deepcopy(e.refiner.model).to("cpu").merge_and_unload().save_pretrained(str(folder))
+            else:
+                e.refiner.model.save_pretrained(str(folder))
+            e.refiner.tokenizer.save_pretrained(str(folder))
+            if e.refiner.image_processor is not None:
+                e.refiner.image_processor.save_pretrained(str(folder))
         if (checkpoints / "rewrites").is_dir():
             shutil.copytree(checkpoints / "rewrites", target / "rewrites")
+
+
+LORA_TARGETS = r"^(?!.*visual).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
+"""The refiner's layers that take adapters: every linear layer of its language model (not a vision tower's)."""
+
+
+def add_adapters(model: torch.nn.Module, settings, seed: int) -> torch.nn.Module:
+    """peft adapters of rank lora_rank (scale lora_alpha / rank) on LORA_TARGETS, the base frozen, initialised from a
+    generator seeded by the run and the refiner's position, inside a fork of torch's RNG (every rank and every
+    resume builds the same adapters)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.lora_rank, lora_alpha=settings.lora_alpha or settings.lora_rank, target_modules=LORA_TARGETS
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def rewrite_chain(

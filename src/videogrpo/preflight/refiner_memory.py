@@ -74,13 +74,16 @@ def _tiny_config(vision: bool) -> dict:
         return json.loads((Path(where) / "config.json").read_text())
 
 
-def parameters(config: dict) -> int:
-    """The refiner's parameters, counted on the meta device (once per config: a planner plans many layouts)."""
-    return _parameters(json.dumps(config, sort_keys=True))
+def parameters(config: dict, lora_rank: int = 0) -> int:
+    """The refiner's parameters, or (lora_rank > 0) its adapters' (rank x (inputs + outputs) of every linear layer
+    grpo.refiners.LORA_TARGETS names), counted on the meta device (once per config: a planner plans many layouts)."""
+    return _parameters(json.dumps(config, sort_keys=True), lora_rank)
 
 
 @functools.cache
-def _parameters(config_json: str) -> int:
+def _parameters(config_json: str, lora_rank: int) -> int:
+    import re
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -90,7 +93,12 @@ def _parameters(config_json: str) -> int:
     auto = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(made)
-    return sum(p.numel() for p in model.parameters())
+    if not lora_rank:
+        return sum(p.numel() for p in model.parameters())
+    from videogrpo.grpo.refiners import LORA_TARGETS
+
+    targets = [m for name, m in model.named_modules() if re.match(LORA_TARGETS, name)]
+    return sum(lora_rank * (m.in_features + m.out_features) for m in targets)
 
 
 def text_shape(config: dict) -> dict:
@@ -120,18 +128,23 @@ def terms(cfg, phases: tuple[str, ...], downloads: dict[str, Path] | None = None
             found.append(Term(f"refiner {e.name}", 0, phases, f"not counted: {err.args[0]}"))
             continue
         n = parameters(config)
-        copies = 4 + (1 if e.kl_coeff > 0 else 0)  # weights, gradients, 2 AdamW moments, the frozen copy
         # The chat: the system prompt and the prompt (a few hundred tokens: the model's text limit stands in).
         tokens = cfg.model.max_text_tokens + e.max_new_tokens
-        found.append(
-            Term(
-                f"refiner {e.name}",
-                copies * FLOAT32 * n,
-                phases,
-                f"{n / 1e9:.2f} B parameters x {FLOAT32} B x ({copies} copies: weights, gradients, AdamW's 2 moments"
-                + (", the frozen copy)" if e.kl_coeff > 0 else ")"),
+        if e.lora_rank:  # the frozen base once (it is the KL's reference too), the adapters trained
+            adapters = parameters(config, e.lora_rank)
+            held = FLOAT32 * (n + 4 * adapters)
+            detail = (
+                f"{n / 1e9:.2f} B frozen parameters x {FLOAT32} B + {adapters / 1e6:.1f} M adapter parameters (rank "
+                f"{e.lora_rank}) x {FLOAT32} B x 4 (weights, gradients, AdamW's 2 moments)"
             )
-        )
+        else:
+            copies = 4 + (1 if e.kl_coeff > 0 else 0)  # weights, gradients, 2 AdamW moments, the frozen copy
+            held = copies * FLOAT32 * n
+            detail = (
+                f"{n / 1e9:.2f} B parameters x {FLOAT32} B x ({copies} copies: weights, gradients, AdamW's 2 moments"
+                + (", the frozen copy)" if e.kl_coeff > 0 else ")")
+            )
+        found.append(Term(f"refiner {e.name}", held, phases, detail))
         activations = replay_activations(config, tokens)
         found.append(
             Term(
