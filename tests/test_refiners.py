@@ -131,6 +131,37 @@ def test_a_vision_language_refiner_sees_the_first_frame(tiny_model, dataset, tmp
         trainer_in_process(cfg, tmp_path / "wrong", tiny_model, dataset, refiners={"seer": tmp_path / "seer"})
 
 
+def test_validation_reads_the_refiners_rewrites(tiny_model, dataset, tiny_refiner, tmp_path):
+    """A validation point rolls out the held-out prompts as the trained system would: rewritten by the refiners,
+    their draws keyed by the prompt (the same at every point, but for the refiners' weights)."""
+    cfg = solo_config(
+        train={
+            "max_steps": 1,
+            "save_steps": 0,
+            "validate_before_training": True,
+            "validate_every": 1,
+            "validate_prompts": 2,
+        }
+    )
+    cfg["refiners"] = {"experts": [expert("writer", lr=1e-9)]}  # its weights barely move: the same rewrites
+    trainer = trainer_in_process(cfg, tmp_path, tiny_model, dataset, refiners={"writer": tiny_refiner})
+    from videogrpo.grpo import validation
+
+    held = [s.prompt for s in validation.prompts(trainer.cfg, dataset)]
+    read, encode = [], trainer.model.encode_conditions
+
+    def recording(texts, *rest, **options):
+        if options.get("cached") is False:  # validation bypasses the prompt cache
+            read.append(list(texts))
+        return encode(texts, *rest, **options)
+
+    trainer.model.encode_conditions = recording
+    trainer.run()
+    assert len(read) == 2 and read[0] == read[1]  # points 0 and 1
+    assert any(text not in held for text in read[0])  # rewritten (where a rewrite did not fall back)
+    assert sum("val/reward_mean" in m for m in metrics(tmp_path)) == 2
+
+
 def test_per_expert_credit_drives_each_refiner_by_its_own_term(tiny_model, dataset, tiny_refiner, tmp_path):
     with JudgeServer(pays="constant") as server:
         cfg = solo_config(train={"max_steps": 2, "save_steps": 0})

@@ -32,6 +32,7 @@ from videogrpo import atomic
 from videogrpo.errors import VideoGRPOError
 from videogrpo.grpo import refiner_loss
 from videogrpo.grpo.advantages import group_advantages
+from videogrpo.grpo.assignment import VALIDATION_STREAM
 from videogrpo.grpo.draws import counter_seed
 from videogrpo.models.refiner import Refiner, answer_text, completion_logits, sample
 from videogrpo.parallel import process_groups
@@ -128,6 +129,23 @@ class Refiners:
             texts.append(mine[-1].text_out if mine else prompt)
             records.append(mine)
         return texts, records
+
+    def rewrite_validation(self, indices: list[int], prompts: list[str], images: list[Path]) -> list[str]:
+        """What the generator reads at a validation point: each held-out prompt rewritten by the refiners, their draws
+        keyed by (seed, the validation stream, the prompt's index, the refiner): the same at every point but for the
+        refiners' weights."""
+        seed, chain = self.cfg.train.seed, [(e.name, e.refiner, e.settings) for e in self.experts]
+        texts = []
+        for i, prompt, image in zip(indices, prompts, images):
+
+            def uniforms(k: int, n: int, i=i) -> list[float]:
+                key = (seed, VALIDATION_STREAM, i, REWRITE_STREAM, k)
+                return [float(u) for u in np.random.default_rng(counter_seed(*key)).random(n)]
+
+            with torch.no_grad():
+                rewrites = rewrite_chain(chain, prompt, uniforms, image)
+            texts.append(rewrites[-1].text_out if rewrites else prompt)
+        return texts
 
     # ---- the update ------------------------------------------------------------------------------------
 

@@ -95,9 +95,12 @@ def _sample_and_submit(trainer, samples: list[SampleRef], share: list[int]) -> l
     sampler = parse_sampler(cfg.train.validate_sampler)
     weights = trainer.experts.policy
     per_forward = len(offload.rollout_chunks(trainer.waves[0], cfg.grpo.sample_batch_size)[0])
+    texts = [s.prompt for s in chosen]
+    if trainer.refiners is not None:  # the trained refiners rewrite them first, their draws keyed by the prompt
+        texts = trainer.refiners.rewrite_validation(rows, texts, [s.first_frame for s in chosen])
     trainer.placement.enter("encode")
     embeds, condition = model.encode_conditions(
-        [s.prompt for s in chosen], [s.first_frame for s in chosen], v.height, v.width, v.num_frames, cached=False
+        texts, [s.first_frame for s in chosen], v.height, v.width, v.num_frames, cached=False
     )
     trainer.placement.enter("rollout")
     latents = []
