@@ -308,8 +308,8 @@ def load(
     saved = state.get("parts", ["transformer"])
     if sorted(parts) != saved:
         raise VideoGRPOError(
-            f"{path}: holds the trainable parts {saved}, this run trains {sorted(parts)} (model.kind or "
-            "train.experts differ); resume a checkpoint of this run's model, or start from its weights"
+            f"{path}: holds the trainable parts {saved}, this run trains {sorted(parts)} (model.kind, train.experts or "
+            "refiners.experts differ); resume a checkpoint of this run's model, or start from its weights"
         )
     with_optim = any(opt is not None for _, opt in parts.values())
     # Weights only: a checkpoint also holding optimizer state loads partially.
