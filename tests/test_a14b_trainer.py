@@ -306,3 +306,30 @@ def test_the_video_sides_follow_the_models_vae():
         Exception, match=r"video.height = 48: must be a multiple of 32 \(model.kind ti2v: VAE factor 16"
     ):
         config.from_dict(ti2v)
+
+
+def test_a_vision_refiner_trains_beside_both_experts(tiny_i2v, dataset, tmp_path):
+    """The A14B's two experts and a vision-language prompt refiner that sees each sample's first frame (as Wan2.2's
+    own image-to-video prompt extension does) train together: all three move, each exported."""
+    from videogrpo.demo.tiny_refiner import save_tiny_refiner
+
+    save_tiny_refiner(tmp_path / "seer", 0, vision=True)
+    cfg = a14b(train={"max_steps": 1})
+    cfg["refiners"] = {
+        "experts": [{"name": "seer", "source": "tiny", "vision": True, "max_new_tokens": 32, "lr": 1e-3}]
+    }
+    trainer_in_process(cfg, tmp_path / "run", tiny_i2v, dataset, refiners={"seer": tmp_path / "seer"}).run()
+    out = tmp_path / "run"
+    for folder in ("transformer", "transformer_2"):
+        trained, base = (
+            expert_weights(out, folder),
+            load_file(tiny_i2v / folder / "diffusion_pytorch_model.safetensors"),
+        )
+        assert any((trained[k] - base[k]).abs().max() > 0 for k in base), folder
+    refined, initial = (
+        load_file(out / "final/refiners/seer/model.safetensors"),
+        load_file(tmp_path / "seer/model.safetensors"),
+    )
+    assert any((refined[k] - initial[k]).abs().max() > 0 for k in initial)
+    [line] = metrics(out)
+    assert line["refiner/seer/rewrites"] == 4 and line["refiner/seer/version"] == 1
