@@ -301,6 +301,8 @@ class ActorState:
     shift: float
     shape: tuple
     nft_old: None = None
+    refiners: None = None
+    """No prompt refiners on an actor (refused with actors: config/refiners_section.py)."""
     scores: bool = True
     version: int = 0
     """The version of the weights it holds (the initial ones until the train root sends others)."""
