@@ -372,7 +372,7 @@ def refiner_inputs():
 
 def refiner_args(wildcards, input):
     """The train stage's --refiner NAME=DIR arguments (a params function)."""
-    return " ".join(f"--refiner {name}={input['refiner_' + name]}" for name in REFINERS)
+    return " ".join(f"--refiner {name}={input[f'refiner_{name}']}" for name in REFINERS)
 
 
 def refiner_download_json(wildcards):
@@ -490,7 +490,8 @@ def cell_refiner_args(wildcards, input):
         folder = f"{input.final}/refiners/{name}" if kind == "refined" else input[f"refiner_{name}"]
         given.append(f"--refiner {shlex.quote(f'{name}={folder}')}")
     settings = json.dumps(vg.to_dict(CFG)["refiners"], sort_keys=True)
-    return " ".join(given) + f" --refiners-json {shlex.quote(settings)}"
+    given.append(f"--refiners-json {shlex.quote(settings)}")
+    return " ".join(given)
 
 
 def model_files():

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from videogrpo.models.refiner import TINY_TEXT, TINY_VISION, TINY_VOCABULARY
+
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,;:!?'\"-()/\n"
-HIDDEN = 32
 VISION_SPECIALS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
 """The vision-language refiner's image tokens, as Qwen2.5-VL's tokenizer names them."""
 CHAT_TEMPLATE = (
@@ -28,29 +29,8 @@ CHAT_TEMPLATE = (
     "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-VISION = dict(
-    depth=1,
-    hidden_size=16,
-    intermediate_size=32,
-    num_heads=2,
-    out_hidden_size=HIDDEN,  # the vision tower's tokens enter the text stack
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    window_size=56,
-    fullatt_block_indexes=[0],
-)
 IMAGE_PIXELS = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 """The tiny vision refiner's image sizes: a first frame becomes 4 to 16 image tokens."""
-SHAPE = dict(
-    hidden_size=HIDDEN,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    tie_word_embeddings=False,
-)
 EOS_PULL = 0.25
 """The end-of-turn token's output weight on the embeddings' constant coordinate."""
 
@@ -94,8 +74,9 @@ def save_tiny_refiner(out_dir: str | Path, seed: int, vision: bool = False) -> N
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(vision)
+    assert len(tokenizer) == TINY_VOCABULARY[vision], "models/refiner.py's TINY_VOCABULARY is the tokenizer's size"
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    text = dict(vocab_size=len(tokenizer), **ids, **SHAPE)
+    text = dict(vocab_size=len(tokenizer), **ids, **TINY_TEXT)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if vision:
@@ -103,7 +84,9 @@ def save_tiny_refiner(out_dir: str | Path, seed: int, vision: bool = False) -> N
                 ("vision_start_token_id", "image_token_id", "vision_end_token_id", "video_token_id"), VISION_SPECIALS
             )}  # fmt: skip
             rope = {"type": "mrope", "mrope_section": [2, 1, 1]}
-            config = Qwen2_5_VLConfig(text_config=dict(text, rope_scaling=rope), vision_config=VISION, **image, **ids)
+            config = Qwen2_5_VLConfig(
+                text_config=dict(text, rope_scaling=rope), vision_config=TINY_VISION, **image, **ids
+            )
             model = Qwen2_5_VLForConditionalGeneration(config)
         else:
             model = Qwen2ForCausalLM(Qwen2Config(**text))

@@ -251,7 +251,9 @@ def generate_rank(
             record = {"sample": sample.name, "original": original, "generator_prompt": prompt}
             record["rewrites"] = [public_record(r) for r in rewrites]
             atomic.write_json(rewrite_file(partial, sample.name), record)
-        frames = generate_video(model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift, prompt)
+        frames = generate_video(
+            model, transformer, model_dir, tree / sample.name, sample, sampler, s, shift, prompt=prompt
+        )
         target = partial / f"{sample.name}.mp4"
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_name(target, rank)

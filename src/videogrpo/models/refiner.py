@@ -24,6 +24,42 @@ from pathlib import Path
 
 import torch
 
+TINY_TEXT = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+)
+"""The tiny refiner's text stack (demo/tiny_refiner.py builds it; the memory plan counts it without building it)."""
+TINY_VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=TINY_TEXT["hidden_size"],  # the vision tower's tokens enter the text stack
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=56,
+    fullatt_block_indexes=[0],
+)
+"""The tiny vision-language refiner's one-block vision tower."""
+TINY_VOCABULARY = {False: 80, True: 84}
+"""The tiny tokenizer's size: its 4 special tokens and 76 characters, and the 4 image tokens of the vision one."""
+
+
+def tiny_config(vision: bool) -> dict:
+    """The tiny refiner's model config as the memory plan reads a config.json (its shape only)."""
+    text = dict(vocab_size=TINY_VOCABULARY[vision], **TINY_TEXT)
+    if not vision:
+        return {"model_type": "qwen2", **text}
+    rope = {"type": "mrope", "mrope_section": [2, 1, 1]}
+    return {"model_type": "qwen2_5_vl", "text_config": dict(text, rope_scaling=rope), "vision_config": TINY_VISION}
+
+
 VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
 IMAGE_TOKEN = "<|image_pad|>"
 

@@ -85,9 +85,9 @@ from videogrpo.config import reward_kinds
 from videogrpo.grpo.flops import video_tokens
 from videogrpo.parallel import shard_layout
 from videogrpo.preflight.model_shape import ModelShape, with_lora
+from videogrpo.preflight.plan_terms import GIB, REPLAY, REPLAY_WORKING_SET, ROLLOUT, STEP, Term, gib
 from videogrpo.preflight.working_sets import decoder_peak_bytes, forward_peak_bytes
 
-GIB = 1 << 30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CUDA_RESERVE = 1 * GIB
 """CUDA context, cuBLAS and NCCL workspaces: outside the caching allocator, taken from the device all the same."""
@@ -108,20 +108,7 @@ BLOCK_FLOAT32_D_PER_ROW = 13
 BLOCK_COMPUTE_D_TP_SPLIT = 4
 MATH_BACKENDS = ("_native_math",)
 
-ROLLOUT, REPLAY, STEP = "rollout", "replay", "optimizer step"
-REPLAY_WORKING_SET = "replay working set"
 SAMPLE_OR_DECODE = "rollout working set or decoded videos"
-
-
-@dataclass(frozen=True)
-class Term:
-    name: str
-    bytes: int
-    phases: tuple[str, ...]
-    detail: str
-    alternative: str = ""
-    """Terms of one phase with the same non-empty `alternative` (the group's name) are never held at once: the phase
-    counts the largest (the rollout's working set is freed before its videos are decoded)."""
 
 
 @dataclass
@@ -208,13 +195,6 @@ class MemoryPlan:
             "fits": self.fits,
             **self.facts,
         }
-
-
-def gib(value: float) -> str:
-    """Bytes as the plan prints them: GiB with two decimals from 0.1 GiB up, else the unit that shows them."""
-    from videogrpo.progress import human_bytes
-
-    return f"{value / GIB:.2f} GiB" if value >= GIB / 10 else human_bytes(value)
 
 
 def trained_transformers(kind: str, experts: str) -> tuple[str, ...]:

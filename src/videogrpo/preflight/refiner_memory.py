@@ -6,7 +6,7 @@ A refiner's shape comes from its config: the download's config.json where it is 
 published config of a refiner this module knows (`KNOWN`: `videogrpo plan` and `simulate` on a machine without the
 download), else the tiny builder's. Its parameters are counted by building it on the meta device (no memory).
 
-May import: `demo` for the tiny builder's shape, and the core modules.
+May import: `models` (the tiny refiner's shape), `grpo` (its adapters' layers), `plan_terms` and the core modules.
 """
 
 from __future__ import annotations
@@ -59,19 +59,9 @@ def refiner_config(expert, download: Path | None = None) -> dict:
                 f"can be planned (the plan knows {', '.join(sorted(KNOWN))} without it)"
             )
         return dict(KNOWN[expert.repo_id])
-    return dict(_tiny_config(expert.vision))
+    from videogrpo.models.refiner import tiny_config
 
-
-@functools.cache
-def _tiny_config(vision: bool) -> dict:
-    """The tiny builder's own config (its weights are a few kB: built once, in a temporary folder)."""
-    import tempfile
-
-    from videogrpo.demo.tiny_refiner import save_tiny_refiner
-
-    with tempfile.TemporaryDirectory() as where:
-        save_tiny_refiner(Path(where), 0, vision=vision)
-        return json.loads((Path(where) / "config.json").read_text())
+    return tiny_config(expert.vision)
 
 
 def parameters(config: dict, lora_rank: int = 0) -> int:
@@ -118,7 +108,7 @@ def replay_activations(config: dict, tokens: int) -> int:
 
 def terms(cfg, phases: tuple[str, ...], downloads: dict[str, Path] | None = None) -> list:
     """The memory plan's terms of the run's refiners (memory_plan.Term), each held in every phase."""
-    from videogrpo.preflight.memory_plan import REPLAY_WORKING_SET, Term, gib
+    from videogrpo.preflight.plan_terms import REPLAY_WORKING_SET, Term, gib
 
     found = []
     for e in cfg.refiners.experts:
