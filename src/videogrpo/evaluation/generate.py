@@ -165,13 +165,11 @@ def cell_refiners(given: list[str], settings_json: str | None) -> dict[str, tupl
 def rewrite_prompt(chain, prompt: str, seed: int, index: int, image: Path | None = None):
     """A sample's prompt rewritten by the cell's refiners in turn (grpo.refiners.rewrite_chain), its tokens drawn
     at uniforms keyed by (seed, sample position, refiner)."""
-    import numpy as np
-
-    from videogrpo.grpo.draws import counter_seed
+    from videogrpo.grpo.draws import keyed_uniforms
     from videogrpo.grpo.refiners import rewrite_chain
 
     def uniforms(k: int, n: int) -> list[float]:
-        return [float(u) for u in np.random.default_rng(counter_seed(seed, REWRITE_TAG, index, k)).random(n)]
+        return keyed_uniforms(n, seed, REWRITE_TAG, index, k)
 
     return rewrite_chain(chain, prompt, uniforms, image)
 

@@ -27,5 +27,10 @@ def seeded_normal(shape: tuple[int, ...], device, *key: int):
     return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
 
 
+def keyed_uniforms(count: int, *key: int) -> list[float]:
+    """`count` uniforms in [0, 1) from the generator of `key` (a prompt refiner's token draws)."""
+    return [float(u) for u in np.random.default_rng(counter_seed(*key)).random(count)]
+
+
 def seeded_uniform(lo: float, hi: float, *key: int) -> float:
     return float(np.random.default_rng(counter_seed(*key)).uniform(lo, hi))

@@ -25,7 +25,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from videogrpo import atomic
@@ -33,7 +32,7 @@ from videogrpo.errors import VideoGRPOError
 from videogrpo.grpo import refiner_loss
 from videogrpo.grpo.advantages import group_advantages
 from videogrpo.grpo.assignment import VALIDATION_STREAM
-from videogrpo.grpo.draws import counter_seed
+from videogrpo.grpo.draws import counter_seed, keyed_uniforms
 from videogrpo.models.refiner import Refiner, answer_text, completion_logits, sample
 from videogrpo.parallel import process_groups
 
@@ -43,8 +42,7 @@ REWRITE_STREAM = 0x9E71
 
 def rewrite_uniforms(seed: int, batch: int, prompt: int, member: int, expert: int, count: int) -> list[float]:
     """The uniforms a rewrite's tokens are drawn at, one per token up to the cap."""
-    key = (seed, batch, prompt, member, REWRITE_STREAM, expert, 0)
-    return [float(u) for u in np.random.default_rng(counter_seed(*key)).random(count)]
+    return keyed_uniforms(count, seed, batch, prompt, member, REWRITE_STREAM, expert, 0)
 
 
 @dataclass
@@ -121,11 +119,12 @@ class Refiners:
         texts, records = [], []
         for (j, g), prompt, image in zip(rows, prompts, images):
             chain = [(e.name, e.refiner, e.settings) for e in self.experts] if g >= kept else []
-            # UniRL's layout: the members of a rewrite draw it alike (keyed by the rewrite), its first trains on it.
-            r = g // per_rewrite if self.cfg.refiners.rewrites_per_prompt else g
+            # UniRL's layout: the members of a rewrite draw it alike (keyed by the rewrite), its first trains on it;
+            # without it each member is a rewrite of its own (per_rewrite 1).
+            r = g // per_rewrite
             mine = rewrite_chain(chain, prompt, lambda k, n, j=j, r=r: rewrite_uniforms(seed, batch, j, r, k, n), image)
             for rewrite in mine:
-                rewrite.trained = g % per_rewrite == 0 if self.cfg.refiners.rewrites_per_prompt else True
+                rewrite.trained = g % per_rewrite == 0
             texts.append(mine[-1].text_out if mine else prompt)
             records.append(mine)
         return texts, records
@@ -139,8 +138,7 @@ class Refiners:
         for i, prompt, image in zip(indices, prompts, images):
 
             def uniforms(k: int, n: int, i=i) -> list[float]:
-                key = (seed, VALIDATION_STREAM, i, REWRITE_STREAM, k)
-                return [float(u) for u in np.random.default_rng(counter_seed(*key)).random(n)]
+                return keyed_uniforms(n, seed, VALIDATION_STREAM, i, REWRITE_STREAM, k)
 
             with torch.no_grad():
                 rewrites = rewrite_chain(chain, prompt, uniforms, image)
